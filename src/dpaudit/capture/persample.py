@@ -1,0 +1,84 @@
+"""Clipped per-sample gradients of a batch of examples, in one batched call (torch.func).
+
+Used wherever an auditor needs g*(x) at the current parameters: input canaries during training
+(capture), reference and candidate gradients at theta_0 (canaries, covariance estimators). The
+clip rule is Opacus' flat clipping: factor min(1, C / (||g||_2 + 1e-6)) with the norm taken
+over *all* trainable parameters, as the DP optimizer does, even when only a subset of the
+parameters is returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The plain module under Opacus' GradSampleModule (or the model itself)."""
+    return getattr(model, "_module", model)
+
+
+def trainable_parameter_names(model: nn.Module) -> list[str]:
+    """Names of the parameters with ``requires_grad``, in ``named_parameters`` order."""
+    return [n for n, p in unwrap_model(model).named_parameters() if p.requires_grad]
+
+
+def per_sample_clipped_grads(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    loss_fn: LossFn,
+    max_grad_norm: float | None,
+    param_names: Sequence[str] | None = None,
+    chunk_size: int | None = 256,
+) -> torch.Tensor:
+    """Return an (n, d) tensor of clipped per-example gradients, flattened and concatenated.
+
+    ``loss_fn(output, target)`` is the per-example loss (it receives a batch of one and must
+    return a scalar, e.g. ``nn.functional.cross_entropy``). ``param_names`` selects which
+    parameters' coordinates are returned (default: all trainable); clipping always uses the
+    norm over all trainable parameters. ``max_grad_norm=None`` returns unclipped gradients.
+    The result lives on the model's device; the model's parameters are not modified.
+    """
+    module = unwrap_model(model)
+    if inputs.shape[0] != targets.shape[0]:
+        raise ValueError(
+            f"inputs and targets disagree on the number of examples: "
+            f"{inputs.shape[0]} vs {targets.shape[0]}"
+        )
+    if max_grad_norm is not None and not max_grad_norm > 0:
+        raise ValueError(f"max_grad_norm must be positive or None, got {max_grad_norm!r}")
+    named = dict(module.named_parameters())
+    trainable = [n for n, p in named.items() if p.requires_grad]
+    if not trainable:
+        raise ValueError("model has no trainable parameters")
+    selected = list(trainable if param_names is None else param_names)
+    unknown = [n for n in selected if n not in named or not named[n].requires_grad]
+    if unknown:
+        raise ValueError(f"param_names not among the model's trainable parameters: {unknown}")
+    device = next(iter(named.values())).device
+    inputs = inputs.to(device)
+    targets = targets.to(device)
+    params = {n: named[n].detach() for n in trainable}
+    buffers = {n: b.detach() for n, b in module.named_buffers()}
+
+    def loss_one(p, x, y):
+        out = functional_call(module, (p, buffers), (x.unsqueeze(0),))
+        return loss_fn(out, y.unsqueeze(0))
+
+    grads = vmap(grad(loss_one), in_dims=(None, 0, 0), chunk_size=chunk_size)(
+        params, inputs, targets
+    )
+    n = inputs.shape[0]
+    if max_grad_norm is not None:
+        norms = torch.stack([grads[k].reshape(n, -1).norm(2, dim=1) for k in trainable], 1)
+        factor = (max_grad_norm / (norms.norm(2, dim=1) + 1e-6)).clamp(max=1.0)
+    else:
+        factor = torch.ones(n, device=device)
+    flat = torch.cat([grads[k].reshape(n, -1) for k in selected], dim=1)
+    return flat * factor.to(flat.dtype).unsqueeze(1)
