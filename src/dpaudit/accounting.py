@@ -1,0 +1,205 @@
+"""The theoretical side of an audit: Opacus' accountants and the mechanism's trade-off curve.
+
+Upper bounds on epsilon come from Opacus' own accountants (RDP, PRV, GDP), never
+re-implemented here. The GDP accountant is a central-limit approximation that Opacus itself
+warns can underestimate epsilon; every GDP result carries ``may_underestimate=True``.
+
+For drawing the mechanism under an empirical ROC, ``tradeoff_from_profile`` turns a privacy
+profile delta(eps) into the largest TPR any test can reach at each FPR (seed 002 Lemma 2.7:
+the envelope of the (eps, delta) trade-off lines), and ``subsampled_gaussian_profile`` gives
+that profile for the Poisson-subsampled Gaussian composed over T steps (PRV discretisation,
+shifted by its error bounds so the curve stays an upper bound).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from opacus.accountants import GaussianAccountant, PRVAccountant, RDPAccountant
+
+from dpaudit.stats._validate import check_open_unit, check_positive
+
+ACCOUNTANTS = ("rdp", "prv", "gdp")
+_CLASSES = {"rdp": RDPAccountant, "prv": PRVAccountant, "gdp": GaussianAccountant}
+
+
+@dataclass(frozen=True)
+class AccountantEpsilon:
+    """An accountant's epsilon (an upper bound, except where ``may_underestimate``)."""
+
+    accountant: str
+    epsilon: float
+    delta: float
+    may_underestimate: bool
+    note: str = ""
+
+    def __float__(self) -> float:
+        return self.epsilon
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _check_accountant(accountant: str) -> str:
+    if accountant not in _CLASSES:
+        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+    return accountant
+
+
+def _make(accountant: str):
+    with warnings.catch_warnings():
+        # The GDP accountant warns at construction; we surface that in the result instead.
+        warnings.simplefilter("ignore", UserWarning)
+        return _CLASSES[accountant]()
+
+
+def _epsilon_from_history(history, delta: float, accountant: str) -> AccountantEpsilon:
+    acc = _make(accountant)
+    acc.history = copy.deepcopy(list(history))
+    gdp = accountant == "gdp"
+    note = "GDP accountant: CLT approximation, can underestimate epsilon" if gdp else ""
+    if not acc.history:
+        return AccountantEpsilon(accountant, 0.0, delta, gdp, "no steps taken")
+    try:
+        eps = float(acc.get_epsilon(delta))
+    except ValueError as err:  # e.g. GDP with a varying noise multiplier or sample rate
+        return AccountantEpsilon(accountant, float("nan"), delta, gdp, f"not computable: {err}")
+    return AccountantEpsilon(accountant, eps, delta, gdp, note)
+
+
+def accountant_epsilon(
+    noise_multiplier: float,
+    sample_rate: float,
+    steps: int,
+    delta: float,
+    accountant: str = "prv",
+) -> AccountantEpsilon:
+    """Epsilon of T steps of the Poisson-subsampled Gaussian by one of Opacus' accountants.
+
+    ``sample_rate=1`` is the threat model of a canary inserted at every step; there the exact
+    answer is the Gaussian mechanism, mu = sqrt(T) / sigma (see ``gaussian_mechanism_epsilon``).
+    """
+    check_positive(noise_multiplier, "noise_multiplier")
+    if not 0.0 < float(sample_rate) <= 1.0:
+        raise ValueError(f"sample_rate must lie in (0, 1], got {sample_rate!r}")
+    if int(steps) != steps or steps < 0:
+        raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
+    check_open_unit(delta, "delta")
+    history = [(float(noise_multiplier), float(sample_rate), int(steps))] if steps else []
+    return _epsilon_from_history(history, delta, _check_accountant(accountant))
+
+
+def all_accountants(
+    noise_multiplier: float, sample_rate: float, steps: int, delta: float
+) -> dict[str, AccountantEpsilon]:
+    """``accountant_epsilon`` for RDP, PRV and GDP."""
+    return {
+        a: accountant_epsilon(noise_multiplier, sample_rate, steps, delta, a) for a in ACCOUNTANTS
+    }
+
+
+def engine_epsilons(privacy_engine, delta: float) -> dict[str, AccountantEpsilon]:
+    """Epsilon of a live ``opacus.PrivacyEngine``'s history by all three accountants.
+
+    The engine's own accountant is read, never stepped; its history (noise multiplier, sample
+    rate, steps) is replayed in fresh RDP, PRV and GDP accountants.
+    """
+    acc = getattr(privacy_engine, "accountant", None)
+    if acc is None or not hasattr(acc, "history"):
+        raise ValueError("privacy_engine must be an opacus.PrivacyEngine with an accountant")
+    check_open_unit(delta, "delta")
+    return {a: _epsilon_from_history(acc.history, delta, a) for a in ACCOUNTANTS}
+
+
+def gaussian_mechanism_epsilon(noise_multiplier: float, steps: int, delta: float) -> float:
+    """Exact epsilon of T non-subsampled Gaussian steps: sqrt(T)/sigma-GDP converted at delta."""
+    from dpaudit.stats.gdp import gdp_epsilon
+
+    check_positive(noise_multiplier, "noise_multiplier")
+    check_positive(steps, "steps")
+    return gdp_epsilon(np.sqrt(steps) / noise_multiplier, delta)
+
+
+def tradeoff_from_profile(alpha, epsilons, deltas) -> np.ndarray:
+    """Largest TPR at FPR ``alpha`` allowed by every (eps_i, delta_i) pair of a privacy profile.
+
+    (eps, delta)-DP forces FNR >= max(0, 1 - delta - e^eps FPR, e^-eps (1 - delta - FPR)), so
+    TPR <= min(1, delta + e^eps FPR, 1 - e^-eps (1 - delta - FPR)); the envelope is the minimum
+    over the profile's points. Returns an array shaped like ``alpha``.
+    """
+    a = np.atleast_1d(np.asarray(alpha, dtype=np.float64))
+    if np.any((a < 0) | (a > 1)) or not np.all(np.isfinite(a)):
+        raise ValueError("alpha must lie in [0, 1]")
+    e = np.asarray(epsilons, dtype=np.float64).reshape(-1, 1)
+    d = np.asarray(deltas, dtype=np.float64).reshape(-1, 1)
+    if e.shape != d.shape or e.size == 0:
+        raise ValueError("epsilons and deltas must be non-empty and of equal length")
+    if np.any(e < 0) or np.any((d < 0) | (d > 1)):
+        raise ValueError("epsilons must be >= 0 and deltas in [0, 1]")
+    with np.errstate(over="ignore"):
+        line1 = d + np.exp(e) * a
+    line2 = 1.0 - np.exp(-e) * (1.0 - d - a)
+    tpr = np.minimum(1.0, np.minimum(line1, line2).min(axis=0))
+    return np.maximum(tpr, a).reshape(np.shape(alpha))
+
+
+def subsampled_gaussian_profile(
+    noise_multiplier: float,
+    sample_rate: float,
+    steps: int,
+    epsilons,
+    eps_error: float = 0.01,
+    delta_error: float = 1e-10,
+) -> np.ndarray:
+    """Upper bound on delta(eps) of T Poisson-subsampled Gaussian steps, at each eps.
+
+    Uses Opacus' PRV discretisation (Gopi et al. 2021). Its estimate satisfies
+    delta(eps) <= delta_hat(eps - eps_error) + delta_error, which is what is returned.
+    """
+    check_positive(noise_multiplier, "noise_multiplier")
+    if not 0.0 < float(sample_rate) <= 1.0:
+        raise ValueError(f"sample_rate must lie in (0, 1], got {sample_rate!r}")
+    check_positive(steps, "steps")
+    dprv = _discrete_prv(noise_multiplier, sample_rate, steps, eps_error, delta_error)
+    eps = np.atleast_1d(np.asarray(epsilons, dtype=np.float64))
+    return _delta_upper(dprv, eps, eps_error, delta_error)
+
+
+def _discrete_prv(noise_multiplier, sample_rate, steps, eps_error, delta_error):
+    acc = PRVAccountant()
+    acc.history = [(float(noise_multiplier), float(sample_rate), int(steps))]
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        return acc._get_dprv(eps_error=eps_error, delta_error=delta_error)
+
+
+def _delta_upper(dprv, eps: np.ndarray, eps_error: float, delta_error: float) -> np.ndarray:
+    with np.errstate(over="ignore", invalid="ignore"):
+        vals = [dprv.compute_delta_estimate(max(x - eps_error, 0.0)) for x in eps]
+    return np.minimum(1.0, np.asarray(vals, dtype=np.float64) + delta_error)
+
+
+def subsampled_gaussian_tradeoff(
+    alpha,
+    noise_multiplier: float,
+    sample_rate: float,
+    steps: int,
+    num_eps: int = 400,
+    delta_floor: float = 1e-10,
+) -> np.ndarray:
+    """ROC upper curve (largest TPR at each FPR) of T Poisson-subsampled Gaussian steps.
+
+    The profile is evaluated on ``num_eps`` points from 0 to the epsilon where delta falls
+    to ``delta_floor``; beyond that the curve is at most delta_floor + e^eps FPR.
+    """
+    check_positive(steps, "steps")
+    eps_error, delta_error = 0.01, delta_floor / 10
+    dprv = _discrete_prv(noise_multiplier, sample_rate, steps, eps_error, delta_error)
+    hi = 1.0
+    while _delta_upper(dprv, np.array([hi]), eps_error, delta_error)[0] > delta_floor and hi < 1e4:
+        hi *= 1.5
+    eps_grid = np.linspace(0.0, hi, num_eps)
+    deltas = _delta_upper(dprv, eps_grid, eps_error, delta_error)
+    return tradeoff_from_profile(alpha, eps_grid, deltas)

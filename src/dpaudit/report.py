@@ -1,0 +1,78 @@
+"""Reports: JSON results written atomically, and plain-text console tables."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+
+def _jsonable(obj):
+    if hasattr(obj, "to_dict"):
+        return _jsonable(obj.to_dict())
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        return _jsonable(obj.item())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def write_json(path: str | os.PathLike, obj) -> Path:
+    """Write ``obj`` as JSON atomically (temp file + rename): a reader never sees half a file.
+
+    numpy arrays and scalars, dataclasses with ``to_dict`` and non-finite floats are converted
+    (NaN -> null, inf -> "inf").
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(_jsonable(obj), fh, indent=2, allow_nan=False)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def _cell(value, precision: int) -> str:
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.{precision}f}"
+    return str(value)
+
+
+def format_table(
+    rows: Sequence[Mapping], columns: Sequence[str] | None = None, precision: int = 3
+) -> str:
+    """Render dict rows as an aligned plain-text table (numbers right-aligned)."""
+    if not rows:
+        return "(no rows)"
+    cols = list(columns) if columns is not None else list(rows[0].keys())
+    cells = [[_cell(r.get(c, ""), precision) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    numeric = [all(isinstance(r.get(c), (int, float)) for r in rows) for c in cols]
+
+    def line(vals):
+        return "  ".join(
+            v.rjust(w) if num else v.ljust(w) for v, w, num in zip(vals, widths, numeric)
+        )
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(cols), rule, *(line(r) for r in cells)])

@@ -1,0 +1,116 @@
+"""Accounting: Opacus' accountants, read correctly, and the mechanism's trade-off curves."""
+
+import numpy as np
+import pytest
+import torch
+from opacus import PrivacyEngine
+from opacus.accountants import PRVAccountant, RDPAccountant
+
+from dpaudit.accounting import (
+    accountant_epsilon,
+    all_accountants,
+    engine_epsilons,
+    gaussian_mechanism_epsilon,
+    subsampled_gaussian_tradeoff,
+    tradeoff_from_profile,
+)
+from dpaudit.stats import gdp_delta, gdp_tradeoff
+
+CONFIGS = [(1.0, 0.01, 1000), (0.8, 0.05, 200), (2.0, 0.1, 500), (1.5, 1.0, 10)]
+
+
+@pytest.mark.parametrize("sigma,q,steps", CONFIGS)
+def test_rdp_is_at_least_prv(sigma, q, steps):
+    # RDP conversion is looser than PRV; PRV's own error is at most eps_error = 0.01.
+    res = all_accountants(sigma, q, steps, 1e-5)
+    assert res["rdp"].epsilon >= res["prv"].epsilon - 0.011
+    assert res["gdp"].may_underestimate and not res["prv"].may_underestimate
+
+
+@pytest.mark.parametrize("sigma,q,steps", CONFIGS[:2])
+def test_values_match_opacus_called_directly(sigma, q, steps):
+    rdp, prv = RDPAccountant(), PRVAccountant()
+    for _ in range(steps):
+        rdp.step(noise_multiplier=sigma, sample_rate=q)
+        prv.step(noise_multiplier=sigma, sample_rate=q)
+    assert accountant_epsilon(sigma, q, steps, 1e-5, "rdp").epsilon == rdp.get_epsilon(1e-5)
+    assert accountant_epsilon(sigma, q, steps, 1e-5, "prv").epsilon == pytest.approx(
+        prv.get_epsilon(1e-5), rel=1e-12
+    )
+
+
+def test_q1_prv_agrees_with_exact_gaussian_mechanism():
+    # Non-subsampled: T steps of sigma are exactly sqrt(T)/sigma-GDP; PRV is within eps_error.
+    exact = gaussian_mechanism_epsilon(2.0, 16, 1e-5)
+    prv = accountant_epsilon(2.0, 1.0, 16, 1e-5, "prv").epsilon
+    assert exact <= prv <= exact + 0.02
+
+
+def test_engine_epsilons_reads_a_live_engine():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=16)
+    engine = PrivacyEngine(accountant="prv")
+    model, opt, loader = engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=loader,
+        noise_multiplier=1.1,
+        max_grad_norm=1.0,
+    )
+    for x, y in loader:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    res = engine_epsilons(engine, 1e-5)
+    assert res["prv"].epsilon == pytest.approx(engine.get_epsilon(1e-5), rel=1e-12)
+    assert res["rdp"].epsilon == pytest.approx(
+        accountant_epsilon(1.1, 0.25, 4, 1e-5, "rdp").epsilon, rel=1e-12
+    )
+
+
+def test_envelope_of_exact_gdp_profile_is_the_gdp_roc():
+    # f-DP duality: the envelope over all (eps, delta(eps)) of mu-GDP is exactly G_mu.
+    mu = 1.5
+    eps = np.linspace(0, 12, 4000)
+    deltas = np.array([gdp_delta(mu, e) for e in eps])
+    alpha = np.array([1e-4, 1e-3, 1e-2, 0.1, 0.3, 0.7])
+    np.testing.assert_allclose(
+        tradeoff_from_profile(alpha, eps, deltas), gdp_tradeoff(alpha, mu), rtol=2e-3
+    )
+
+
+def test_subsampled_curve_at_q1_is_a_tight_upper_bound_of_gdp():
+    alpha = np.array([1e-3, 1e-2, 0.1, 0.5])
+    curve = subsampled_gaussian_tradeoff(alpha, 2.0, 1.0, 4)  # mu = sqrt(4)/2 = 1
+    exact = gdp_tradeoff(alpha, 1.0)
+    assert np.all(curve >= exact - 1e-12)
+    np.testing.assert_allclose(curve, exact, rtol=0.02)
+
+
+def test_subsampled_curve_lies_below_its_accountant_epsilon_lines():
+    # The curve must respect the (eps, delta) that PRV certifies at delta = 1e-5.
+    sigma, q, steps = 1.0, 0.01, 1000
+    eps = accountant_epsilon(sigma, q, steps, 1e-5, "prv").epsilon
+    alpha = np.logspace(-5, -0.1, 20)
+    curve = subsampled_gaussian_tradeoff(alpha, sigma, q, steps)
+    assert np.all(curve <= 1e-5 + np.exp(eps) * alpha + 1e-9)
+    assert np.all(curve >= alpha)
+
+
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        ({"noise_multiplier": 0.0}, "noise_multiplier"),
+        ({"sample_rate": 1.5}, "sample_rate"),
+        ({"steps": -1}, "steps"),
+        ({"delta": 1.0}, "delta"),
+        ({"accountant": "moments"}, "accountant"),
+    ],
+)
+def test_bad_input_names_the_parameter(kwargs, name):
+    args = {"noise_multiplier": 1.0, "sample_rate": 0.1, "steps": 10, "delta": 1e-5}
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=name):
+        accountant_epsilon(**args)
