@@ -14,7 +14,7 @@ import numpy as np
 from dpaudit.report import format_table, write_json
 from dpaudit.stats import auc, epsilon_lower_bound, gdp_epsilon
 
-METHODS = ("gdp", "clopper_pearson", "one_run", "density")
+METHODS = ("gdp", "clopper_pearson", "one_run", "density", "density_tv")
 
 
 def stats_demo(
@@ -32,7 +32,11 @@ def stats_demo(
     for mu in mus:
         scores_out = rng.standard_normal(n)
         scores_in = rng.standard_normal(n) + mu
-        row = {"mu": float(mu), "true_eps": gdp_epsilon(mu, delta), "auc": auc(scores_in, scores_out)}
+        row = {
+            "mu": float(mu),
+            "true_eps": gdp_epsilon(mu, delta),
+            "auc": auc(scores_in, scores_out),
+        }
         for method in methods:
             res = epsilon_lower_bound(
                 scores_in, scores_out, delta=delta, confidence=confidence, method=method

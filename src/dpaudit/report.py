@@ -71,7 +71,8 @@ def format_table(
 
     def line(vals):
         return "  ".join(
-            v.rjust(w) if num else v.ljust(w) for v, w, num in zip(vals, widths, numeric)
+            v.rjust(w) if num else v.ljust(w)
+            for v, w, num in zip(vals, widths, numeric, strict=True)
         )
 
     rule = "  ".join("-" * w for w in widths)

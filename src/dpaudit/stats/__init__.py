@@ -1,5 +1,8 @@
 """Attack outcomes to numbers: ROC, AUC, TPR at FPR, epsilon lower bounds, GDP algebra."""
 
+from dpaudit.stats.bounds import METHODS, epsilon_lower_bound
+from dpaudit.stats.clopper_pearson import cp_upper, eps_from_rates, mu_from_rates
+from dpaudit.stats.density import canonne_tau, histogram_privacy_profile, hockey_stick
 from dpaudit.stats.gdp import (
     gdp_advantage,
     gdp_auc,
@@ -9,8 +12,35 @@ from dpaudit.stats.gdp import (
     gdp_mu,
     gdp_tradeoff,
 )
+from dpaudit.stats.histogram import histograms
+from dpaudit.stats.one_run import epsilon_from_guesses
+from dpaudit.stats.one_run import p_value as one_run_p_value
+from dpaudit.stats.pld import histogram_pld_epsilon, histogram_pld_profile
+from dpaudit.stats.result import EpsilonBound
+from dpaudit.stats.roc import auc, roc_curve, tpr_at_fpr
+from dpaudit.stats.thresholds import (
+    OrientationWarning,
+    adaptive_threshold,
+    apply_threshold,
+    check_orientation,
+    fixed_threshold,
+    neyman_pearson_threshold,
+)
 
 __all__ = [
+    "METHODS",
+    "EpsilonBound",
+    "OrientationWarning",
+    "adaptive_threshold",
+    "apply_threshold",
+    "auc",
+    "canonne_tau",
+    "check_orientation",
+    "cp_upper",
+    "eps_from_rates",
+    "epsilon_from_guesses",
+    "epsilon_lower_bound",
+    "fixed_threshold",
     "gdp_advantage",
     "gdp_auc",
     "gdp_compose",
@@ -18,4 +48,14 @@ __all__ = [
     "gdp_epsilon",
     "gdp_mu",
     "gdp_tradeoff",
+    "histogram_pld_epsilon",
+    "histogram_pld_profile",
+    "histogram_privacy_profile",
+    "histograms",
+    "hockey_stick",
+    "mu_from_rates",
+    "neyman_pearson_threshold",
+    "one_run_p_value",
+    "roc_curve",
+    "tpr_at_fpr",
 ]

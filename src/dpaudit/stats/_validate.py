@@ -14,7 +14,9 @@ def check_scores(x, name: str) -> np.ndarray:
         raise ValueError(f"{name} is empty: expected at least one score")
     if not np.all(np.isfinite(arr)):
         bad = int(np.sum(~np.isfinite(arr)))
-        raise ValueError(f"{name} contains {bad} non-finite value(s) (NaN or inf): scores must be finite")
+        raise ValueError(
+            f"{name} contains {bad} non-finite value(s) (NaN or inf): scores must be finite"
+        )
     return arr
 
 

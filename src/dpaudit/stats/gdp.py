@@ -29,7 +29,7 @@ def gdp_delta(mu: float, epsilon: float) -> float:
 
 
 def _log_gdp_delta(mu: float, eps: float) -> float:
-    """log delta(eps), stable when delta is tiny: log Phi(a) + log(1 - e^{eps + lPhi(b) - lPhi(a)})."""
+    """log delta(eps), stable for tiny delta: lPhi(a) + log(1 - e^{eps + lPhi(b) - lPhi(a)})."""
     a = -eps / mu + mu / 2.0
     b = -eps / mu - mu / 2.0
     la = log_ndtr(a)

@@ -1,0 +1,170 @@
+"""One-run auditing (Steinke, Nasr & Jagielski, NeurIPS 2023, "Privacy auditing with one (1)
+training run"): an epsilon lower bound from m canaries trained in one run.
+
+Setting (their Section 3): each of the m canaries is included independently with
+probability 1/2 (S uniform on {-1, +1}^m). The auditor sees one output, guesses "in" for r+
+canaries, "out" for r- others and abstains on the rest (r = r+ + r- guesses); v of the guesses
+are correct. If the mechanism is (eps, delta)-DP then (their Theorem 5.2 / Corollary 5.4)
+
+    P[V >= v] <= P[Bin(r, q) >= v] + 2 m delta * max_{1<=i<=v} P[v - i <= Bin(r, q) < v] / i,
+    q = e^eps / (1 + e^eps),
+
+so eps is rejected at level beta when that p-value is < beta; the lower bound is the largest
+rejected eps (found by bisection, as in their Appendix D). The implementation below is ours,
+vectorised over i, with a conservative truncation of the max (documented in ``p_value``).
+
+Only inclusion probability 1/2 is supported: the theorem is stated for uniform S, and with a
+different inclusion probability the null distribution of the guesses changes (not covered by
+the paper's bound), so no such option is offered.
+
+Guesses from scores: "in" for the k+ highest scores, "out" for the k- lowest (by threshold, so
+tied scores are guessed together and r may exceed k). The (k+, k-) pairs form a small fixed
+grid of fractions of m and the significance is Bonferroni-corrected over the grid.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import bdtr, bdtrc, expit
+
+from dpaudit.stats.result import EpsilonBound
+from dpaudit.stats.roc import count_at_or_above
+
+DEFAULT_GRID = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
+_WINDOW_SD = 40.0  # binomial mass further than this many sd below the mean is bounded, not summed
+_WINDOW_MAX = 50_000
+
+
+def p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
+    """Upper bound on P[>= v correct of r guesses] under (epsilon, delta)-DP (m canaries).
+
+    The max over i is evaluated exactly on a window of i that covers the binomial mass down to
+    40 sd below the mean (at most 50,000 terms); beyond it sum_i / i is bounded by
+    (sum_W + P[Bin < v - W]) / (W + 1). That only increases the p-value, so the derived
+    epsilon can only get smaller (never invalid).
+    """
+    if not 0 <= v <= r <= m:
+        raise ValueError(f"need 0 <= v <= r <= m, got m={m}, r={r}, v={v}")
+    q = float(expit(epsilon))
+    tail = 1.0 if v == 0 else float(bdtrc(v - 1, r, q))  # P[Bin >= v]
+    if delta == 0.0 or v == 0:
+        return min(tail, 1.0)
+    sd = np.sqrt(r * q * (1.0 - q))
+    lowest = max(int(np.floor(r * q - _WINDOW_SD * sd)), 0)
+    w = int(min(v, max(v - lowest, 1), _WINDOW_MAX))
+    i = np.arange(1, w + 1, dtype=np.float64)
+    below_v = float(bdtr(v - 1, r, q))  # P[Bin <= v - 1]
+    lower = np.where(v - i - 1 >= 0, bdtr(np.maximum(v - i - 1, 0), r, q), 0.0)
+    sums = below_v - lower  # P[v - i <= Bin <= v - 1]
+    alpha = float(np.max(sums / i))
+    if w < v:
+        rest = float(bdtr(v - w - 1, r, q))  # mass not yet summed
+        alpha = max(alpha, (sums[-1] + rest) / (w + 1))
+    return min(tail + alpha * delta * 2.0 * m, 1.0)
+
+
+def _bracket(m: int, r: int, v: int, delta: float, significance: float, tol: float):
+    """(lo, hi) with p(lo) < significance <= p(hi) (lo = 0 when nothing is rejected)."""
+    if r == 0 or p_value(m, r, v, 0.0, delta) >= significance:
+        return 0.0, 0.0
+    hi = 1.0
+    while p_value(m, r, v, hi, 0.0) < significance:  # delta = 0 bracket: p grows with delta
+        hi *= 2.0
+        if hi > 1e4:
+            break
+    lo = 0.0
+    while hi - lo > tol * max(1.0, lo):
+        mid = 0.5 * (lo + hi)
+        if p_value(m, r, v, mid, delta) < significance:
+            lo = mid
+        else:
+            hi = mid
+    return lo, hi
+
+
+def epsilon_from_guesses(
+    m: int, r: int, v: int, *, delta: float, significance: float, tol: float = 1e-6
+) -> float:
+    """Largest eps rejected at ``significance``: p_value(m, r, v, eps, delta) < significance."""
+    return _bracket(m, r, v, delta, significance, tol)[0]
+
+
+def guess_counts(pooled: np.ndarray, s_in: np.ndarray, s_out: np.ndarray, k_plus, k_minus):
+    """Guesses and correct guesses for the rule "in" if score >= t+, "out" if score <= t-.
+
+    t+ is the k+-th largest pooled score, t- the k- -th smallest (k = 0: no such guesses);
+    tied scores are guessed together, so r can exceed k+ + k-. All inputs sorted ascending;
+    ``k_plus``/``k_minus`` are equal-length integer arrays. Returns (r, v, t_plus, t_minus,
+    ok) arrays; ``ok`` is False where ties make the two guess sets overlap.
+    """
+    m = pooled.size
+    kp, km = np.asarray(k_plus, dtype=np.int64), np.asarray(k_minus, dtype=np.int64)
+    t_plus = np.where(kp > 0, pooled[np.clip(m - kp, 0, m - 1)], np.inf)
+    t_minus = np.where(km > 0, pooled[np.clip(km - 1, 0, m - 1)], -np.inf)
+    r_plus = np.where(kp > 0, count_at_or_above(pooled, t_plus), 0)
+    v_plus = np.where(kp > 0, count_at_or_above(s_in, t_plus), 0)
+    r_minus = np.where(km > 0, np.searchsorted(pooled, t_minus, side="right"), 0)
+    v_minus = np.where(km > 0, np.searchsorted(s_out, t_minus, side="right"), 0)
+    ok = ~((kp > 0) & (km > 0) & (t_minus >= t_plus))
+    return r_plus + r_minus, v_plus + v_minus, t_plus, t_minus, ok
+
+
+def one_run_bound(
+    scores_in: np.ndarray,
+    scores_out: np.ndarray,
+    *,
+    delta: float,
+    confidence: float,
+    grid=DEFAULT_GRID,
+) -> EpsilonBound:
+    """Steinke-Nasr-Jagielski lower bound, best over a Bonferroni-corrected (k+, k-) grid.
+
+    ``scores_in`` are the canaries that were included, ``scores_out`` those excluded; each
+    canary must have been included independently with probability 1/2 (module doc).
+    ``grid``: fractions of m for k+ and k- (pairs with k+ + k- <= m, not both 0).
+    """
+    fracs = np.asarray(grid, dtype=np.float64)
+    if fracs.ndim != 1 or fracs.size == 0 or np.any((fracs < 0) | (fracs > 1)):
+        raise ValueError(
+            f"grid must be a non-empty 1-d sequence of fractions in [0, 1], got {grid!r}"
+        )
+    s_in, s_out = np.sort(scores_in), np.sort(scores_out)
+    m = s_in.size + s_out.size
+    ks = np.unique(np.round(fracs * m).astype(np.int64))
+    pairs = [(a, b) for a in ks for b in ks if (a > 0 or b > 0) and a + b <= m]
+    if not pairs:
+        raise ValueError(f"grid {grid!r} gives no (k+, k-) pair with at least one guess for m={m}")
+    significance = (1.0 - confidence) / len(pairs)
+    kp, km = np.array(pairs, dtype=np.int64).T
+    pooled = np.sort(np.concatenate([s_in, s_out]))
+    r_all, v_all, tp_all, tm_all, ok = guess_counts(pooled, s_in, s_out, kp, km)
+    rows = []
+    for i in np.flatnonzero(ok):
+        r, v = int(r_all[i]), int(v_all[i])
+        # coarse delta = 0 bracket: its upper end bounds eps(delta) from above (p grows in delta)
+        ub = _bracket(m, r, v, 0.0, significance, 1e-3)[1]
+        rows.append((ub, int(kp[i]), int(km[i]), r, v, float(tp_all[i]), float(tm_all[i])))
+    rows.sort(key=lambda row: -row[0])  # visit promising pairs first, stop when none can win
+    best = (0.0, None)
+    for ub, a, b, r, v, tp, tm in rows:
+        if ub <= best[0] and best[1] is not None:
+            break
+        eps = epsilon_from_guesses(m, r, v, delta=delta, significance=significance)
+        if eps > best[0] or best[1] is None:
+            best = (eps, (a, b, r, v, tp, tm))
+    details: dict = {"m": m, "n_pairs": len(pairs), "significance_per_pair": significance}
+    threshold = None
+    if best[1] is not None:
+        a, b, r, v, tp, tm = best[1]
+        details.update(k_plus=a, k_minus=b, guesses=r, correct=v, t_plus=tp, t_minus=tm)
+        threshold = tp
+    return EpsilonBound(
+        epsilon=float(best[0]),
+        method="one_run",
+        confidence=confidence,
+        delta=delta,
+        n_in=int(s_in.size),
+        n_out=int(s_out.size),
+        threshold=threshold,
+        details=details,
+    )

@@ -1,0 +1,61 @@
+"""Exact, tie-safe ROC statistics of a membership score (higher score = "member").
+
+An attack decides "member" iff ``score >= threshold``. Every distinct pooled score is one
+operating point, so tied scores (in and out alike) move together and can never inflate the
+TPR at a given FPR. Nothing is interpolated: every point returned is achievable on the data.
+All functions are O(n log n) (sort + searchsorted), no Python loops over thresholds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dpaudit.stats._validate import check_scores
+
+
+def count_at_or_above(sorted_scores: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+    """Number of entries of an ascending array that are ``>= t`` for each threshold ``t``."""
+    return sorted_scores.size - np.searchsorted(sorted_scores, thresholds, side="left")
+
+
+def roc_curve(scores_in, scores_out) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Empirical ROC: ``(fpr, tpr, thresholds)`` with thresholds decreasing from ``+inf``.
+
+    Point ``j`` is the rule "member iff score >= thresholds[j]": ``tpr[j]`` is the fraction
+    of ``scores_in`` at or above it, ``fpr[j]`` the fraction of ``scores_out``. The curve starts
+    at (0, 0) with threshold ``+inf`` and ends at (1, 1) with the smallest pooled score.
+    """
+    s_in = np.sort(check_scores(scores_in, "scores_in"))
+    s_out = np.sort(check_scores(scores_out, "scores_out"))
+    pooled = np.unique(np.concatenate([s_in, s_out]))[::-1]
+    thresholds = np.concatenate([[np.inf], pooled])
+    tpr = count_at_or_above(s_in, thresholds) / s_in.size
+    fpr = count_at_or_above(s_out, thresholds) / s_out.size
+    return fpr, tpr, thresholds
+
+
+def auc(scores_in, scores_out) -> float:
+    """Area under the ROC = P(S_in > S_out) + P(S_in = S_out) / 2 (Mann-Whitney U / (n m))."""
+    s_in = check_scores(scores_in, "scores_in")
+    s_out = np.sort(check_scores(scores_out, "scores_out"))
+    below = np.searchsorted(s_out, s_in, side="left").astype(np.float64)
+    at_or_below = np.searchsorted(s_out, s_in, side="right").astype(np.float64)
+    u = np.sum(below) + 0.5 * np.sum(at_or_below - below)
+    return float(u / (s_in.size * s_out.size))
+
+
+def tpr_at_fpr(scores_in, scores_out, fpr):
+    """Largest TPR among the empirical operating points whose realised FPR is ``<= fpr``.
+
+    ``fpr`` may be a scalar in [0, 1] (returns a float) or an array (returns an array).
+    At ``fpr = 0`` this is the fraction of members strictly above every non-member.
+    """
+    target = np.asarray(fpr, dtype=np.float64)
+    if not np.all(np.isfinite(target)) or np.any((target < 0.0) | (target > 1.0)):
+        raise ValueError(f"fpr must lie in [0, 1], got {fpr!r}")
+    roc_fpr, roc_tpr, _ = roc_curve(scores_in, scores_out)
+    # Both coordinates are non-decreasing along the curve, so the best admissible point is the
+    # last one whose FPR does not exceed the target; point 0 (FPR = 0) is always admissible.
+    idx = np.searchsorted(roc_fpr, target, side="right") - 1
+    out = roc_tpr[idx]
+    return float(out) if out.ndim == 0 else out

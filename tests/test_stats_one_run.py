@@ -1,0 +1,81 @@
+"""One-run audit (Steinke, Nasr & Jagielski 2023): p-value against a direct evaluation of
+their bound, closed forms at delta = 0, and a randomized-response simulation."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpaudit.stats import epsilon_from_guesses, epsilon_lower_bound, one_run_p_value
+from dpaudit.stats.one_run import guess_counts
+
+
+def _direct(m, r, v, eps, delta):
+    """Term-by-term evaluation of P[Bin >= v] + 2 m delta max_i P[v - i <= Bin < v] / i."""
+    q = 1 / (1 + math.exp(-eps))
+    tail = stats.binom.sf(v - 1, r, q)
+    best = 0.0
+    for i in range(1, v + 1):
+        window = stats.binom.cdf(v - 1, r, q) - stats.binom.cdf(v - i - 1, r, q)
+        best = max(best, window / i)
+    return min(tail + 2 * m * delta * best, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("m", "r", "v", "eps", "delta"),
+    [
+        (1000, 100, 80, 1.0, 1e-5),
+        (1000, 500, 400, 0.5, 1e-4),
+        (100, 20, 20, 2.0, 1e-3),
+        (10_000, 3000, 2900, 3.0, 1e-6),
+        (50, 10, 3, 0.1, 1e-2),
+        (10, 5, 0, 1.0, 1e-3),
+    ],
+)
+def test_p_value_matches_direct_evaluation(m, r, v, eps, delta):
+    assert one_run_p_value(m, r, v, eps, delta) == pytest.approx(
+        _direct(m, r, v, eps, delta), rel=1e-9, abs=1e-15
+    )
+
+
+def test_all_correct_delta_zero_closed_form():
+    # p = q^r with q = e^eps / (1 + e^eps): eps_lb = logit(beta^(1/r)).
+    r, beta = 200, 0.05
+    x = beta ** (1 / r)
+    got = epsilon_from_guesses(1000, r, r, delta=0.0, significance=beta)
+    assert got == pytest.approx(math.log(x / (1 - x)), rel=1e-5)
+    assert epsilon_from_guesses(1000, 0, 0, delta=0.0, significance=beta) == 0.0
+
+
+def test_randomized_response_never_exceeds_and_gets_close():
+    # eps0-DP randomized response on every one of m canaries; all guessed (r = m).
+    eps0, m = 1.0, 20_000
+    rng = np.random.default_rng(9)
+    v = int(rng.binomial(m, math.exp(eps0) / (1 + math.exp(eps0))))
+    lb = epsilon_from_guesses(m, m, v, delta=1e-6, significance=0.05)
+    assert 0.85 * eps0 <= lb <= eps0
+
+
+def test_guess_counts_with_ties():
+    s_in = np.sort(np.array([3.0, 3.0, 1.0]))
+    s_out = np.sort(np.array([3.0, 0.0, 0.0]))
+    pooled = np.sort(np.r_[s_in, s_out])
+    # top 1: the threshold is 3.0, so all three tied scores are guessed "in" (2 correct);
+    # bottom 2: both 0.0 guessed "out" (2 correct). (4, 3) overlaps: flagged not ok.
+    r, v, tp, tm, ok = guess_counts(pooled, s_in, s_out, [1, 4, 0], [2, 3, 1])
+    assert (r[0], v[0], tp[0], tm[0], ok[0]) == (5, 4, 3.0, 0.0, True)
+    assert not ok[1]
+    assert (r[2], v[2], tp[2], tm[2]) == (2, 2, np.inf, 0.0)
+
+
+def test_one_run_bound_details_and_grid_validation():
+    rng = np.random.default_rng(0)
+    inc = rng.random(2000) < 0.5
+    sc = np.where(inc, rng.normal(3, 1, 2000), rng.normal(0, 1, 2000))
+    res = epsilon_lower_bound(sc[inc], sc[~inc], delta=1e-5, method="one_run")
+    d = res.details
+    assert res.epsilon > 0 and d["correct"] <= d["guesses"] <= d["m"] == 2000
+    assert d["significance_per_pair"] == pytest.approx(0.05 / d["n_pairs"])
+    with pytest.raises(ValueError, match="grid"):
+        epsilon_lower_bound(sc[inc], sc[~inc], delta=1e-5, method="one_run", grid=[0.0])
