@@ -3,6 +3,7 @@
 from dpaudit.stats.bounds import METHODS, epsilon_lower_bound
 from dpaudit.stats.clopper_pearson import cp_upper, eps_from_rates, mu_from_rates
 from dpaudit.stats.density import canonne_tau, histogram_privacy_profile, hockey_stick
+from dpaudit.stats.gaussian_fit import GaussianAssumptionWarning, gaussian_checks
 from dpaudit.stats.gdp import (
     gdp_advantage,
     gdp_auc,
@@ -30,6 +31,7 @@ from dpaudit.stats.thresholds import (
 __all__ = [
     "METHODS",
     "EpsilonBound",
+    "GaussianAssumptionWarning",
     "OrientationWarning",
     "adaptive_threshold",
     "apply_threshold",
@@ -41,6 +43,7 @@ __all__ = [
     "epsilon_from_guesses",
     "epsilon_lower_bound",
     "fixed_threshold",
+    "gaussian_checks",
     "gdp_advantage",
     "gdp_auc",
     "gdp_compose",

@@ -7,6 +7,8 @@ Methods and their options (anything else raises ValueError naming the option):
 * ``"one_run"``: grid (fractions of m for k+ / k-). See ``one_run``.
 * ``"density"``, ``"density_tv"``: bin_rule ("eq4.2" | "eq4.1"), n_bins, end_quantiles,
   edges. See ``density``; ``density_tv`` assumes a Gaussian mechanism.
+* ``"gaussian"``: check_level. Parametric fit assuming Gaussian equal-variance scores
+  (checked and reported); see ``gaussian_fit``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from dpaudit.stats._validate import check_open_unit, check_scores
 from dpaudit.stats.clopper_pearson import threshold_bound
 from dpaudit.stats.density import density_bound
+from dpaudit.stats.gaussian_fit import gaussian_bound
 from dpaudit.stats.one_run import one_run_bound
 from dpaudit.stats.result import EpsilonBound
 
@@ -26,6 +29,7 @@ METHOD_OPTIONS: dict[str, frozenset[str]] = {
     "one_run": frozenset({"grid"}),
     "density": _BIN_OPTIONS,
     "density_tv": _BIN_OPTIONS,
+    "gaussian": frozenset({"check_level"}),
 }
 METHODS = tuple(METHOD_OPTIONS)
 
@@ -69,4 +73,6 @@ def epsilon_lower_bound(
         return threshold_bound(method, s_in, s_out, **common, **options)
     if method == "one_run":
         return one_run_bound(s_in, s_out, **common, **options)
+    if method == "gaussian":
+        return gaussian_bound(s_in, s_out, **common, **options)
     return density_bound(s_in, s_out, **common, tv_only=method == "density_tv", **options)
