@@ -64,7 +64,8 @@ def _epsilon_from_history(history, delta: float, accountant: str) -> AccountantE
     if not acc.history:
         return AccountantEpsilon(accountant, 0.0, delta, gdp, "no steps taken")
     try:
-        eps = float(acc.get_epsilon(delta))
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            eps = float(acc.get_epsilon(delta))
     except ValueError as err:  # e.g. GDP with a varying noise multiplier or sample rate
         return AccountantEpsilon(accountant, float("nan"), delta, gdp, f"not computable: {err}")
     return AccountantEpsilon(accountant, eps, delta, gdp, note)

@@ -12,8 +12,9 @@ beta/4 each, mu_lb = max(0, diff_lb) / max(sd_upper), eps = eps_GDP(mu_lb, delta
 Validity rests on the Gaussian, equal-variance model; it is checked, not assumed silently:
 D'Agostino-Pearson normality tests on each side and a two-sided F test of the variance
 ratio. Their p-values go into ``details["gaussian_check"]``; when any is below
-``check_level / 3`` (family-wise level ``check_level``) the result is marked ``valid=False`` and a ``GaussianAssumptionWarning`` is
-raised, so a report can say the parametric number should not be trusted.
+``check_level / 3`` (family-wise level ``check_level``) the result is marked
+``valid=False`` and a ``GaussianAssumptionWarning`` is raised, so a report can say the
+parametric number should not be trusted.
 """
 
 from __future__ import annotations
