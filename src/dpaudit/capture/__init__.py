@@ -1,5 +1,25 @@
-"""Training hooks that record the white-box view of Opacus DP-SGD (DESIGN 3, 4.3)."""
+"""Training hooks that record the white-box view of Opacus DP-SGD (DESIGN 3, 4.3).
 
+``AuditHook`` (alias ``WhiteBoxRecorder``) attaches to the ``DPOptimizer`` of an unchanged
+Opacus training loop and streams per-canary scores; ``InputCanaries`` / ``GradientCanaries``
+describe what is audited; ``Trace`` writes released gradients to disk in chunks.
+"""
+
+from dpaudit.capture.canaries import GradientCanaries, InputCanaries
+from dpaudit.capture.hook import AuditHook, WhiteBoxRecorder, infer_sample_rate
 from dpaudit.capture.persample import per_sample_clipped_grads, trainable_parameter_names
+from dpaudit.capture.selection import resolve_parameter_names
+from dpaudit.capture.trace import Trace, load_trace
 
-__all__ = ["per_sample_clipped_grads", "trainable_parameter_names"]
+__all__ = [
+    "AuditHook",
+    "GradientCanaries",
+    "InputCanaries",
+    "Trace",
+    "WhiteBoxRecorder",
+    "infer_sample_rate",
+    "load_trace",
+    "per_sample_clipped_grads",
+    "resolve_parameter_names",
+    "trainable_parameter_names",
+]

@@ -1,4 +1,4 @@
-"""Clipped per-sample gradients of a batch of examples, in one batched call (torch.func).
+"""Clipped per-sample gradients of a batch of examples, in one batched call.
 
 Used wherever an auditor needs g*(x) at the current parameters: input canaries during training
 (capture), reference and candidate gradients at theta_0 (canaries, covariance estimators). The
@@ -9,7 +9,9 @@ parameters is returned.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -21,6 +23,25 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The plain module under Opacus' GradSampleModule (or the model itself)."""
     return getattr(model, "_module", model)
+
+
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+@contextmanager
+def suspended_module_hooks(module: nn.Module) -> Iterator[None]:
+    """Temporarily remove every module hook under ``module`` (restored exactly on exit)."""
+    saved = []
+    for m in module.modules():
+        saved.append((m, [getattr(m, a) for a in _HOOK_DICTS]))
+        for a in _HOOK_DICTS:
+            setattr(m, a, OrderedDict())
+    try:
+        yield
+    finally:
+        for m, dicts in saved:
+            for a, d in zip(_HOOK_DICTS, dicts, strict=True):
+                setattr(m, a, d)
 
 
 def trainable_parameter_names(model: nn.Module) -> list[str]:
@@ -36,6 +57,7 @@ def per_sample_clipped_grads(
     max_grad_norm: float | None,
     param_names: Sequence[str] | None = None,
     chunk_size: int | None = 256,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Return an (n, d) tensor of clipped per-example gradients, flattened and concatenated.
 
@@ -44,6 +66,7 @@ def per_sample_clipped_grads(
     parameters' coordinates are returned (default: all trainable); clipping always uses the
     norm over all trainable parameters. ``max_grad_norm=None`` returns unclipped gradients.
     The result lives on the model's device; the model's parameters are not modified.
+    ``backend``: ``"auto"`` (default), ``"func"`` or ``"opacus"`` (see the module docstring).
     """
     module = unwrap_model(model)
     if inputs.shape[0] != targets.shape[0]:
@@ -61,20 +84,24 @@ def per_sample_clipped_grads(
     unknown = [n for n in selected if n not in named or not named[n].requires_grad]
     if unknown:
         raise ValueError(f"param_names not among the model's trainable parameters: {unknown}")
+    if backend not in ("auto", "func", "opacus"):
+        raise ValueError(f"backend must be 'auto', 'func' or 'opacus', got {backend!r}")
     device = next(iter(named.values())).device
     inputs = inputs.to(device)
     targets = targets.to(device)
-    params = {n: named[n].detach() for n in trainable}
-    buffers = {n: b.detach() for n, b in module.named_buffers()}
-
-    def loss_one(p, x, y):
-        out = functional_call(module, (p, buffers), (x.unsqueeze(0),))
-        return loss_fn(out, y.unsqueeze(0))
-
-    grads = vmap(grad(loss_one), in_dims=(None, 0, 0), chunk_size=chunk_size)(
-        params, inputs, targets
-    )
     n = inputs.shape[0]
+    use_opacus = _opacus_backend_ok(model)
+    if backend == "opacus" and not use_opacus:
+        raise ValueError(
+            "backend='opacus' needs a training-mode, batch-first opacus GradSampleModule"
+        )
+    if n == 0:
+        width = sum(named[k].numel() for k in selected)
+        return torch.zeros(0, width, device=device, dtype=named[selected[0]].dtype)
+    if use_opacus and backend != "func":
+        grads = _grads_via_opacus(model, inputs, targets, loss_fn, trainable)
+    else:
+        grads = _grads_via_func(module, inputs, targets, loss_fn, trainable, chunk_size)
     if max_grad_norm is not None:
         norms = torch.stack([grads[k].reshape(n, -1).norm(2, dim=1) for k in trainable], 1)
         factor = (max_grad_norm / (norms.norm(2, dim=1) + 1e-6)).clamp(max=1.0)
@@ -82,3 +109,60 @@ def per_sample_clipped_grads(
         factor = torch.ones(n, device=device)
     flat = torch.cat([grads[k].reshape(n, -1) for k in selected], dim=1)
     return flat * factor.to(flat.dtype).unsqueeze(1)
+
+
+def _opacus_backend_ok(model: nn.Module) -> bool:
+    try:
+        from opacus.grad_sample import GradSampleModule
+    except ImportError:  # pragma: no cover - opacus is a dependency
+        return False
+    return (
+        type(model) is GradSampleModule  # not ghost clipping / expanded weights subclasses
+        and bool(getattr(model, "hooks_enabled", False))
+        and model.training
+        and bool(getattr(model, "batch_first", False))
+    )
+
+
+def _grads_via_opacus(model, inputs, targets, loss_fn, trainable) -> dict[str, torch.Tensor]:
+    """Per-example gradients from one pass through the GradSampleModule's hooks."""
+    named = dict(model._module.named_parameters())
+    params = [named[k] for k in trainable]
+    saved = [(p.grad, getattr(p, "grad_sample", None)) for p in params]
+    n = inputs.shape[0]
+    try:
+        for p in params:
+            p.grad = None
+            p.grad_sample = None
+        with torch.enable_grad():
+            out = model(inputs)
+            per_example = vmap(lambda o, t: loss_fn(o.unsqueeze(0), t.unsqueeze(0)))(out, targets)
+            total = per_example.sum()
+            if model.loss_reduction == "mean":  # the hooks multiply backprops by n
+                total = total / n
+            torch.autograd.backward(total, inputs=params)
+        grads = {}
+        for k, p in zip(trainable, params, strict=True):
+            gs = p.grad_sample
+            grads[k] = p.new_zeros((n, *p.shape)) if gs is None else gs.detach()
+        return grads
+    finally:
+        for p, (g, gs) in zip(params, saved, strict=True):
+            p.grad = g
+            p.grad_sample = gs
+
+
+def _grads_via_func(module, inputs, targets, loss_fn, trainable, chunk_size):
+    """Per-example gradients by torch.func (vmap of grad), module hooks suspended."""
+    named = dict(module.named_parameters())
+    params = {n: named[n].detach() for n in trainable}
+    buffers = {n: b.detach() for n, b in module.named_buffers()}
+
+    def loss_one(p, x, y):
+        out = functional_call(module, (p, buffers), (x.unsqueeze(0),))
+        return loss_fn(out, y.unsqueeze(0))
+
+    with suspended_module_hooks(module):
+        return vmap(grad(loss_one), in_dims=(None, 0, 0), chunk_size=chunk_size)(
+            params, inputs, targets
+        )

@@ -1,0 +1,196 @@
+"""Cost of auditing: step time and peak memory of audited vs plain Opacus training.
+
+Models: logistic regression and the small CNN (``dpaudit.models``) on digits. Audited runs use
+K in {1, 16, 64} input canaries and the scalar score; the logical batch is ~270 so that
+K = 64 <= B / 4. Printed numbers are ratios measured in one run:
+
+* time: the minimum over interleaved rounds (plain, K=1, K=16, K=64, plain, ...) of the mean
+  optimizer-step time (forward + backward + ``optimizer.step()``), audited / plain, with one
+  torch thread (the minimum is the round least disturbed by other processes);
+* memory: each configuration runs in a fresh subprocess. On CUDA the peak is
+  ``torch.cuda.max_memory_allocated`` over the training steps (after a reset); on CPU it is the
+  growth of the process' peak resident set (``resource.getrusage(...).ru_maxrss``) over its
+  resident set after one warm-up step, i.e. the extra memory the steps needed, with glibc told
+  to mmap every block >= 64 KiB (``MALLOC_MMAP_THRESHOLD_``) so that freed tensors leave the
+  resident set at once (otherwise malloc's cache hides MB-scale differences). CPU RSS is
+  coarse (MB), so the tensor memory the hook itself holds after T steps is also printed
+  (exact: bytes of the tensors reachable from the hook): it must not grow with T. It is reported
+  for two numbers of steps T (memory must grow with K d, not with T) next to K d in MB.
+
+Run: ``python benchmarks/bench_capture.py`` (``--quick`` for a short smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+import warnings
+
+import torch
+from opacus import PrivacyEngine
+from torch import nn
+from torch.utils.data import DataLoader
+
+from dpaudit.capture import AuditHook, InputCanaries
+from dpaudit.data import load_dataset
+from dpaudit.models import build_model
+
+warnings.filterwarnings("ignore")
+KS = (1, 16, 64)
+BATCH = 320  # DataLoader batch size; Opacus' expected logical batch is N / ceil(N / 320)
+
+
+def _setup(model_name: str, k: int, device: str, seed: int = 0):
+    train, test, info = load_dataset("digits", seed=seed, test_fraction=0.1)
+    torch.manual_seed(seed)
+    model = build_model(model_name, info.input_shape, info.num_classes).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(train, batch_size=BATCH, generator=torch.Generator().manual_seed(seed))
+    engine = PrivacyEngine()
+    model, opt, loader = engine.make_private(
+        module=model, optimizer=opt, data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0
+    )
+    hook = None
+    if k:
+        x, y = test.tensors
+        hook = AuditHook(opt, model, InputCanaries(x[:k], y[:k])).attach()
+    return model, opt, loader, hook
+
+
+def _steps(model, opt, loader, device: str, n: int) -> float:
+    """Run n optimizer steps (cycling the loader); return seconds per step."""
+    done, start = 0, time.perf_counter()
+    while done < n:
+        for xb, yb in loader:
+            xb, yb = xb.to(device), yb.to(device)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+            done += 1
+            if done == n:
+                break
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / n
+
+
+def time_ratios(model_name: str, device: str, steps: int, repeats: int) -> dict:
+    """Interleave plain and audited runs; per-step time of each (the minimum over rounds, which
+    is the least disturbed by other processes), as ratios to plain."""
+    setups = {k: _setup(model_name, k, device) for k in (0, *KS)}
+    for s in setups.values():
+        _steps(*s[:3], device, 2)  # warm-up
+    times: dict[int, list[float]] = {k: [] for k in setups}
+    for _ in range(repeats):
+        for k, s in setups.items():
+            times[k].append(_steps(*s[:3], device, steps))
+    med = {k: min(v) for k, v in times.items()}
+    d = sum(p.numel() for p in setups[0][0].parameters())
+    b = setups[0][1].expected_batch_size
+    return {"d": d, "B": b, "plain_ms": med[0] * 1e3, **{k: med[k] / med[0] for k in KS}}
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _tensor_bytes(obj, seen: set | None = None) -> int:
+    """Bytes of the distinct tensors reachable from ``obj`` through dicts/lists/attributes."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v, seen) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(_tensor_bytes(v, seen) for v in obj)
+    if isinstance(obj, AuditHook | InputCanaries):
+        return _tensor_bytes(vars(obj), seen)
+    return 0
+
+
+def hook_state_bytes(hook: AuditHook) -> int:
+    """Tensor memory the hook itself holds (canary inputs, vectors, accumulators, buffers)."""
+    skip = ("optimizer", "model", "_params")  # the model's own parameters are not hook state
+    state = {k: v for k, v in vars(hook).items() if k not in skip}
+    return _tensor_bytes(state)
+
+
+def memory_child(model_name: str, k: int, steps: int, device: str) -> None:
+    """Subprocess body: print the extra peak memory (bytes) of ``steps`` training steps."""
+    torch.set_num_threads(1)
+    model, opt, loader, hook = _setup(model_name, k, device)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        _steps(model, opt, loader, device, steps)
+        extra = torch.cuda.max_memory_allocated() - base
+    else:
+        base = _rss_bytes()
+        _steps(model, opt, loader, device, steps)
+        extra = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    held = hook_state_bytes(hook) if hook is not None else 0
+    print(json.dumps({"extra": extra, "held": held}))
+
+
+def memory(model_name: str, k: int, steps: int, device: str) -> tuple[float, float]:
+    """(extra peak memory, tensor memory held by the hook) in MB, from a fresh subprocess."""
+    # Large blocks (>= 64 KiB: every tensor that scales with K d) are mmap'ed and returned to
+    # the OS on free, so the resident set follows live tensor memory instead of malloc's cache.
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", model_name, str(k), str(steps), device],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    ).stdout
+    rec = json.loads(out.strip().splitlines()[-1])
+    return rec["extra"] / 2**20, rec["held"] / 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.child:
+        name, k, steps, dev = args.child
+        memory_child(name, int(k), int(steps), dev)
+        return
+    torch.set_num_threads(1)
+    plan = {"logreg": (10, 15, 10, 40), "cnn": (2, 8, 4, 16)}  # steps, rounds, T1, T2
+    if args.quick:
+        plan = {"logreg": (5, 3, 3, 9), "cnn": (2, 2, 2, 6)}
+    print(f"device: {device}; threads: {torch.get_num_threads()}")
+    for name, (steps, repeats, t_short, t_long) in plan.items():
+        r = time_ratios(name, device, steps, repeats)
+        print(
+            f"\n{name}: d = {r['d']}, expected batch B = {r['B']}, plain step "
+            f"{r['plain_ms']:.1f} ms (best of {repeats} rounds x {steps} steps)"
+        )
+        print(
+            f"  K   K/B    time    peak extra MB T={t_short}/T={t_long} (plain)   "
+            f"hook-held MB T={t_short}/T={t_long}   K d MB"
+        )
+        plain = memory(name, 0, t_short, device)[0], memory(name, 0, t_long, device)[0]
+        for k in KS:
+            (p1, h1), (p2, h2) = memory(name, k, t_short, device), memory(name, k, t_long, device)
+            print(
+                f"  {k:<3d} {k / r['B']:.3f}  {r[k]:5.2f}x  {p1:7.2f} / {p2:7.2f} "
+                f"({plain[0]:.2f} / {plain[1]:.2f})     {h1:8.4f} / {h2:8.4f}       "
+                f"{k * r['d'] * 4 / 2**20:.3f}"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,413 @@
+"""``AuditHook``: the white-box view of Opacus DP-SGD, recorded without changing the loop.
+
+Attached to the ``DPOptimizer`` that ``PrivacyEngine.make_private`` returns, the hook
+
+* wraps the optimizer's ``add_noise`` (on the instance) to add the included gradient canaries
+  to ``p.summed_grad`` *before* noise, drawing the inclusions per real step by policy;
+* chains Opacus' step hook (the accountant's one slot): after the accountant has run, it reads
+  the released gradient g_t from ``p.grad`` (after noise and ``scale_grad``, before the base
+  optimizer mutates anything), so g_t = (clipped sum [+ canaries] + noise) / B_exp for any base
+  optimizer (SGD, momentum, Adam);
+* computes the input canaries' clipped gradients at the current parameters theta_t (the ones
+  the batch gradient was computed at) in one batched ``per_sample_clipped_grads`` call, on the
+  model's device, with Opacus' flat clip rule;
+* streams every ``StepScore`` into per-canary accumulators (``aggregate`` ``"sum"`` or
+  ``"max"``), optionally keeping the K x T per-step values, and optionally writes a ``Trace``.
+
+Only real optimizer steps are recorded: ``BatchMemoryManager`` virtual steps (skipped steps)
+never reach ``add_noise`` or the step hook, so the whole logical batch is captured once.
+Canary index order: the canaries list in order, each set's canaries in its own order.
+``detach()`` restores the optimizer's ``step_hook`` and ``add_noise`` exactly.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from opacus.optimizers import DPOptimizer
+from torch import nn
+
+from dpaudit.attacks.base import StepContext, StepScore
+from dpaudit.attacks.scalar import ScalarProduct
+from dpaudit.capture.canaries import (
+    Canaries,
+    GradientCanaries,
+    InputCanaries,
+    as_canary_list,
+)
+from dpaudit.capture.persample import per_sample_clipped_grads, unwrap_model
+from dpaudit.capture.selection import resolve_parameter_names
+from dpaudit.capture.trace import Trace
+
+_NORM_SLACK = 1e-6  # relative float slack on the ||g*|| <= C check
+
+
+def infer_sample_rate(step_hook: object) -> float | None:
+    """The ``sample_rate`` captured by Opacus' accountant hook closure, if there is one."""
+    owner = getattr(step_hook, "__self__", None)
+    if isinstance(owner, AuditHook):  # another audit hook already chained in front
+        return owner.sample_rate
+    code = getattr(step_hook, "__code__", None)
+    closure = getattr(step_hook, "__closure__", None)
+    if code is None or closure is None or "sample_rate" not in code.co_freevars:
+        return None
+    value = closure[code.co_freevars.index("sample_rate")].cell_contents
+    return float(value) if isinstance(value, numbers.Real) else None
+
+
+class AuditHook:
+    """Record released gradients, canary gradients and streaming scores of an Opacus run.
+
+    ``hook = AuditHook(optimizer, model, canaries, scores=(ScalarProduct(),))`` then
+    ``hook.attach()`` (or ``with hook:``) around the unchanged training loop; afterwards
+    ``hook.scores()`` gives each score's (K,) accumulated values. ``params`` selects parameter
+    or module names (default: all trainable) for everything recorded and scored.
+    ``reference=(inputs, targets[, loss_fn])`` provides reference points whose clipped
+    gradients at theta_t are passed to scores with ``requires_reference_grads``.
+    ``sample_rate`` defaults to the one in Opacus' accountant hook.
+    """
+
+    def __init__(
+        self,
+        optimizer: DPOptimizer,
+        model: nn.Module,
+        canaries: Canaries | Sequence[Canaries],
+        scores: Sequence[StepScore] = (ScalarProduct(),),
+        params: str | Sequence[str] | None = None,
+        keep_per_step: bool = False,
+        trace: Trace | None = None,
+        reference: tuple | None = None,
+        sample_rate: float | None = None,
+        check_finite: bool = True,
+    ) -> None:
+        if not isinstance(optimizer, DPOptimizer):
+            raise ValueError(
+                "optimizer must be an Opacus DPOptimizer (from PrivacyEngine.make_private), "
+                f"got {type(optimizer).__name__}"
+            )
+        if type(optimizer).__name__.startswith("DPOptimizerFastGradientClipping"):
+            raise ValueError("optimizer: ghost clipping (fast gradient clipping) is not supported")
+        if not isinstance(optimizer.max_grad_norm, numbers.Real):
+            raise ValueError("optimizer: per-layer clipping is not supported (needs one float C)")
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"model must be a torch nn.Module, got {type(model).__name__}")
+        self.optimizer = optimizer
+        self.model = model
+        self.max_grad_norm = float(optimizer.max_grad_norm)
+        self.param_names = resolve_parameter_names(model, params)
+        named = dict(unwrap_model(model).named_parameters())
+        self._params = [named[n] for n in self.param_names]
+        optimized = {id(p) for p in optimizer.params}
+        missing = [
+            n for n, p in zip(self.param_names, self._params, strict=True) if id(p) not in optimized
+        ]
+        if missing:
+            raise ValueError(f"params: not optimized by the DP optimizer: {missing}")
+        self.dim = sum(p.numel() for p in self._params)
+
+        self.canaries = as_canary_list(canaries)
+        self.num_canaries = sum(len(c) for c in self.canaries)
+        self._check_gradient_canaries()
+
+        self.score_fns = list(scores)
+        if not self.score_fns:
+            raise ValueError("scores must contain at least one StepScore")
+        names = []
+        for s in self.score_fns:
+            if not isinstance(s, StepScore):
+                raise ValueError(f"scores must be StepScore objects, got {type(s).__name__}")
+            if s.aggregate not in ("sum", "max"):
+                raise ValueError(f"score {s.name!r}: aggregate must be 'sum' or 'max'")
+            names.append(s.name)
+        if len(set(names)) != len(names):
+            raise ValueError(f"scores must have distinct names, got {names}")
+        self.reference = self._check_reference(reference)
+        if any(s.requires_reference_grads for s in self.score_fns) and self.reference is None:
+            raise ValueError("reference=(inputs, targets) is required by a score that needs it")
+        if sample_rate is None:
+            sample_rate = infer_sample_rate(optimizer.step_hook)
+        if sample_rate is None or not 0.0 < float(sample_rate) <= 1.0:
+            raise ValueError(
+                "sample_rate must be in (0, 1]; it could not be read from the optimizer's "
+                f"accountant hook, got {sample_rate!r}: pass sample_rate="
+            )
+        self.sample_rate = float(sample_rate)
+        if trace is not None and not isinstance(trace, Trace):
+            raise ValueError(f"trace must be a dpaudit.capture.Trace, got {type(trace).__name__}")
+        if trace is not None and trace.basis is not None and trace.basis.shape[1] != self.dim:
+            raise ValueError(
+                f"trace: basis must have d = {self.dim} columns (the parameter selection), "
+                f"got shape {tuple(trace.basis.shape)}"
+            )
+        self.trace = trace
+        self.keep_per_step = bool(keep_per_step)
+        self.check_finite = bool(check_finite)
+
+        self._attached = False
+        self._started = False
+        self._steps = 0
+        self._pending_inclusion: np.ndarray | None = None
+        self._inclusions: list[np.ndarray] = []
+        self._acc: dict[str, torch.Tensor] = {}
+        self._buffer: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+        self._per_step: dict[str, list[np.ndarray]] = {n: [] for n in names}
+
+    # ------------------------------------------------------------------ validation helpers
+    def _check_gradient_canaries(self) -> None:
+        for c in self.canaries:
+            if not isinstance(c, GradientCanaries):
+                continue
+            if c.dim != self.dim:
+                raise ValueError(
+                    f"canaries: gradient canary vectors must have d = {self.dim} columns "
+                    f"(parameters {self.param_names}), got shape {tuple(c.vectors.shape)}"
+                )
+            norms = c.vectors.double().norm(dim=1)
+            too_big = (norms > self.max_grad_norm * (1 + _NORM_SLACK)).nonzero().flatten()
+            if too_big.numel():
+                raise ValueError(
+                    f"canaries: gradient canaries must have norm <= C = {self.max_grad_norm}; "
+                    f"canaries {too_big.tolist()} have norms {norms[too_big].tolist()}"
+                )
+
+    @staticmethod
+    def _check_reference(reference: tuple | None) -> InputCanaries | None:
+        if reference is None:
+            return None
+        if not isinstance(reference, tuple | list) or len(reference) not in (2, 3):
+            raise ValueError("reference must be (inputs, targets) or (inputs, targets, loss_fn)")
+        return InputCanaries(*reference)
+
+    # ------------------------------------------------------------------ attach / detach
+    def attach(self) -> AuditHook:
+        """Chain into the optimizer's step hook and wrap its ``add_noise``; returns self."""
+        if self._attached:
+            raise RuntimeError("AuditHook is already attached")
+        opt = self.optimizer
+        if getattr(opt, "_dpaudit_hook", None) is not None:
+            raise RuntimeError("another AuditHook is attached to this optimizer")
+        self._prev_step_hook = opt.step_hook
+        self._had_instance_add_noise = "add_noise" in opt.__dict__
+        self._prev_add_noise = opt.__dict__.get("add_noise")
+        self._orig_add_noise = opt.add_noise  # bound method (or a previous wrapper)
+        self._our_step_hook = self._step_hook
+        opt.step_hook = self._our_step_hook
+        if any(isinstance(c, GradientCanaries) for c in self.canaries):
+            opt.add_noise = self._add_noise
+        opt._dpaudit_hook = self
+        self._attached = True
+        return self
+
+    def detach(self) -> None:
+        """Restore the optimizer exactly as it was and flush the trace."""
+        if not self._attached:
+            return
+        opt = self.optimizer
+        if opt.step_hook is not self._our_step_hook:
+            raise RuntimeError(
+                "optimizer.step_hook was replaced while the AuditHook was attached; "
+                "cannot restore it safely"
+            )
+        opt.step_hook = self._prev_step_hook
+        if self._had_instance_add_noise:
+            opt.add_noise = self._prev_add_noise
+        else:
+            opt.__dict__.pop("add_noise", None)
+        del opt._dpaudit_hook
+        self._attached = False
+        if self.trace is not None and self._started:
+            self.trace.flush()
+
+    def __enter__(self) -> AuditHook:
+        return self.attach()
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+    # ------------------------------------------------------------------ per-step machinery
+    def _start(self, device: torch.device, dtype: torch.dtype) -> None:
+        self._device, self._dtype = device, dtype
+        self._grad_vectors = [
+            c.vectors.to(device=device, dtype=dtype) if isinstance(c, GradientCanaries) else None
+            for c in self.canaries
+        ]
+        self._rngs = [
+            np.random.default_rng(c.seed)
+            if isinstance(c, GradientCanaries) and "bernoulli" in c.policies
+            else None
+            for c in self.canaries
+        ]
+        self._offsets = np.cumsum([0] + [p.numel() for p in self._params]).tolist()
+        for s in self.score_fns:
+            s.start(self.num_canaries, self.dim, device)
+            fill = 0.0 if s.aggregate == "sum" else -float("inf")
+            self._acc[s.name] = torch.full((self.num_canaries,), fill, device=device).double()
+        if self.trace is not None:
+            self.trace.start(
+                self.dim,
+                device,
+                {"param_names": self.param_names, "num_canaries": self.num_canaries},
+            )
+        self._started = True
+
+    def _draw_inclusions(self) -> np.ndarray:
+        """One (K,) bool row of inclusions for this step (input canaries: False)."""
+        row = []
+        for c, rng in zip(self.canaries, self._rngs, strict=True):
+            if isinstance(c, InputCanaries):
+                row.append(np.zeros(len(c), dtype=bool))
+                continue
+            pol = np.array(c.policies)
+            inc = pol == "every_step"
+            bern = pol == "bernoulli"
+            if bern.any():
+                inc[bern] = rng.random(int(bern.sum())) < float(c.inclusion_prob)
+            row.append(inc)
+        return np.concatenate(row)
+
+    def _add_noise(self) -> None:
+        """Add the included gradient canaries to ``p.summed_grad``, then Opacus' noise."""
+        p0 = self._params[0]
+        if not self._started:
+            self._start(p0.device, p0.dtype)
+        row = self._draw_inclusions()
+        self._pending_inclusion = row
+        if row.any():
+            blocks, start = [], 0
+            for c, vec in zip(self.canaries, self._grad_vectors, strict=True):
+                n = len(c)
+                mask = row[start : start + n]
+                if vec is not None and mask.any():
+                    blocks.append(vec[torch.from_numpy(mask).to(vec.device)].sum(0))
+                start += n
+            total = torch.stack(blocks).sum(0)
+            for p, a, b in zip(self._params, self._offsets[:-1], self._offsets[1:], strict=True):
+                if p.summed_grad is None:
+                    raise RuntimeError(f"parameter has no summed_grad at step {self._steps}")
+                p.summed_grad.add_(total[a:b].view_as(p.summed_grad).to(p.summed_grad.dtype))
+        self._orig_add_noise()
+
+    def _per_sample(self, spec: InputCanaries) -> torch.Tensor:
+        return per_sample_clipped_grads(
+            self.model,
+            spec.inputs,
+            spec.targets,
+            spec.loss_fn,
+            self.max_grad_norm,
+            param_names=self.param_names,
+        )
+
+    def _canary_grads(self) -> torch.Tensor:
+        blocks = []
+        for c, vec in zip(self.canaries, self._grad_vectors, strict=True):
+            blocks.append(vec if vec is not None else self._per_sample(c).to(self._dtype))
+        return torch.cat(blocks) if len(blocks) > 1 else blocks[0]
+
+    def _step_hook(self, opt: DPOptimizer) -> None:
+        """Chained step hook: accountant first, then record this step."""
+        if self._prev_step_hook is not None:
+            self._prev_step_hook(opt)
+        self._record(opt)
+
+    @torch.no_grad()
+    def _released(self) -> torch.Tensor:
+        return torch.cat([p.grad.reshape(-1) for p in self._params])
+
+    def _record(self, opt: DPOptimizer) -> None:
+        t = self._steps
+        p0 = self._params[0]
+        if not self._started:
+            self._start(p0.device, p0.dtype)
+        if self._pending_inclusion is None:  # no gradient canaries: nothing was drawn
+            self._pending_inclusion = self._draw_inclusions()
+        self._inclusions.append(self._pending_inclusion)
+        self._pending_inclusion = None
+        released = self._released()
+        canary_grads = self._canary_grads()
+        if self.check_finite:
+            if not bool(torch.isfinite(released).all()):
+                raise ValueError(f"non-finite released gradient at optimizer step {t}")
+            if not bool(torch.isfinite(canary_grads).all()):
+                raise ValueError(f"non-finite canary gradient at optimizer step {t}")
+        if opt.loss_reduction == "mean":
+            divisor = float(opt.expected_batch_size * opt.accumulated_iterations)
+        else:
+            divisor = 1.0
+        ref = None
+        if self.reference is not None:
+            ref = self._per_sample(self.reference).to(self._dtype)
+        ctx = StepContext(
+            step=t,
+            noise_multiplier=float(opt.noise_multiplier),
+            max_grad_norm=self.max_grad_norm,
+            expected_batch_size=divisor,
+            sample_rate=self.sample_rate,
+            reference_grads=ref,
+        )
+        with torch.no_grad():
+            for s in self.score_fns:
+                v = s.step(canary_grads, released, ctx)
+                if not isinstance(v, torch.Tensor) or v.shape != (self.num_canaries,):
+                    raise ValueError(
+                        f"score {s.name!r} returned {getattr(v, 'shape', type(v))}, "
+                        f"expected a ({self.num_canaries},) tensor"
+                    )
+                v = v.detach().double()
+                acc = self._acc[s.name]
+                if s.aggregate == "sum":
+                    acc.add_(v)
+                else:
+                    torch.maximum(acc, v, out=acc)
+                if self.keep_per_step:
+                    buf = self._buffer[s.name]
+                    buf.append(v)
+                    if len(buf) >= 256:
+                        self._flush_buffer(s.name)
+        if self.trace is not None:
+            context = {
+                k: getattr(ctx, k)
+                for k in ("noise_multiplier", "max_grad_norm", "sample_rate", "expected_batch_size")
+            }
+            self.trace.write(released, canary_grads, context)
+        self._steps += 1
+
+    def _flush_buffer(self, name: str) -> None:
+        buf = self._buffer[name]
+        if buf:
+            self._per_step[name].append(torch.stack(buf, dim=1).cpu().numpy())
+            buf.clear()
+
+    # ------------------------------------------------------------------ results
+    @property
+    def steps(self) -> int:
+        """Number of real optimizer steps recorded so far."""
+        return self._steps
+
+    def _require_steps(self) -> None:
+        if self._steps == 0:
+            raise RuntimeError("no optimizer step has been recorded yet")
+
+    def scores(self) -> dict[str, np.ndarray]:
+        """Score name -> (K,) float64 array of accumulated scores (sum or max over steps)."""
+        self._require_steps()
+        return {n: a.cpu().numpy().copy() for n, a in self._acc.items()}
+
+    def per_step(self) -> dict[str, np.ndarray]:
+        """Score name -> (K, T) array of per-step values (needs ``keep_per_step=True``)."""
+        if not self.keep_per_step:
+            raise RuntimeError("per-step values were not kept: pass keep_per_step=True")
+        self._require_steps()
+        for n in self._buffer:
+            self._flush_buffer(n)
+        return {n: np.concatenate(parts, axis=1) for n, parts in self._per_step.items()}
+
+    def inclusions(self) -> np.ndarray:
+        """(K, T) bool array: gradient canary k was added at step t (input canaries: False)."""
+        self._require_steps()
+        return np.stack(self._inclusions, axis=1)
+
+
+WhiteBoxRecorder = AuditHook

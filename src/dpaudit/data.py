@@ -1,0 +1,156 @@
+"""Dataset registry: an embedded real default (scikit-learn digits) plus torchvision sets.
+
+``load_dataset(name, seed=...)`` returns ``(train, test, info)``: two ``TensorDataset``s of
+(float32 inputs, int64 labels) and a ``DatasetInfo`` with the number of classes and the input
+shape. ``"digits"`` ships with scikit-learn (no download), so tests and the default experiment
+run offline; ``"synthetic"`` is a seeded Gaussian mixture; ``"fmnist"`` and ``"cifar10"`` need
+torchvision (``pip install dpaudit[vision]``), imported only when asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset
+
+DATASETS = ("digits", "synthetic", "fmnist", "cifar10")
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a model builder needs to know about a dataset (plus dataset-specific extras).
+
+    For digits, ``extra["zero_features"]`` lists the flattened pixel indices that are
+    identically zero in the training split after standardisation: a weight on such a pixel
+    receives no gradient from the data, which makes it a Dirac-canary coordinate.
+    """
+
+    name: str
+    num_classes: int
+    input_shape: tuple[int, ...]
+    n_train: int
+    n_test: int
+    extra: dict = field(default_factory=dict)
+
+
+def _split(n: int, test_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    perm = rng.permutation(n)
+    n_test = round(test_fraction * n)
+    return perm[n_test:], perm[:n_test]
+
+
+def _subsample(x: np.ndarray, y: np.ndarray, n: int | None, rng: np.random.Generator):
+    if n is None:
+        return x, y
+    if not 1 <= int(n) <= len(x):
+        raise ValueError(f"n_train must be in [1, {len(x)}], got {n}")
+    idx = np.sort(rng.choice(len(x), int(n), replace=False))
+    return x[idx], y[idx]
+
+
+def _standardise(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray, list]:
+    """Per-feature standardisation with training statistics; zero-variance features -> 0."""
+    mean = train.mean(axis=0)
+    std = train.std(axis=0)
+    const = std == 0
+    std = np.where(const, 1.0, std)
+    return (train - mean) / std, (test - mean) / std, np.flatnonzero(const).tolist()
+
+
+def _tensors(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...]) -> TensorDataset:
+    xt = torch.as_tensor(x, dtype=torch.float32).reshape(len(x), *shape)
+    return TensorDataset(xt, torch.as_tensor(y, dtype=torch.int64))
+
+
+def _digits(seed: int, test_fraction: float, n_train: int | None):
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    rng = np.random.default_rng(seed)
+    tr, te = _split(len(x), test_fraction, rng)
+    xtr, ytr = _subsample(x[tr], y[tr], n_train, rng)
+    xtr, xte, zero = _standardise(xtr, x[te])
+    shape = (1, 8, 8)
+    info = DatasetInfo("digits", 10, shape, len(xtr), len(xte), {"zero_features": zero})
+    return _tensors(xtr, ytr, shape), _tensors(xte, y[te], shape), info
+
+
+def _synthetic(
+    seed: int,
+    test_fraction: float,
+    n_train: int | None,
+    n: int = 2000,
+    dim: int = 32,
+    num_classes: int = 4,
+    separation: float = 2.0,
+):
+    """Gaussian mixture: class means ~ N(0, separation^2 I / dim) * sqrt(dim), unit noise."""
+    if n < 2 or dim < 1 or num_classes < 2:
+        raise ValueError(f"synthetic: need n >= 2, dim >= 1, num_classes >= 2, got {n, dim}")
+    rng = np.random.default_rng(seed)
+    means = rng.normal(0.0, separation, size=(num_classes, dim))
+    y = rng.integers(0, num_classes, size=n)
+    x = means[y] + rng.normal(size=(n, dim))
+    tr, te = _split(n, test_fraction, rng)
+    xtr, ytr = _subsample(x[tr], y[tr], n_train, rng)
+    xtr, xte, _ = _standardise(xtr, x[te])
+    info = DatasetInfo("synthetic", num_classes, (dim,), len(xtr), len(xte))
+    return _tensors(xtr, ytr, (dim,)), _tensors(xte, y[te], (dim,)), info
+
+
+def _torchvision():
+    try:
+        import torchvision
+    except Exception as err:  # ImportError, or a broken install
+        raise ImportError(
+            "this dataset needs torchvision, which is not usable here: pip install dpaudit[vision]"
+        ) from err
+    return torchvision
+
+
+def _vision(name: str, root: str | Path, download: bool, seed: int, n_train: int | None):
+    tv = _torchvision()
+    cls = {"fmnist": tv.datasets.FashionMNIST, "cifar10": tv.datasets.CIFAR10}[name]
+    out = []
+    for train in (True, False):
+        ds = cls(root=str(root), train=train, download=download)
+        x = np.asarray(ds.data, dtype=np.float32) / 255.0
+        x = x[:, None] if x.ndim == 3 else x.transpose(0, 3, 1, 2)  # (N, C, H, W)
+        out.append((x, np.asarray(ds.targets, dtype=np.int64)))
+    (xtr, ytr), (xte, yte) = out
+    xtr, ytr = _subsample(xtr, ytr, n_train, np.random.default_rng(seed))
+    mean = xtr.mean(axis=(0, 2, 3), keepdims=True)
+    std = xtr.std(axis=(0, 2, 3), keepdims=True)
+    xtr, xte = (xtr - mean) / std, (xte - mean) / std
+    shape = tuple(int(s) for s in xtr.shape[1:])
+    info = DatasetInfo(name, 10, shape, len(xtr), len(xte))
+    return _tensors(xtr, ytr, shape), _tensors(xte, yte, shape), info
+
+
+def load_dataset(
+    name: str = "digits",
+    seed: int = 0,
+    test_fraction: float = 0.25,
+    n_train: int | None = None,
+    root: str | Path = "data",
+    download: bool = False,
+    **kwargs,
+) -> tuple[TensorDataset, TensorDataset, DatasetInfo]:
+    """Load ``name`` as (train, test, info); ``seed`` fixes the split and any subsampling.
+
+    ``n_train`` keeps a seeded random subset of the training split. ``root`` / ``download``
+    apply to the torchvision sets (which have a fixed train/test split); ``kwargs`` go to the
+    synthetic generator (``n``, ``dim``, ``num_classes``, ``separation``).
+    """
+    if name == "digits":
+        return _digits(seed, test_fraction, n_train)
+    if name == "synthetic":
+        return _synthetic(seed, test_fraction, n_train, **kwargs)
+    if name in ("fmnist", "cifar10"):
+        return _vision(name, root, download, seed, n_train)
+    raise ValueError(f"name must be one of {DATASETS}, got {name!r}")
