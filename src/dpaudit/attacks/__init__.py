@@ -1,6 +1,27 @@
-"""Membership scores computed from the white-box view of DP-SGD (DESIGN 4.3)."""
+"""Membership scores computed from the white-box view of DP-SGD (DESIGN 4.3).
+
+Every score is a ``StepScore``: the capture hook calls it at each optimizer step, and
+``score_trace`` replays recorded per-step data through the same object offline.
+"""
 
 from dpaudit.attacks.base import StepContext, StepScore
+from dpaudit.attacks.covariance import CovarianceScore, PerStepCovarianceScore, covariance_llr
+from dpaudit.attacks.glir import GLiRScore, ncx2_logcdf
+from dpaudit.attacks.mixture import MixtureLR, mixture_log_lr
 from dpaudit.attacks.scalar import ScalarProduct
+from dpaudit.attacks.trace import aggregate_steps, score_trace
 
-__all__ = ["ScalarProduct", "StepContext", "StepScore"]
+__all__ = [
+    "CovarianceScore",
+    "GLiRScore",
+    "MixtureLR",
+    "PerStepCovarianceScore",
+    "ScalarProduct",
+    "StepContext",
+    "StepScore",
+    "aggregate_steps",
+    "covariance_llr",
+    "mixture_log_lr",
+    "ncx2_logcdf",
+    "score_trace",
+]

@@ -1,0 +1,120 @@
+"""Covariance scores: seed 001 Algorithm 4 (fixed mu_0, P) and seed 000 Algorithm 7 (per step).
+
+s_t = (g*_t - mu)^T P (g_t - mu) - ||g*_t - mu||_P^2 / (2b). On Gaussian gradients this is
+exactly the log-likelihood ratio of "released mean contains g*_t" vs "does not" (DESIGN 4.3).
+g_t is the released gradient as the optimizer sees it: seed 001 writes (theta_{t+1} -
+theta_t)/eta, which has the opposite sign; we receive g_t directly, so no flip is needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from dpaudit.attacks.base import StepContext, StepScore
+from dpaudit.covariance import PrecisionOperator, estimate_precision, noise_aware
+from dpaudit.stats._validate import check_positive
+
+
+def covariance_llr(
+    canary_grads: torch.Tensor,
+    released: torch.Tensor,
+    mean: torch.Tensor,
+    precision: PrecisionOperator,
+    batch_size: float,
+) -> torch.Tensor:
+    """(K,) values of (g* - mu)^T P (g - mu) - ||g* - mu||_P^2 / (2b), one P application."""
+    b = check_positive(batch_size, "batch_size")
+    diff = canary_grads - mean.to(canary_grads.dtype)
+    pdiff = precision.apply(diff)
+    return _llr(diff, pdiff, released, mean, b)
+
+
+def _llr(diff, pdiff, released, mean, b):
+    centred = (released - mean.to(released.dtype)).to(pdiff.dtype)
+    return pdiff @ centred - (pdiff * diff).sum(1) / (2.0 * b)
+
+
+class CovarianceScore(StepScore):
+    """Algorithm 4 with a fixed estimator (mu_0, P) for the window; summed over steps.
+
+    ``precision`` is any ``dpaudit.covariance`` operator built from references at theta_0
+    (its ``mean`` is mu_0); a noise-aware one (``noise_aware(op, sigma, C, b)``) matches
+    DP-SGD. ``batch_size`` defaults to the step's expected batch size. When the canary
+    gradients are the same as at the previous step (gradient canaries), P (g* - mu_0) is reused,
+    so the step costs O(K d) instead of O(K n_r d).
+    """
+
+    name = "covariance"
+    aggregate = "sum"
+
+    def __init__(self, precision: PrecisionOperator, batch_size: float | None = None):
+        if not isinstance(precision, PrecisionOperator):
+            raise ValueError("precision must be a dpaudit.covariance PrecisionOperator")
+        self.precision = precision
+        self.batch_size = None if batch_size is None else check_positive(batch_size, "batch_size")
+        self._cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def start(self, num_canaries: int, dim: int, device: torch.device) -> None:
+        if dim != self.precision.dim:
+            raise ValueError(f"precision has d={self.precision.dim} but the canaries have d={dim}")
+
+    def step(
+        self, canary_grads: torch.Tensor, released: torch.Tensor, ctx: StepContext
+    ) -> torch.Tensor:
+        b = check_positive(self.batch_size or ctx.expected_batch_size, "batch_size")
+        mean = self.precision.mean
+        c = self._cache
+        if c is not None and c[0].shape == canary_grads.shape and torch.equal(c[0], canary_grads):
+            diff, pdiff = c[1], c[2]
+        else:
+            diff = canary_grads - mean.to(canary_grads.dtype)
+            pdiff = self.precision.apply(diff)
+            self._cache = (canary_grads.clone(), diff, pdiff)
+        return _llr(diff, pdiff, released, mean, b)
+
+
+class PerStepCovarianceScore(StepScore):
+    """Seed 000 Algorithm 7: (mu_t, P_t) re-estimated at every step from reference gradients.
+
+    The hook passes clipped reference gradients at the current parameters in
+    ``ctx.reference_grads``. Normaliser 1/(2 q n) = 1/(2 B_exp). ``aggregate`` is "max" (as in
+    Algorithm 7: "included in at least one step") or "sum". ``noise_aware`` adds the DP noise
+    (sigma^2 C^2 / B_exp) I to the estimated covariance. ``estimator`` overrides the build
+    (a callable G -> PrecisionOperator); otherwise ``estimate_precision(G, method, **kwargs)``.
+    """
+
+    name = "covariance_per_step"
+    requires_reference_grads = True
+
+    def __init__(
+        self,
+        aggregate: str = "max",
+        method: str = "ledoit_wolf",
+        noise_aware: bool = True,
+        estimator: Callable[[torch.Tensor], PrecisionOperator] | None = None,
+        **estimator_kwargs,
+    ):
+        if aggregate not in ("max", "sum"):
+            raise ValueError(f"aggregate must be 'max' or 'sum', got {aggregate!r}")
+        self.aggregate = aggregate
+        self.method = method
+        self.noise_aware = noise_aware
+        self.estimator = estimator
+        self.estimator_kwargs = estimator_kwargs
+
+    def step(
+        self, canary_grads: torch.Tensor, released: torch.Tensor, ctx: StepContext
+    ) -> torch.Tensor:
+        refs = ctx.reference_grads
+        if refs is None:
+            raise ValueError("PerStepCovarianceScore needs ctx.reference_grads (n_r, d)")
+        if self.estimator is not None:
+            op = self.estimator(refs)
+        else:
+            op = estimate_precision(refs, self.method, **self.estimator_kwargs)
+        b = ctx.expected_batch_size
+        if self.noise_aware and ctx.noise_multiplier > 0:
+            op = noise_aware(op, ctx.noise_multiplier, ctx.max_grad_norm, b)
+        return covariance_llr(canary_grads, released, op.mean, op, b)

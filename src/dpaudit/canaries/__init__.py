@@ -1,0 +1,51 @@
+"""Canary candidates and their Mahalanobis ranking (seed 001 Algorithm 3, seed 000 Algorithm 6).
+
+Candidates (in-distribution, mislabeled, blank inputs; Dirac and random-direction gradient
+canaries of norm C) are scored by ||g - mu_0||^2_P at theta_0 with any ``dpaudit.covariance``
+estimator, then selected (top-K, easy / medium / hard, stratified, capped in-distribution). The
+predicted DP-SGD leakage of each choice and the seed 001 Figure 3 experiment in miniature live
+here too.
+"""
+
+from dpaudit.canaries.leakage import PredictedLeakage, predicted_leakage
+from dpaudit.canaries.plots import plot_canary_grid, plot_score_distribution
+from dpaudit.canaries.ranking import (
+    STRATEGIES,
+    Ranking,
+    Selection,
+    mahalanobis_scores,
+    rank_candidates,
+    select_canaries,
+)
+from dpaudit.canaries.sources import (
+    InputCandidates,
+    blank_inputs,
+    dirac_canaries,
+    in_distribution,
+    mislabeled,
+    random_direction_canaries,
+    scale_to_norm,
+)
+from dpaudit.canaries.trajectory import TrajectoryRanking, rank_along_trajectory
+
+__all__ = [
+    "STRATEGIES",
+    "InputCandidates",
+    "PredictedLeakage",
+    "Ranking",
+    "Selection",
+    "TrajectoryRanking",
+    "blank_inputs",
+    "dirac_canaries",
+    "in_distribution",
+    "mahalanobis_scores",
+    "mislabeled",
+    "plot_canary_grid",
+    "plot_score_distribution",
+    "predicted_leakage",
+    "random_direction_canaries",
+    "rank_along_trajectory",
+    "rank_candidates",
+    "scale_to_norm",
+    "select_canaries",
+]

@@ -1,0 +1,153 @@
+"""Canary candidates (DESIGN 3 step 2, 4.4): input candidates and gradient canaries.
+
+Input candidates are (inputs, targets) pairs: in-distribution examples, mislabeled copies and
+blank inputs. Their gradients are clipped to C by ``per_sample_clipped_grads`` when ranked and
+by Opacus when trained on. Gradient canaries are (K, d) vectors scaled to norm C (Dirac on
+chosen coordinates, random directions): a gradient canary above C would let an audit exceed the
+true epsilon, so ``scale_to_norm`` never returns one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dpaudit.stats._validate import check_positive
+
+
+@dataclass
+class InputCandidates:
+    """Candidate input canaries with their origin: ``kind[i]`` and source index ``source[i]``."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    kind: list[str]
+    source: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.inputs.shape[0])
+
+    def subset(self, idx) -> InputCandidates:
+        """The candidates at positions ``idx``."""
+        i = np.asarray(idx, dtype=np.int64)
+        t = torch.as_tensor(i, device=self.inputs.device)
+        return InputCandidates(
+            self.inputs[t], self.targets[t], [self.kind[j] for j in i], self.source[i]
+        )
+
+    @staticmethod
+    def concat(parts: Sequence[InputCandidates]) -> InputCandidates:
+        """Stack several candidate sets (same input shape)."""
+        if not parts:
+            raise ValueError("parts must contain at least one InputCandidates")
+        return InputCandidates(
+            torch.cat([p.inputs for p in parts]),
+            torch.cat([p.targets for p in parts]),
+            [k for p in parts for k in p.kind],
+            np.concatenate([p.source for p in parts]),
+        )
+
+
+def _rng(seed: int | np.random.Generator | None) -> np.random.Generator:
+    if seed is None:
+        raise ValueError("seed must be an int or a numpy Generator (every draw is seeded)")
+    return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+
+
+def in_distribution(
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    num: int | None = None,
+    seed: int | np.random.Generator | None = 0,
+) -> InputCandidates:
+    """Real examples as candidates: all of them, or ``num`` drawn without replacement."""
+    n = int(inputs.shape[0])
+    if num is None:
+        idx = np.arange(n)
+    else:
+        if not 1 <= int(num) <= n:
+            raise ValueError(f"num must be in [1, {n}], got {num!r}")
+        idx = np.sort(_rng(seed).choice(n, size=int(num), replace=False))
+    t = torch.as_tensor(idx, device=inputs.device)
+    return InputCandidates(inputs[t], targets[t], ["in_distribution"] * len(idx), idx)
+
+
+def mislabeled(
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    num_classes: int,
+    num: int | None = None,
+    seed: int | np.random.Generator | None = 0,
+) -> InputCandidates:
+    """Copies of real examples with the label replaced by a different, uniformly drawn class."""
+    if int(num_classes) < 2:
+        raise ValueError(f"num_classes must be >= 2, got {num_classes!r}")
+    rng = _rng(seed)
+    base = in_distribution(inputs, targets, num, rng)
+    old = base.targets.cpu().numpy()
+    shift = rng.integers(1, int(num_classes), size=old.shape[0])
+    new = torch.as_tensor((old + shift) % int(num_classes), device=targets.device)
+    kind = ["mislabeled"] * len(old)
+    return InputCandidates(base.inputs, new.to(targets.dtype), kind, base.source)
+
+
+def blank_inputs(
+    input_shape: Sequence[int],
+    num_classes: int,
+    value: float = 0.0,
+    device: torch.device | str | None = None,
+) -> InputCandidates:
+    """One constant image per class (all pixels ``value``), labelled 0 .. num_classes - 1."""
+    if int(num_classes) < 1:
+        raise ValueError(f"num_classes must be >= 1, got {num_classes!r}")
+    shape = tuple(int(s) for s in input_shape)
+    x = torch.full((int(num_classes), *shape), float(value), device=device)
+    y = torch.arange(int(num_classes), device=device)
+    return InputCandidates(x, y, ["blank"] * int(num_classes), np.full(int(num_classes), -1))
+
+
+def scale_to_norm(vectors: torch.Tensor, norm: float, clip_only: bool = False) -> torch.Tensor:
+    """Rows rescaled to L2 norm ``norm`` (or, with ``clip_only``, only those above it)."""
+    c = check_positive(norm, "norm")
+    if vectors.ndim != 2:
+        raise ValueError(f"vectors must be (K, d), got shape {tuple(vectors.shape)}")
+    norms = vectors.norm(dim=1, keepdim=True)
+    if bool((norms == 0).any()) and not clip_only:
+        raise ValueError("vectors contains a zero row: it cannot be scaled to a norm")
+    factor = c / norms if not clip_only else (c / norms.clamp_min(1e-300)).clamp(max=1.0)
+    return vectors * factor
+
+
+def dirac_canaries(
+    dim: int,
+    coordinates: Sequence[int],
+    norm: float,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """(K, d) gradient canaries with a single non-zero coordinate each, of value ``norm``."""
+    coords = np.asarray(coordinates, dtype=np.int64).reshape(-1)
+    if coords.size == 0 or coords.min() < 0 or coords.max() >= int(dim):
+        raise ValueError(f"coordinates must be non-empty indices in [0, {dim}), got {coordinates}")
+    out = torch.zeros(coords.size, int(dim), device=device, dtype=dtype)
+    out[torch.arange(coords.size), torch.as_tensor(coords)] = check_positive(norm, "norm")
+    return out
+
+
+def random_direction_canaries(
+    dim: int,
+    num: int,
+    norm: float,
+    seed: int | torch.Generator,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """(K, d) isotropic random directions of norm ``norm`` (seeded torch generator)."""
+    if int(num) < 1 or int(dim) < 1:
+        raise ValueError(f"num and dim must be >= 1, got num={num!r}, dim={dim!r}")
+    gen = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(int(seed))
+    v = torch.randn(int(num), int(dim), generator=gen, dtype=torch.float64)
+    return scale_to_norm(v, norm).to(device=device, dtype=dtype)
