@@ -32,3 +32,38 @@ def test_bad_config_fails_with_a_clear_message(tmp_path, override, needle):
     proc = run_cli(tmp_path, override, "task.n=200")
     assert proc.returncode != 0
     assert needle in proc.stderr
+
+
+def test_default_audit_tiny_end_to_end(tmp_path):
+    proc = run_cli(tmp_path, "dp.steps=10", "canary.count=20", "progress=false")
+    assert proc.returncode == 0, proc.stderr
+    assert "threat model: gradient canaries" in proc.stdout
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["steps"] == 10 and res["settings"]["canary"]["count"] == 20
+    assert res["verdict"]["best_lower_bound"] <= res["theory"]["upper_bound"]
+    assert (tmp_path / "roc.png").exists()
+
+
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("model=resnet", "model/resnet"),
+        ("dp.delta=1.0", "dp.delta"),
+        ("canary.norm=5.0", "exceeds the clip norm"),
+        ("canary.count=100000", "larger than the candidate pool"),
+    ],
+)
+def test_bad_audit_config_fails_clearly(tmp_path, override, needle):
+    proc = run_cli(tmp_path, override, "dp.steps=2", "progress=false")
+    assert proc.returncode != 0
+    assert needle in proc.stderr
+
+
+@pytest.mark.parametrize("launcher", ["slurm_gpu", "cpu_parallel"])
+def test_launcher_presets_compose(launcher):
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module="dpaudit.conf", version_base="1.3"):
+        cfg = compose("config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
+    target = cfg.hydra.launcher._target_
+    assert ("Slurm" in target) if launcher == "slurm_gpu" else ("Joblib" in target)

@@ -5,6 +5,7 @@ Every score is a ``StepScore``: the capture hook calls it at each optimizer step
 """
 
 from dpaudit.attacks.base import StepContext, StepScore
+from dpaudit.attacks.batch_size import BatchSizeScore
 from dpaudit.attacks.covariance import CovarianceScore, PerStepCovarianceScore, covariance_llr
 from dpaudit.attacks.glir import GLiRScore, ncx2_logcdf
 from dpaudit.attacks.mixture import MixtureLR, mixture_log_lr
@@ -12,6 +13,7 @@ from dpaudit.attacks.scalar import ScalarProduct
 from dpaudit.attacks.trace import aggregate_steps, score_trace
 
 __all__ = [
+    "BatchSizeScore",
     "CovarianceScore",
     "GLiRScore",
     "MixtureLR",

@@ -1,4 +1,4 @@
-"""Reports: JSON results written atomically, and plain-text console tables."""
+"""JSON results written atomically, and plain-text console tables."""
 
 from __future__ import annotations
 

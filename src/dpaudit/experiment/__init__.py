@@ -1,0 +1,22 @@
+"""The audit, end to end: one-run and multi-run audits, evaluation and reports (DESIGN 3).
+
+``run_audit(output_dir=..., data={...}, model={...}, dp={...}, canary={...}, attack={...},
+audit={...})`` is the Python entry point; the ``dpaudit`` CLI calls the same function.
+"""
+
+from dpaudit.experiment.audit import audit_run, audit_task, evaluate, run_audit
+from dpaudit.experiment.bugs import BUGS, plant_bug
+from dpaudit.experiment.multirun import aggregate, run_multi
+from dpaudit.experiment.settings import AuditSettings
+
+__all__ = [
+    "BUGS",
+    "AuditSettings",
+    "aggregate",
+    "audit_run",
+    "audit_task",
+    "evaluate",
+    "plant_bug",
+    "run_audit",
+    "run_multi",
+]

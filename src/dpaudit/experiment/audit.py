@@ -1,0 +1,153 @@
+"""One audited training run and the one-run audit (DESIGN 3).
+
+``audit_run`` trains once with the canaries of the settings and returns the raw scores;
+``run_audit`` is the user-facing entry point: it runs the one-run audit (K canaries, each a
+member with probability 1/2, one training) or hands over to the multi-run audit, evaluates the
+bounds against the theory, and writes the report. ``audit_task`` is the same for Hydra.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dpaudit.data import load_dataset
+from dpaudit.experiment.canary_setup import setup_canaries
+from dpaudit.experiment.evaluation import (
+    attack_summaries,
+    lower_bounds,
+    split_scores,
+    theory,
+    verdict,
+)
+from dpaudit.experiment.report import write_report
+from dpaudit.experiment.scores import build_scores
+from dpaudit.experiment.settings import AuditSettings
+from dpaudit.experiment.training import poisson_sample_rate, train_audited
+from dpaudit.models import build_model
+
+
+def resolve_device(settings: AuditSettings) -> torch.device:
+    """``settings.device``, or CUDA when available, else CPU."""
+    if settings.device:
+        return torch.device(settings.device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def audit_run(
+    settings: AuditSettings, run_seed: int | None = None, membership: np.ndarray | None = None
+) -> dict:
+    """Train once with the audit hook; return scores, membership and the run's bookkeeping.
+
+    The data split, the initial model and the canaries depend on ``settings.seed`` only (a
+    fixed target across the runs of a multi-run audit); sampling and noise on ``run_seed``.
+    """
+    seed = settings.seed
+    run_seed = seed if run_seed is None else run_seed
+    device = resolve_device(settings)
+    d = settings.data
+    train, test, info = load_dataset(
+        d.name,
+        seed=seed,
+        test_fraction=d.test_fraction,
+        n_train=d.n_train,
+        root=d.root,
+        download=d.download,
+        **d.options,
+    )
+    m = settings.model
+    model = build_model(m.name, info.input_shape, info.num_classes, m.width, seed=seed)
+    model = model.to(device)
+    setup = setup_canaries(
+        settings, model, train, poisson_sample_rate(settings.dp, len(train)), membership
+    )
+    sample_rate = poisson_sample_rate(settings.dp, setup.n_base)
+    expected_b = int(len(setup.train_set) * sample_rate)  # Opacus' expected batch size
+    scores = build_scores(settings, model, setup, max(1, expected_b))
+    outcome = train_audited(
+        model,
+        setup.train_set,
+        test,
+        settings.dp,
+        sample_rate,
+        setup.canaries,
+        scores,
+        params=setup.param_names,
+        seed=run_seed,
+        progress=settings.progress,
+    )
+    return {
+        "scores": {k: v.tolist() for k, v in outcome.scores.items()},
+        "membership": setup.membership.astype(int).tolist(),
+        "steps": outcome.steps,
+        "sample_rate": outcome.sample_rate,
+        "engine_accountants": {k: v.to_dict() for k, v in outcome.accountants.items()},
+        "test_accuracy": outcome.test_accuracy,
+        "train_seconds": outcome.seconds,
+        "canary_info": setup.info,
+        "candidate_scores": None
+        if setup.candidate_scores is None
+        else setup.candidate_scores.tolist(),
+        "chosen": None if setup.chosen is None else setup.chosen.tolist(),
+        "canary_norm": setup.info.get("norm"),
+    }
+
+
+def evaluate(settings: AuditSettings, run: dict, extra: dict | None = None) -> dict:
+    """Bounds, theory and verdict for pooled scores (one run, or runs aggregated)."""
+    a = settings.audit
+    split = split_scores({k: np.asarray(v) for k, v in run["scores"].items()}, run["membership"])
+    th = theory(settings, run["steps"], run["sample_rate"], run.get("canary_norm"))
+    bounds = lower_bounds(split, a.methods, settings.dp.delta, a.confidence)
+    result = {
+        "settings": settings.to_dict(),
+        "mode": a.mode,
+        "steps": run["steps"],
+        "sample_rate": run["sample_rate"],
+        "test_accuracy": run.get("test_accuracy"),
+        "attacks": attack_summaries(split),
+        "bounds": bounds,
+        "theory": th,
+        "verdict": verdict(bounds, th, a.confidence),
+        "canary_info": run.get("canary_info"),
+        "engine_accountants": run.get("engine_accountants"),
+    }
+    result.update(extra or {})
+    return result
+
+
+def run_audit(
+    settings: AuditSettings | None = None, output_dir: str | Path | None = None, **groups
+) -> dict:
+    """Run the audit that ``settings`` (or Hydra-style group mappings) describe.
+
+    Returns the result dictionary; with ``output_dir`` also writes ``results.json``, the plots
+    and prints the console table.
+    """
+    if settings is None:
+        settings = AuditSettings.from_mappings(**groups)
+    elif groups:
+        raise ValueError("pass either settings or group mappings, not both")
+    else:
+        settings.check()
+    start = time.perf_counter()
+    if settings.audit.mode == "multi_run":
+        from dpaudit.experiment.multirun import run_multi
+
+        if output_dir is None:
+            raise ValueError("output_dir is required for audit.mode='multi_run' (runs are saved)")
+        run = run_multi(settings, Path(output_dir))
+    else:
+        run = audit_run(settings)
+    result = evaluate(settings, run, {"wall_seconds": time.perf_counter() - start})
+    if output_dir is not None:
+        write_report(result, run, Path(output_dir), settings)
+    return result
+
+
+def audit_task(output_dir: str | None = None, **groups) -> dict:
+    """Hydra task (``experiment=audit_*``): group mappings in, report written to output_dir."""
+    return run_audit(output_dir=output_dir, **groups)

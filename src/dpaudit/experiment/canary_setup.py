@@ -1,0 +1,204 @@
+"""Canaries and their membership for one audit (DESIGN 3, steps 2-3).
+
+Gradient canaries: Dirac vectors on the coordinates where the data's clipped gradients at
+theta_0 are smallest (exactly zero on, e.g., weights of pixels that are blank in every image),
+or random directions; norm <= C. Members are inserted by the hook (every step, or Bernoulli(q_c)
+per step); non-members are only scored.
+
+Input canaries: candidates (mislabeled copies, blank images, or held-out real examples) ranked
+by seed 001 Algorithm 3 at theta_0 and selected (top / easy / medium / hard / stratified /
+random). Members are appended to the training set; the hook scores every canary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
+
+from dpaudit.canaries import (
+    InputCandidates,
+    blank_inputs,
+    in_distribution,
+    mislabeled,
+    random_direction_canaries,
+    rank_candidates,
+    select_canaries,
+)
+from dpaudit.capture import (
+    GradientCanaries,
+    InputCanaries,
+    per_sample_clipped_grads,
+    resolve_parameter_names,
+)
+from dpaudit.experiment.settings import AuditSettings
+
+LOSS = nn.functional.cross_entropy
+
+
+@dataclass
+class CanarySetup:
+    """The canaries of one run, who is a member, and the data the model trains on."""
+
+    canaries: GradientCanaries | InputCanaries
+    membership: np.ndarray
+    train_set: Dataset
+    param_names: list[str]
+    references: tuple[torch.Tensor, torch.Tensor]
+    inclusion_prob: float | None = None
+    n_base: int = 0  # training examples besides the canaries (same in every run)
+    info: dict = field(default_factory=dict)
+    candidate_scores: np.ndarray | None = None
+    chosen: np.ndarray | None = None
+
+
+def _tensors(ds: Dataset, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    xs, ys = zip(*(ds[int(i)] for i in idx), strict=True)
+    return torch.stack(xs), torch.stack([torch.as_tensor(y) for y in ys])
+
+
+def draw_membership(count: int, inclusion: float, seed: int) -> np.ndarray:
+    """Independent Bernoulli(inclusion) membership bits, one per canary (one-run audits)."""
+    rng = np.random.default_rng([seed, 0xC0FFEE])
+    return rng.random(count) < inclusion
+
+
+def setup_canaries(
+    settings: AuditSettings,
+    model: nn.Module,
+    train_set: Dataset,
+    sample_rate: float,
+    membership: np.ndarray | None = None,
+) -> CanarySetup:
+    """Build the canaries of ``settings.canary`` at the model's current (initial) parameters."""
+    c, seed = settings.canary, settings.seed
+    device = next(model.parameters()).device
+    rng = np.random.default_rng([seed, 1])
+    n = len(train_set)
+    n_ref = min(c.n_references, n)
+    ref_idx = rng.choice(n, size=n_ref, replace=False)
+    references = tuple(t.to(device) for t in _tensors(train_set, ref_idx))
+    params = resolve_parameter_names(model, c.params)
+    C = settings.dp.max_grad_norm
+    if membership is None:
+        membership = draw_membership(c.count, settings.audit.inclusion, seed)
+    if len(membership) != c.count:
+        raise ValueError(f"membership has {len(membership)} bits for canary.count={c.count}")
+    if c.kind == "gradient":
+        return _gradient(settings, model, train_set, references, params, sample_rate, membership)
+    return _input(settings, model, train_set, references, params, membership, rng, device, C)
+
+
+def _gradient(settings, model, train_set, references, params, sample_rate, membership):
+    c, C = settings.canary, settings.dp.max_grad_norm
+    norm = C if c.norm is None else float(c.norm)
+    if norm > C * (1 + 1e-9):
+        raise ValueError(
+            f"canary.norm={norm} exceeds the clip norm dp.max_grad_norm={C}: such a canary "
+            "is not a valid neighbouring record and can exceed the true epsilon"
+        )
+    ref_grads = per_sample_clipped_grads(model, *references, LOSS, C, param_names=params)
+    dim = ref_grads.shape[1]
+    if c.count > dim:
+        raise ValueError(
+            f"canary.count={c.count} is larger than the candidate pool: the selected "
+            f"parameters {params} have only {dim} coordinates"
+        )
+    info: dict = {"dim": dim, "norm": norm}
+    if c.direction == "dirac":
+        activity = ref_grads.abs().mean(0).double().cpu().numpy()
+        tiebreak = np.random.default_rng([settings.seed, 2]).random(dim)
+        coords = np.lexsort((tiebreak, activity))[: c.count]
+        vectors = torch.zeros(c.count, dim, dtype=ref_grads.dtype, device=ref_grads.device)
+        vectors[torch.arange(c.count), torch.as_tensor(coords, device=vectors.device)] = norm
+        info["coordinates"] = coords.tolist()
+        info["data_gradient_activity_max"] = float(activity[coords].max())
+        info["zero_gradient_coordinates"] = int((activity == 0).sum())
+    else:
+        vectors = random_direction_canaries(c.count, dim, norm, seed=settings.seed)
+        vectors = vectors.to(ref_grads.device, ref_grads.dtype)
+    q_c = None
+    if c.policy == "bernoulli":
+        q_c = float(c.inclusion_prob) if c.inclusion_prob is not None else float(sample_rate)
+    policies = [c.policy if b else "never" for b in membership]
+    canaries = GradientCanaries(
+        vectors, policy=policies, inclusion_prob=q_c, seed=[settings.seed, 3]
+    )
+    return CanarySetup(
+        canaries, membership, train_set, params, references, q_c, len(train_set), info
+    )
+
+
+def _candidates(c, train_set, info_num_classes, rng, device) -> tuple[InputCandidates, np.ndarray]:
+    """Candidate pool and the training indices it consumed (held out of the base data)."""
+    n = len(train_set)
+    x, y = _tensors(train_set, np.arange(n))
+    if c.source == "blank":
+        return blank_inputs(x.shape[1:], info_num_classes, device=device), np.array([], int)
+    num = min(c.candidates, n // 2)
+    if c.source == "mislabeled":
+        cand = mislabeled(x, y, info_num_classes, num=num, seed=rng)
+        return cand, np.array([], int)
+    cand = in_distribution(x, y, num=num, seed=rng)
+    return cand, np.asarray(cand.source)
+
+
+def _input(settings, model, train_set, references, params, membership, rng, device, C):
+    c = settings.canary
+    num_classes = int(model(references[0][:1]).shape[1])
+    cand, held_out = _candidates(c, train_set, num_classes, rng, device)
+    cand = InputCandidates(cand.inputs.to(device), cand.targets.to(device), cand.kind, cand.source)
+    ranking = rank_candidates(
+        model,
+        references,
+        (cand.inputs, cand.targets),
+        LOSS,
+        C,
+        method=c.estimator,
+        param_names=params,
+        keep_grads=False,
+    )
+    k = c.count
+    if k > len(cand):
+        raise ValueError(
+            f"canary.count={k} is larger than the candidate pool ({len(cand)} "
+            f"{c.source} candidates; raise canary.candidates or lower canary.count)"
+        )
+    if c.selection in ("easy", "medium", "hard"):
+        if 3 * k > len(cand):
+            raise ValueError(
+                f"canary.selection={c.selection!r} with count={k} needs 3 x count = {3 * k} "
+                f"candidates, the pool has {len(cand)}"
+            )
+        chosen = select_canaries(ranking.scores, "easy_medium_hard", k=k).by_label()[c.selection]
+    elif c.selection == "random":
+        chosen = rng.choice(len(cand), size=k, replace=False)
+    else:
+        chosen = select_canaries(ranking.scores, c.selection, k=k, seed=rng).indices
+    chosen = np.asarray(chosen)
+    picked = cand.subset(chosen)
+    canaries = InputCanaries(picked.inputs, picked.targets, LOSS)
+    base_idx = np.setdiff1d(np.arange(len(train_set)), held_out)
+    members = TensorDataset(picked.inputs[membership].cpu(), picked.targets[membership].cpu())
+    train = ConcatDataset([Subset(train_set, base_idx.tolist()), members])
+    info = {
+        "source": c.source,
+        "selection": c.selection,
+        "mahalanobis": ranking.scores[chosen].tolist(),
+        "candidate_pool": len(cand),
+    }
+    return CanarySetup(
+        canaries,
+        membership,
+        train,
+        params,
+        references,
+        None,
+        len(base_idx),
+        info,
+        ranking.scores,
+        chosen,
+    )

@@ -1,0 +1,224 @@
+"""Typed settings of one audit, one dataclass per Hydra config group (data, model, dp, ...).
+
+Hydra passes plain mappings; ``AuditSettings.from_mappings`` turns them into these objects and
+every field is checked here, once, with an error that names the group and the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from dpaudit.experiment.bugs import BUGS
+
+CANARY_KINDS = ("gradient", "input")
+DIRECTIONS = ("dirac", "random")
+GRADIENT_POLICIES = ("every_step", "bernoulli")
+INPUT_SOURCES = ("in_distribution", "mislabeled", "blank")
+SELECTIONS = ("top", "easy", "medium", "hard", "stratified", "random")
+ATTACKS = ("scalar", "covariance", "mixture_lr", "glir", "batch_size")
+MODES = ("one_run", "multi_run")
+OPTIMIZERS = ("sgd", "adam")
+
+
+def _fail(group: str, name: str, expected: str, got: Any) -> None:
+    raise ValueError(f"{group}.{name} must be {expected}, got {got!r}")
+
+
+def _positive(group, name, v, integer=False):
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+    if integer:
+        ok = ok and int(v) == v
+    if not ok:
+        _fail(group, name, "a positive " + ("integer" if integer else "number"), v)
+
+
+def _choice(group, name, v, options):
+    if v not in options:
+        _fail(group, name, f"one of {options}", v)
+
+
+def _unit(group, name, v, closed_right=False):
+    num = isinstance(v, (int, float)) and not isinstance(v, bool)
+    ok = num and (0 < v < 1 or (closed_right and v == 1))
+    if not ok:
+        _fail(group, name, "in (0, 1]" if closed_right else "in (0, 1)", v)
+
+
+@dataclass
+class DataSettings:
+    name: str = "digits"
+    n_train: int | None = None
+    test_fraction: float = 0.25
+    root: str = "data"
+    download: bool = False
+    options: dict = field(default_factory=dict)  # synthetic generator options
+
+    def check(self) -> None:
+        from dpaudit.data import DATASETS
+
+        _choice("data", "name", self.name, DATASETS)
+        if self.n_train is not None:
+            _positive("data", "n_train", self.n_train, integer=True)
+        _unit("data", "test_fraction", self.test_fraction)
+
+
+@dataclass
+class ModelSettings:
+    name: str = "logreg"
+    width: int = 16
+
+    def check(self) -> None:
+        from dpaudit.models import MODELS
+
+        _choice("model", "name", self.name, MODELS)
+        _positive("model", "width", self.width, integer=True)
+
+
+@dataclass
+class DPSettings:
+    noise_multiplier: float = 1.0
+    max_grad_norm: float = 1.0
+    batch_size: int = 64  # expected Poisson batch size: sample_rate = batch_size / n_train
+    epochs: float = 1.0
+    steps: int | None = None  # overrides epochs when set
+    lr: float = 0.5
+    optimizer: str = "sgd"
+    momentum: float = 0.0
+    delta: float = 1e-5
+    max_physical_batch_size: int | None = None  # BatchMemoryManager when set
+    bug: str = "none"
+
+    def check(self) -> None:
+        _positive("dp", "noise_multiplier", self.noise_multiplier)
+        _positive("dp", "max_grad_norm", self.max_grad_norm)
+        _positive("dp", "batch_size", self.batch_size, integer=True)
+        _positive("dp", "epochs", self.epochs)
+        if self.steps is not None:
+            _positive("dp", "steps", self.steps, integer=True)
+        _positive("dp", "lr", self.lr)
+        _choice("dp", "optimizer", self.optimizer, OPTIMIZERS)
+        if not 0 <= self.momentum < 1:
+            _fail("dp", "momentum", "in [0, 1)", self.momentum)
+        _unit("dp", "delta", self.delta)
+        if self.max_physical_batch_size is not None:
+            _positive("dp", "max_physical_batch_size", self.max_physical_batch_size, integer=True)
+        _choice("dp", "bug", self.bug, BUGS)
+
+
+@dataclass
+class CanarySettings:
+    kind: str = "gradient"
+    count: int = 500
+    # gradient canaries
+    direction: str = "dirac"
+    norm: float | None = None  # default: the clip norm C; must be <= C
+    policy: str = "every_step"
+    inclusion_prob: float | None = None  # q_c for policy=bernoulli; default: the sample rate
+    params: list[str] | None = None  # parameter / module names the canaries live in
+    # input canaries (Algorithm 3)
+    source: str = "mislabeled"
+    selection: str = "top"
+    candidates: int = 200
+    n_references: int = 128
+    estimator: str = "ledoit_wolf"
+
+    def check(self) -> None:
+        _choice("canary", "kind", self.kind, CANARY_KINDS)
+        _positive("canary", "count", self.count, integer=True)
+        _choice("canary", "direction", self.direction, DIRECTIONS)
+        if self.norm is not None:
+            _positive("canary", "norm", self.norm)
+        _choice("canary", "policy", self.policy, GRADIENT_POLICIES)
+        if self.inclusion_prob is not None:
+            _unit("canary", "inclusion_prob", self.inclusion_prob, closed_right=True)
+        _choice("canary", "source", self.source, INPUT_SOURCES)
+        _choice("canary", "selection", self.selection, SELECTIONS)
+        _positive("canary", "candidates", self.candidates, integer=True)
+        _positive("canary", "n_references", self.n_references, integer=True)
+
+
+@dataclass
+class AttackSettings:
+    scores: list[str] = field(default_factory=lambda: ["scalar"])
+    estimator: str = "ledoit_wolf"  # covariance / glir precision estimator
+    n_references: int = 128
+
+    def check(self) -> None:
+        if not self.scores:
+            _fail("attack", "scores", f"a non-empty list from {ATTACKS}", self.scores)
+        for s in self.scores:
+            _choice("attack", "scores", s, ATTACKS)
+        _positive("attack", "n_references", self.n_references, integer=True)
+
+
+@dataclass
+class AuditModeSettings:
+    mode: str = "one_run"
+    runs: int = 1  # multi_run: number of training runs (one membership bit each)
+    methods: list[str] = field(default_factory=lambda: ["gdp", "gaussian", "clopper_pearson"])
+    confidence: float = 0.95
+    inclusion: float = 0.5  # probability that a canary is a member
+
+    def check(self) -> None:
+        from dpaudit.stats import METHODS
+
+        _choice("audit", "mode", self.mode, MODES)
+        _positive("audit", "runs", self.runs, integer=True)
+        for m in self.methods:
+            _choice("audit", "methods", m, METHODS)
+        _unit("audit", "confidence", self.confidence)
+        _unit("audit", "inclusion", self.inclusion)
+
+
+@dataclass
+class AuditSettings:
+    data: DataSettings = field(default_factory=DataSettings)
+    model: ModelSettings = field(default_factory=ModelSettings)
+    dp: DPSettings = field(default_factory=DPSettings)
+    canary: CanarySettings = field(default_factory=CanarySettings)
+    attack: AttackSettings = field(default_factory=AttackSettings)
+    audit: AuditModeSettings = field(default_factory=AuditModeSettings)
+    seed: int = 0
+    device: str | None = None  # default: CUDA when available, else CPU
+    progress: bool = True
+
+    @classmethod
+    def from_mappings(cls, **groups: Any) -> AuditSettings:
+        """Build from plain dicts (Hydra groups); unknown keys are errors naming the group."""
+        kinds = {f.name: f for f in fields(cls)}
+        values = {}
+        for name, value in groups.items():
+            if name not in kinds:
+                raise ValueError(f"unknown audit setting {name!r}; expected one of {list(kinds)}")
+            factory = kinds[name].default_factory
+            sub = factory() if callable(factory) else None
+            if sub is not None and hasattr(sub, "check"):
+                value = _build(type(sub), name, value)
+            values[name] = value
+        out = cls(**values)
+        out.check()
+        return out
+
+    def check(self) -> None:
+        for part in (self.data, self.model, self.dp, self.canary, self.attack, self.audit):
+            part.check()
+        if self.dp.bug == "realised_batch_size" and self.dp.max_physical_batch_size:
+            _fail("dp", "max_physical_batch_size", "unset with bug=realised_batch_size", 1)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _build(kind, group: str, value):
+    if isinstance(value, kind):
+        return value
+    if value is None:
+        return kind()
+    if not isinstance(value, dict):
+        raise ValueError(f"{group} must be a mapping of settings, got {type(value).__name__}")
+    allowed = {f.name for f in fields(kind)}
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise ValueError(f"unknown {group} setting(s) {unknown}; allowed: {sorted(allowed)}")
+    return kind(**value)

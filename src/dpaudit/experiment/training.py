@@ -1,0 +1,156 @@
+"""One DP-SGD training run with Opacus and the audit hook attached (DESIGN 3, step 4).
+
+The loop is the ordinary Opacus one — ``PrivacyEngine.make_private`` with Poisson sampling,
+optionally ``BatchMemoryManager`` — with a planted bug if the settings ask for one and an
+``AuditHook`` around it. Everything random in the run (initial Poisson draws, noise) comes from
+the seeded torch generator inside ``fork_rng``, so a run is reproducible from its seed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from opacus import PrivacyEngine
+from opacus.data_loader import DPDataLoader
+from opacus.utils.batch_memory_manager import BatchMemoryManager
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from dpaudit.accounting import AccountantEpsilon, engine_epsilons
+from dpaudit.attacks import StepScore
+from dpaudit.capture import AuditHook
+from dpaudit.experiment.bugs import plant_bug
+from dpaudit.experiment.settings import DPSettings
+
+
+@dataclass
+class TrainingOutcome:
+    """What one audited run produced: per-canary scores and the run's DP bookkeeping."""
+
+    scores: dict[str, np.ndarray]
+    inclusions: np.ndarray
+    steps: int
+    sample_rate: float
+    accountants: dict[str, AccountantEpsilon]
+    test_accuracy: float
+    seconds: float
+
+
+def make_optimizer(model: nn.Module, dp: DPSettings) -> torch.optim.Optimizer:
+    """The base optimizer the DP optimizer wraps."""
+    if dp.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=dp.lr)
+    return torch.optim.SGD(model.parameters(), lr=dp.lr, momentum=dp.momentum)
+
+
+def poisson_sample_rate(dp: DPSettings, n_train: int) -> float:
+    """q = 1 / round(n_train / batch_size): Opacus' accountant reads 1 / len(loader), so q is
+    the reciprocal of a whole number of steps per epoch and both sides agree exactly. It is
+    computed from the data *without* canaries, so it is the same in every run of an audit."""
+    if dp.batch_size > n_train:
+        raise ValueError(
+            f"dp.batch_size ({dp.batch_size}) exceeds the training set size ({n_train})"
+        )
+    return 1.0 / max(1, round(n_train / dp.batch_size))
+
+
+def total_steps(dp: DPSettings, sample_rate: float) -> int:
+    """Optimizer steps of the run: ``dp.steps`` or epochs / q."""
+    if dp.steps is not None:
+        return int(dp.steps)
+    return max(1, round(dp.epochs / sample_rate))
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, data: Dataset, device: torch.device) -> float:
+    """Top-1 accuracy of ``model`` on a (small) dataset."""
+    if len(data) == 0:
+        return float("nan")
+    loader = DataLoader(data, batch_size=1024)
+    correct = 0
+    for x, y in loader:
+        correct += int((model(x.to(device)).argmax(1) == y.to(device)).sum())
+    return correct / len(data)
+
+
+def train_audited(
+    model: nn.Module,
+    train_set: Dataset,
+    test_set: Dataset | None,
+    dp: DPSettings,
+    sample_rate: float,
+    canaries,
+    scores: list[StepScore],
+    params=None,
+    seed: int = 0,
+    reference: tuple | None = None,
+    progress: bool = True,
+) -> TrainingOutcome:
+    """Train ``model`` with DP-SGD on ``train_set``, Poisson sampling at ``sample_rate``.
+
+    ``canaries`` / ``scores`` / ``params`` / ``reference`` go to ``AuditHook``. The model is
+    trained in place on its own device for ``total_steps(dp, sample_rate)`` steps.
+    """
+    device = next(model.parameters()).device
+    steps = total_steps(dp, sample_rate)
+    start = time.perf_counter()
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        engine = PrivacyEngine(accountant="prv")
+        loader = DPDataLoader(train_set, sample_rate=sample_rate)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Secure RNG turned off")
+            model, opt, loader = engine.make_private(
+                module=model,
+                optimizer=make_optimizer(model, dp),
+                data_loader=loader,
+                noise_multiplier=dp.noise_multiplier,
+                max_grad_norm=dp.max_grad_norm,
+                poisson_sampling=False,  # the loader above already samples (Poisson, q)
+                grad_sample_mode="hooks",
+            )
+        remove_bug = plant_bug(opt, dp.bug)
+        hook = AuditHook(opt, model, canaries, scores=scores, params=params, reference=reference)
+        bmm = (
+            BatchMemoryManager(
+                data_loader=loader,
+                max_physical_batch_size=dp.max_physical_batch_size,
+                optimizer=opt,
+            )
+            if dp.max_physical_batch_size
+            else contextlib.nullcontext(loader)
+        )
+        bar = tqdm(total=steps, desc="DP-SGD (audited)", disable=not progress, leave=False)
+        model.train()
+        with hook, bmm as batches, warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            while hook.steps < steps:
+                for x, y in batches:
+                    opt.zero_grad(set_to_none=True)
+                    loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+                    loss.backward()
+                    before = hook.steps
+                    opt.step()
+                    bar.update(hook.steps - before)
+                    if hook.steps >= steps:
+                        break
+        bar.close()
+        remove_bug()
+    model.eval()
+    acc = accuracy(model, test_set, device) if test_set is not None else float("nan")
+    return TrainingOutcome(
+        scores=hook.scores(),
+        inclusions=hook.inclusions(),
+        steps=hook.steps,
+        sample_rate=sample_rate,
+        accountants=engine_epsilons(engine, dp.delta),
+        test_accuracy=acc,
+        seconds=time.perf_counter() - start,
+    )

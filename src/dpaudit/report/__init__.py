@@ -1,0 +1,6 @@
+"""Reports: JSON results written atomically, console tables, and plots saved next to them."""
+
+from dpaudit.report.files import format_table, write_json
+from dpaudit.report.plots import plot_roc, plot_score_histograms
+
+__all__ = ["format_table", "plot_roc", "plot_score_histograms", "write_json"]

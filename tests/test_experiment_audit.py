@@ -1,0 +1,69 @@
+"""The audit end to end through the Python API: tiny configs, real Opacus training."""
+
+import json
+
+import numpy as np
+import pytest
+
+from dpaudit.experiment import AuditSettings, run_audit
+
+TINY = {
+    "data": {"name": "digits"},
+    "model": {"name": "logreg"},
+    "dp": {"noise_multiplier": 4.0, "steps": 40, "batch_size": 64},
+    "canary": {"kind": "gradient", "count": 40},
+    "attack": {"scores": ["scalar", "mixture_lr"]},
+    "audit": {"methods": ["gdp", "gaussian", "clopper_pearson"]},
+    "progress": False,
+}
+
+
+def test_one_run_audit_report(tmp_path):
+    res = run_audit(output_dir=tmp_path, **TINY)
+    th = res["theory"]
+    # Dirac canaries inserted at every step: the exact answer is mu = sqrt(T) / sigma.
+    assert th["threat_model"]["sample_rate"] == 1.0
+    assert th["gaussian_mu"] == pytest.approx(np.sqrt(40) / 4.0)
+    assert res["steps"] == 40
+    v = res["verdict"]
+    assert 0.0 < v["best_lower_bound"] <= th["upper_bound"] and not v["privacy_bug"]
+    # Bounds are simultaneously valid: each at 1 - 0.05 / (2 attacks x 3 methods).
+    assert all(b["confidence"] == pytest.approx(1 - 0.05 / 6) for b in res["bounds"])
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["verdict"]["best_lower_bound"] == pytest.approx(v["best_lower_bound"])
+    for plot in ("roc.png", "score_histograms.png"):
+        assert (tmp_path / plot).stat().st_size > 1000
+
+
+def test_planted_halved_noise_is_flagged_and_correct_optimizer_passes(tmp_path):
+    cfg = {**TINY, "dp": {"noise_multiplier": 10.0, "steps": 100, "batch_size": 64}}
+    cfg["canary"] = {"kind": "gradient", "count": 200}
+    ok = run_audit(**cfg)
+    bad = run_audit(**{**cfg, "dp": {**cfg["dp"], "bug": "halved_noise"}})
+    assert not ok["verdict"]["privacy_bug"]
+    assert bad["verdict"]["privacy_bug"], bad["verdict"]
+
+
+@pytest.mark.parametrize(
+    "group,values,needle",
+    [
+        ("dp", {"delta": 1.0}, "dp.delta"),
+        ("dp", {"bug": "typo"}, "dp.bug"),
+        ("canary", {"norm": 2.0}, "exceeds the clip norm"),
+        ("canary", {"count": 100000}, "larger than the candidate pool"),
+        ("canary", {"kind": "input", "count": 500, "candidates": 100}, "candidate pool"),
+        ("attack", {"scores": ["nope"]}, "attack.scores"),
+        ("audit", {"confidence": 95}, "audit.confidence"),
+        ("model", {"name": "resnet"}, "model.name"),
+        ("dp", {"lr_typo": 1}, "unknown dp setting"),
+    ],
+)
+def test_bad_settings_fail_clearly(group, values, needle):
+    cfg = {**TINY, group: {**TINY.get(group, {}), **values}}
+    with pytest.raises(ValueError, match=needle):
+        run_audit(**cfg)
+
+
+def test_settings_reject_unknown_group():
+    with pytest.raises(ValueError, match="unknown audit setting"):
+        AuditSettings.from_mappings(datta={})
