@@ -14,7 +14,7 @@ def test_write_json_converts_numpy_and_nonfinite(tmp_path):
         {"a": np.arange(3), "b": np.float32(0.5), "c": float("nan"), "d": float("inf")},
     )
     data = json.loads(path.read_text())
-    assert data == {"a": [0, 1, 2], "b": 0.5, "c": None, "d": "inf"}
+    assert data == {"a": [0, 1, 2], "b": 0.5, "c": "nan", "d": "inf"}
     assert [p.name for p in path.parent.iterdir()] == ["r.json"]  # no temp file left
 
 

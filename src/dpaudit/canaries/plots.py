@@ -12,18 +12,10 @@ import numpy as np
 import torch
 
 from dpaudit.canaries.ranking import Selection
+from dpaudit.report.plots import pyplot as _pyplot
 from dpaudit.stats._validate import check_scores
 
 _COLOURS = {"easy": "tab:red", "medium": "tab:orange", "hard": "tab:blue", "top": "tab:red"}
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def plot_score_distribution(

@@ -2,43 +2,19 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
+from dpaudit.report.files import write_json as report_write_json
+from dpaudit.report.plots import pyplot as _pyplot
+
 FPR_GRID = np.linspace(0.0, 1.0, 201)
 
 
-def jsonable(obj):
-    """Recursively turn numpy scalars/arrays into JSON-friendly Python objects."""
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return jsonable(obj.tolist())
-    if isinstance(obj, np.generic):
-        return obj.item()
-    return obj
-
-
 def write_json(output_dir, obj: dict, name: str = "results.json") -> Path:
-    """Write ``obj`` as indented JSON into ``output_dir`` (created if needed)."""
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / name
-    path.write_text(json.dumps(jsonable(obj), indent=2))
-    return path
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    """Write ``obj`` as JSON into ``output_dir`` (atomically, via ``dpaudit.report``)."""
+    return report_write_json(Path(output_dir) / name, obj)
 
 
 def _save(fig, path) -> Path:

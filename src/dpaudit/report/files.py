@@ -9,39 +9,21 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import numpy as np
-
-
-def _jsonable(obj):
-    if hasattr(obj, "to_dict"):
-        return _jsonable(obj.to_dict())
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, np.generic):
-        return _jsonable(obj.item())
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
+from dpaudit._jsonable import to_jsonable
 
 
 def write_json(path: str | os.PathLike, obj) -> Path:
     """Write ``obj`` as JSON atomically (temp file + rename): a reader never sees half a file.
 
     numpy arrays and scalars, dataclasses with ``to_dict`` and non-finite floats are converted
-    (NaN -> null, inf -> "inf").
+    (NaN -> "nan", inf -> "inf"; see ``dpaudit._jsonable``).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as fh:
-            json.dump(_jsonable(obj), fh, indent=2, allow_nan=False)
+            json.dump(to_jsonable(obj), fh, indent=2, allow_nan=False)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

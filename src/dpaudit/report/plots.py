@@ -14,7 +14,8 @@ import numpy as np
 from dpaudit.stats import roc_curve
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot with the Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -34,7 +35,7 @@ def plot_roc(
     ``scores`` maps an attack name to (scores_in, scores_out); ``theory`` maps a label to a
     TPR curve over ``theory_fpr()`` (the accountant's trade-off curve, a fitted GDP curve).
     """
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
     grid = theory_fpr()
     for ax, log in zip(axes, (False, True), strict=True):
@@ -71,7 +72,7 @@ def plot_score_histograms(
     scores: Mapping[str, tuple[np.ndarray, np.ndarray]], path: str | Path, title: str = ""
 ) -> Path:
     """One panel per attack: histograms of member (in) and non-member (out) scores."""
-    plt = _pyplot()
+    plt = pyplot()
     k = len(scores)
     fig, axes = plt.subplots(1, k, figsize=(4.5 * k, 3.5), squeeze=False)
     for ax, (name, (s_in, s_out)) in zip(axes[0], scores.items(), strict=True):

@@ -2,29 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-
-def _jsonable(value: Any) -> Any:
-    """Convert numpy scalars/arrays and non-finite floats to plain JSON values."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return [_jsonable(v) for v in value.tolist()]
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.floating, float)):
-        v = float(value)
-        return v if math.isfinite(v) else str(v)  # "inf", "-inf", "nan": strict JSON
-    if isinstance(value, np.bool_):
-        return bool(value)
-    return value
+from dpaudit._jsonable import to_jsonable as _jsonable
 
 
 @dataclass(frozen=True)
@@ -50,7 +31,7 @@ class EpsilonBound:
     details: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON dictionary (non-finite floats become the strings "inf"/"-inf")."""
+        """Plain-JSON dictionary (non-finite floats become the strings "inf", "-inf", "nan")."""
         return _jsonable(
             {
                 "epsilon": self.epsilon,
