@@ -14,6 +14,16 @@ Attached to the ``DPOptimizer`` that ``PrivacyEngine.make_private`` returns, the
 * streams every ``StepScore`` into per-canary accumulators (``aggregate`` ``"sum"`` or
   ``"max"``), optionally keeping the K x T per-step values, and optionally writes a ``Trace``.
 
+Coordinate view (``coordinates=``): an optional 1-D list of distinct indices into the flattened
+parameter selection. Everything recorded and scored then lives in those coordinates only — a
+coordinate-level parameter selection: the released gradient and the input canaries' (and
+references') clipped gradients are gathered at them, gradient canaries are given as (K, |view|)
+vectors in view coordinates and scattered into the full vector for insertion before noise, and
+traces / scores see vectors of length |view|. What a score cannot see outside the view does not
+enter it; for Dirac canaries on the view's coordinates (the union of their supports) the
+scores are those of the full run. This is what makes K = 10^4 Dirac canaries cheap on a model
+with d ~ 10^5 parameters: O(K |view|) per step instead of O(K d).
+
 Only real optimizer steps are recorded: ``BatchMemoryManager`` virtual steps (skipped steps)
 never reach ``add_noise`` or the step hook, so the whole logical batch is captured once.
 Canary index order: the canaries list in order, each set's canaries in its own order.
@@ -67,7 +77,10 @@ class AuditHook:
     or module names (default: all trainable) for everything recorded and scored.
     ``reference=(inputs, targets[, loss_fn])`` provides reference points whose clipped
     gradients at theta_t are passed to scores with ``requires_reference_grads``.
-    ``sample_rate`` defaults to the one in Opacus' accountant hook.
+    ``sample_rate`` defaults to the one in Opacus' accountant hook. ``coordinates`` restricts
+    everything recorded and scored to those indices of the flattened selection (module doc);
+    gradient canaries, trace bases and scores then have ``dim = len(coordinates)`` columns,
+    ``full_dim`` is the selection's size.
     """
 
     def __init__(
@@ -82,6 +95,7 @@ class AuditHook:
         reference: tuple | None = None,
         sample_rate: float | None = None,
         check_finite: bool = True,
+        coordinates: Sequence[int] | np.ndarray | torch.Tensor | None = None,
     ) -> None:
         if not isinstance(optimizer, DPOptimizer):
             raise ValueError(
@@ -106,7 +120,9 @@ class AuditHook:
         ]
         if missing:
             raise ValueError(f"params: not optimized by the DP optimizer: {missing}")
-        self.dim = sum(p.numel() for p in self._params)
+        self.full_dim = sum(p.numel() for p in self._params)
+        self.coordinates = self._check_coordinates(coordinates, self.full_dim)
+        self.dim = self.full_dim if self.coordinates is None else int(self.coordinates.numel())
 
         self.canaries = as_canary_list(canaries)
         self.num_canaries = sum(len(c) for c in self.canaries)
@@ -139,7 +155,8 @@ class AuditHook:
             raise ValueError(f"trace must be a dpaudit.capture.Trace, got {type(trace).__name__}")
         if trace is not None and trace.basis is not None and trace.basis.shape[1] != self.dim:
             raise ValueError(
-                f"trace: basis must have d = {self.dim} columns (the parameter selection), "
+                f"trace: basis must have d = {self.dim} columns (the parameter selection "
+                "or coordinate view), "
                 f"got shape {tuple(trace.basis.shape)}"
             )
         self.trace = trace
@@ -156,6 +173,31 @@ class AuditHook:
         self._per_step: dict[str, list[np.ndarray]] = {n: [] for n in names}
 
     # ------------------------------------------------------------------ validation helpers
+    @staticmethod
+    def _check_coordinates(coordinates, full_dim: int) -> torch.Tensor | None:
+        """The view as a (|view|,) int64 CPU tensor of distinct indices in [0, full_dim)."""
+        if coordinates is None:
+            return None
+        arr = np.asarray(
+            coordinates.detach().cpu().numpy()
+            if isinstance(coordinates, torch.Tensor)
+            else coordinates
+        )
+        if arr.ndim != 1 or arr.size == 0:
+            raise ValueError(
+                f"coordinates must be a non-empty 1-D sequence of indices, got shape {arr.shape}"
+            )
+        if not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"coordinates must be integers, got dtype {arr.dtype}")
+        if arr.min() < 0 or arr.max() >= full_dim:
+            raise ValueError(
+                f"coordinates must lie in [0, {full_dim}) (the flattened parameter selection), "
+                f"got range [{arr.min()}, {arr.max()}]"
+            )
+        if np.unique(arr).size != arr.size:
+            raise ValueError("coordinates must be distinct")
+        return torch.as_tensor(arr, dtype=torch.int64)
+
     def _check_gradient_canaries(self) -> None:
         for c in self.canaries:
             if not isinstance(c, GradientCanaries):
@@ -163,7 +205,9 @@ class AuditHook:
             if c.dim != self.dim:
                 raise ValueError(
                     f"canaries: gradient canary vectors must have d = {self.dim} columns "
-                    f"(parameters {self.param_names}), got shape {tuple(c.vectors.shape)}"
+                    f"(parameters {self.param_names}"
+                    + (", in view coordinates" if self.coordinates is not None else "")
+                    + f"), got shape {tuple(c.vectors.shape)}"
                 )
             norms = c.vectors.double().norm(dim=1)
             too_big = (norms > self.max_grad_norm * (1 + _NORM_SLACK)).nonzero().flatten()
@@ -234,6 +278,16 @@ class AuditHook:
             c.vectors.to(device=device, dtype=dtype) if isinstance(c, GradientCanaries) else None
             for c in self.canaries
         ]
+        self._always = [
+            np.array(c.policies) == "every_step" if isinstance(c, GradientCanaries) else None
+            for c in self.canaries
+        ]
+        fixed = [
+            vec[torch.from_numpy(always).to(device)].sum(0)
+            for vec, always in zip(self._grad_vectors, self._always, strict=True)
+            if vec is not None and always.any()
+        ]
+        self._every_step_sum = torch.stack(fixed).sum(0) if fixed else None
         self._rngs = [
             np.random.default_rng(c.seed)
             if isinstance(c, GradientCanaries) and "bernoulli" in c.policies
@@ -241,6 +295,7 @@ class AuditHook:
             for c in self.canaries
         ]
         self._offsets = np.cumsum([0] + [p.numel() for p in self._params]).tolist()
+        self._view = None if self.coordinates is None else self.coordinates.to(device)
         for s in self.score_fns:
             s.start(self.num_canaries, self.dim, device)
             fill = 0.0 if s.aggregate == "sum" else -float("inf")
@@ -249,8 +304,14 @@ class AuditHook:
             self.trace.start(
                 self.dim,
                 device,
-                {"param_names": self.param_names, "num_canaries": self.num_canaries},
+                {
+                    "param_names": self.param_names,
+                    "num_canaries": self.num_canaries,
+                    "coordinates": None if self.coordinates is None else self.coordinates.tolist(),
+                },
             )
+        # gradient canaries are checked finite once, in GradientCanaries
+        self._has_input = any(isinstance(c, InputCanaries) for c in self.canaries)
         self._started = True
 
     def _draw_inclusions(self) -> np.ndarray:
@@ -276,14 +337,21 @@ class AuditHook:
         row = self._draw_inclusions()
         self._pending_inclusion = row
         if row.any():
-            blocks, start = [], 0
-            for c, vec in zip(self.canaries, self._grad_vectors, strict=True):
+            # every-step canaries: their fixed sum; Bernoulli ones: the rows drawn this step
+            blocks = [] if self._every_step_sum is None else [self._every_step_sum]
+            start = 0
+            for c, vec, always in zip(self.canaries, self._grad_vectors, self._always, strict=True):
                 n = len(c)
-                mask = row[start : start + n]
-                if vec is not None and mask.any():
-                    blocks.append(vec[torch.from_numpy(mask).to(vec.device)].sum(0))
+                if vec is not None:
+                    mask = row[start : start + n] & ~always
+                    if mask.any():
+                        idx = torch.from_numpy(np.flatnonzero(mask)).to(vec.device)
+                        blocks.append(vec.index_select(0, idx).sum(0))
                 start += n
             total = torch.stack(blocks).sum(0)
+            if self._view is not None:  # view coordinates -> the full flattened selection
+                full = total.new_zeros(self.full_dim)
+                total = full.index_copy_(0, self._view, total)
             for p, a, b in zip(self._params, self._offsets[:-1], self._offsets[1:], strict=True):
                 if p.summed_grad is None:
                     raise RuntimeError(f"parameter has no summed_grad at step {self._steps}")
@@ -291,7 +359,7 @@ class AuditHook:
         self._orig_add_noise()
 
     def _per_sample(self, spec: InputCanaries) -> torch.Tensor:
-        return per_sample_clipped_grads(
+        grads = per_sample_clipped_grads(
             self.model,
             spec.inputs,
             spec.targets,
@@ -299,6 +367,7 @@ class AuditHook:
             self.max_grad_norm,
             param_names=self.param_names,
         )
+        return grads if self._view is None else grads.index_select(1, self._view)
 
     def _canary_grads(self) -> torch.Tensor:
         blocks = []
@@ -314,7 +383,8 @@ class AuditHook:
 
     @torch.no_grad()
     def _released(self) -> torch.Tensor:
-        return torch.cat([p.grad.reshape(-1) for p in self._params])
+        full = torch.cat([p.grad.reshape(-1) for p in self._params])
+        return full if self._view is None else full.index_select(0, self._view)
 
     def _record(self, opt: DPOptimizer) -> None:
         t = self._steps
@@ -330,7 +400,7 @@ class AuditHook:
         if self.check_finite:
             if not bool(torch.isfinite(released).all()):
                 raise ValueError(f"non-finite released gradient at optimizer step {t}")
-            if not bool(torch.isfinite(canary_grads).all()):
+            if self._has_input and not bool(torch.isfinite(canary_grads).all()):
                 raise ValueError(f"non-finite canary gradient at optimizer step {t}")
         if opt.loss_reduction == "mean":
             divisor = float(opt.expected_batch_size * opt.accumulated_iterations)
