@@ -1,10 +1,10 @@
 """Canary candidates and their Mahalanobis ranking (seed 001 Algorithm 3, seed 000 Algorithm 6).
 
-Candidates (in-distribution, mislabeled, blank inputs; Dirac and random-direction gradient
-canaries of norm C) are scored by ||g - mu_0||^2_P at theta_0 with any ``dpaudit.covariance``
-estimator, then selected (top-K, easy / medium / hard, stratified, capped in-distribution). The
-predicted DP-SGD leakage of each choice and the seed 001 Figure 3 experiment in miniature live
-here too.
+Candidates (in-distribution, mislabeled, blank and crafted inputs; Dirac and random-direction
+gradient canaries of norm C) are scored by ||g - mu_0||^2_P at theta_0 with any
+``dpaudit.covariance`` estimator, then selected (top-K, easy / medium / hard, stratified,
+capped in-distribution). The predicted DP-SGD leakage of each choice lives here too (the
+seed 001 Figure 3 experiment that uses all this is ``dpaudit.experiment.figure3``).
 """
 
 from dpaudit.canaries.leakage import PredictedLeakage, predicted_leakage
@@ -20,6 +20,7 @@ from dpaudit.canaries.ranking import (
 from dpaudit.canaries.sources import (
     InputCandidates,
     blank_inputs,
+    crafted_inputs,
     dirac_canaries,
     in_distribution,
     mislabeled,
@@ -36,6 +37,7 @@ __all__ = [
     "Selection",
     "TrajectoryRanking",
     "blank_inputs",
+    "crafted_inputs",
     "dirac_canaries",
     "in_distribution",
     "mahalanobis_scores",

@@ -109,6 +109,40 @@ def blank_inputs(
     return InputCandidates(x, y, ["blank"] * int(num_classes), np.full(int(num_classes), -1))
 
 
+def crafted_inputs(
+    inputs: torch.Tensor,
+    num_classes: int,
+    num: int,
+    value: float = 100.0,
+) -> InputCandidates:
+    """One-hot input canaries on the features the data never use: all zero except ``value``
+    on one feature, one candidate per (feature, class) pair, least used features first.
+
+    Features are ordered by mean |x| over ``inputs`` (those zero in every example first, ties
+    by index). For a first linear layer the canary's weight gradient is x_j (p - e_y): it lies
+    on the weights of feature j, which no data example's gradient touches when x_j is always
+    zero, and its norm grows with ``value`` (far above any clip norm for a large value).
+    ``source`` holds the feature index of each candidate.
+    """
+    if int(num_classes) < 1:
+        raise ValueError(f"num_classes must be >= 1, got {num_classes!r}")
+    check_positive(value, "value")
+    flat = inputs.reshape(inputs.shape[0], -1)
+    d = int(flat.shape[1])
+    if not 1 <= int(num) <= d * int(num_classes):
+        pool = d * int(num_classes)
+        raise ValueError(f"num must be in [1, {pool}] (features x classes), got {num!r}")
+    activity = flat.abs().double().mean(0).cpu().numpy()
+    order = np.lexsort((np.arange(d), activity))  # least used first, ties by index
+    pairs = [(int(f), c) for f in order for c in range(int(num_classes))][: int(num)]
+    feats = np.array([f for f, _ in pairs], dtype=np.int64)
+    x = torch.zeros(len(pairs), d, dtype=inputs.dtype, device=inputs.device)
+    x[torch.arange(len(pairs)), torch.as_tensor(feats, device=inputs.device)] = float(value)
+    y = torch.tensor([c for _, c in pairs], dtype=torch.int64, device=inputs.device)
+    x = x.reshape(len(pairs), *inputs.shape[1:])
+    return InputCandidates(x, y, ["crafted"] * len(pairs), feats)
+
+
 def scale_to_norm(vectors: torch.Tensor, norm: float, clip_only: bool = False) -> torch.Tensor:
     """Rows rescaled to L2 norm ``norm`` (or, with ``clip_only``, only those above it)."""
     c = check_positive(norm, "norm")

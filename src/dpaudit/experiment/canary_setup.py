@@ -1,17 +1,22 @@
 """Canaries and their membership for one audit (DESIGN 3, steps 2-3).
 
-Gradient canaries: Dirac vectors on the coordinates where the data's clipped gradients at
-theta_0 are smallest (exactly zero on, e.g., weights of pixels that are blank in every image),
-or random directions; norm <= C. Members are inserted by the hook (every step, or Bernoulli(q_c)
-per step); non-members are only scored.
+Gradient canaries: Dirac vectors on the coordinates where the mean absolute clipped gradient
+of the training data at theta_0 is smallest (exactly zero on, e.g., weights of pixels that are
+blank in every image: 3 pixels x 10 classes on digits logreg, 3 x width first-layer weights of
+an MLP), or random directions; norm <= C. Members are inserted by the hook (every step, or
+Bernoulli(q_c) per step); non-members are only scored. ``canary.view="auto"`` records and
+scores Dirac canaries in the coordinate view of their own coordinates, so K = 10^4 canaries
+cost O(K^2) per step, not O(K d); a warning says when K exceeds the dead coordinates.
 
-Input canaries: candidates (mislabeled copies, blank images, or held-out real examples) ranked
+Input canaries: candidates (mislabeled copies, blank images, held-out real examples, or crafted
+one-hot images on features no training input uses, see ``crafted_inputs``) ranked
 by seed 001 Algorithm 3 at theta_0 and selected (top / easy / medium / hard / stratified /
 random). Members are appended to the training set; the hook scores every canary.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +27,7 @@ from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
 from dpaudit.canaries import (
     InputCandidates,
     blank_inputs,
+    crafted_inputs,
     in_distribution,
     mislabeled,
     random_direction_canaries,
@@ -53,6 +59,7 @@ class CanarySetup:
     info: dict = field(default_factory=dict)
     candidate_scores: np.ndarray | None = None
     chosen: np.ndarray | None = None
+    coordinates: np.ndarray | None = None  # the hook's coordinate view (None: full selection)
 
 
 def _tensors(ds: Dataset, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,18 +114,34 @@ def _gradient(settings, model, train_set, references, params, sample_rate, membe
             f"canary.count={c.count} is larger than the candidate pool: the selected "
             f"parameters {params} have only {dim} coordinates"
         )
-    info: dict = {"dim": dim, "norm": norm}
+    info: dict = {"dim": dim, "norm": norm, "view": "full"}
+    view = None
     if c.direction == "dirac":
-        activity = ref_grads.abs().mean(0).double().cpu().numpy()
+        activity = data_gradient_activity(model, train_set, C, params)
         tiebreak = np.random.default_rng([settings.seed, 2]).random(dim)
         coords = np.lexsort((tiebreak, activity))[: c.count]
-        vectors = torch.zeros(c.count, dim, dtype=ref_grads.dtype, device=ref_grads.device)
-        vectors[torch.arange(c.count), torch.as_tensor(coords, device=vectors.device)] = norm
+        dead = int((activity == 0).sum())
+        if c.count > dead:
+            warnings.warn(
+                f"canary.count={c.count} exceeds the {dead} coordinates whose data gradient is "
+                f"exactly zero at theta_0 (parameters {params}): {c.count - dead} Dirac canaries "
+                "sit on coordinates the data touch and the audit is looser; lower canary.count "
+                "or use a model with more dead coordinates (e.g. model=mlp, larger model.width)",
+                stacklevel=2,
+            )
+        if c.view == "auto":
+            view = coords
+            vectors = norm * torch.eye(c.count, dtype=ref_grads.dtype, device=ref_grads.device)
+            info["view"] = "auto"
+        else:
+            vectors = torch.zeros(c.count, dim, dtype=ref_grads.dtype, device=ref_grads.device)
+            vectors[torch.arange(c.count), torch.as_tensor(coords, device=vectors.device)] = norm
         info["coordinates"] = coords.tolist()
         info["data_gradient_activity_max"] = float(activity[coords].max())
-        info["zero_gradient_coordinates"] = int((activity == 0).sum())
+        info["zero_gradient_coordinates"] = dead
+        info["canaries_on_zero_gradient_coordinates"] = int((activity[coords] == 0).sum())
     else:
-        vectors = random_direction_canaries(c.count, dim, norm, seed=settings.seed)
+        vectors = random_direction_canaries(dim=dim, num=c.count, norm=norm, seed=settings.seed)
         vectors = vectors.to(ref_grads.device, ref_grads.dtype)
     q_c = None
     if c.policy == "bernoulli":
@@ -128,8 +151,34 @@ def _gradient(settings, model, train_set, references, params, sample_rate, membe
         vectors, policy=policies, inclusion_prob=q_c, seed=[settings.seed, 3]
     )
     return CanarySetup(
-        canaries, membership, train_set, params, references, q_c, len(train_set), info
+        canaries,
+        membership,
+        train_set,
+        params,
+        references,
+        q_c,
+        len(train_set),
+        info,
+        coordinates=view,
     )
+
+
+def data_gradient_activity(
+    model: nn.Module, train_set: Dataset, max_grad_norm: float, params: list[str], chunk: int = 512
+) -> np.ndarray:
+    """(d,) mean |clipped per-example gradient| of the whole training set at the current
+    parameters, coordinate by coordinate (exactly 0 where no example's gradient reaches)."""
+    device = next(model.parameters()).device
+    total = None
+    n = len(train_set)
+    for start in range(0, n, chunk):
+        x, y = _tensors(train_set, np.arange(start, min(n, start + chunk)))
+        g = per_sample_clipped_grads(
+            model, x.to(device), y.to(device), LOSS, max_grad_norm, param_names=params
+        )
+        part = g.abs().sum(0).double()  # exact zeros stay exact
+        total = part if total is None else total + part
+    return (total / n).cpu().numpy()
 
 
 def _candidates(c, train_set, info_num_classes, rng, device) -> tuple[InputCandidates, np.ndarray]:
@@ -138,6 +187,10 @@ def _candidates(c, train_set, info_num_classes, rng, device) -> tuple[InputCandi
     x, y = _tensors(train_set, np.arange(n))
     if c.source == "blank":
         return blank_inputs(x.shape[1:], info_num_classes, device=device), np.array([], int)
+    if c.source == "crafted":
+        num = min(c.candidates, x[0].numel() * info_num_classes)
+        cand = crafted_inputs(x, info_num_classes, num=num, value=c.crafted_value)
+        return cand, np.array([], int)
     num = min(c.candidates, n // 2)
     if c.source == "mislabeled":
         cand = mislabeled(x, y, info_num_classes, num=num, seed=rng)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from dpaudit.attacks import (
     BatchSizeScore,
     CovarianceScore,
@@ -32,6 +34,8 @@ def build_scores(
         grads = per_sample_clipped_grads(
             model, x[:k], y[:k], LOSS, dp.max_grad_norm, param_names=setup.param_names
         )
+        if setup.coordinates is not None:  # the hook's coordinate view
+            grads = grads[:, torch.as_tensor(setup.coordinates, device=grads.device)]
         base = estimate_precision(grads, a.estimator)
         precision = noise_aware(base, dp.noise_multiplier, dp.max_grad_norm, expected_batch_size)
     out: list[StepScore] = []

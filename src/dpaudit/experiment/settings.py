@@ -14,7 +14,8 @@ from dpaudit.experiment.bugs import BUGS
 CANARY_KINDS = ("gradient", "input")
 DIRECTIONS = ("dirac", "random")
 GRADIENT_POLICIES = ("every_step", "bernoulli")
-INPUT_SOURCES = ("in_distribution", "mislabeled", "blank")
+VIEWS = ("full", "auto")
+INPUT_SOURCES = ("in_distribution", "mislabeled", "blank", "crafted")
 SELECTIONS = ("top", "easy", "medium", "hard", "stratified", "random")
 ATTACKS = ("scalar", "covariance", "mixture_lr", "glir", "batch_size")
 MODES = ("one_run", "multi_run")
@@ -116,12 +117,17 @@ class CanarySettings:
     policy: str = "every_step"
     inclusion_prob: float | None = None  # q_c for policy=bernoulli; default: the sample rate
     params: list[str] | None = None  # parameter / module names the canaries live in
+    # "auto": Dirac canaries are recorded and scored in the coordinate view of their own
+    # coordinates (AuditHook(coordinates=...)), O(K^2) per step instead of O(K d)
+    view: str = "full"
     # input canaries (Algorithm 3)
     source: str = "mislabeled"
     selection: str = "top"
     candidates: int = 200
     n_references: int = 128
     estimator: str = "ledoit_wolf"
+    # source=crafted: value of the one non-zero input feature (gradient norm grows with it)
+    crafted_value: float = 100.0
 
     def check(self) -> None:
         _choice("canary", "kind", self.kind, CANARY_KINDS)
@@ -130,12 +136,14 @@ class CanarySettings:
         if self.norm is not None:
             _positive("canary", "norm", self.norm)
         _choice("canary", "policy", self.policy, GRADIENT_POLICIES)
+        _choice("canary", "view", self.view, VIEWS)
         if self.inclusion_prob is not None:
             _unit("canary", "inclusion_prob", self.inclusion_prob, closed_right=True)
         _choice("canary", "source", self.source, INPUT_SOURCES)
         _choice("canary", "selection", self.selection, SELECTIONS)
         _positive("canary", "candidates", self.candidates, integer=True)
         _positive("canary", "n_references", self.n_references, integer=True)
+        _positive("canary", "crafted_value", self.crafted_value)
 
 
 @dataclass
