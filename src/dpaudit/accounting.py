@@ -14,6 +14,7 @@ shifted by its error bounds so the curve stays an upper bound).
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 from dataclasses import asdict, dataclass
 
@@ -57,6 +58,14 @@ def _make(accountant: str):
 
 
 def _epsilon_from_history(history, delta: float, accountant: str) -> AccountantEpsilon:
+    key = tuple(tuple(entry) for entry in history)
+    return _epsilon_of(key, float(delta), accountant)
+
+
+@functools.lru_cache(maxsize=256)
+def _epsilon_of(history: tuple, delta: float, accountant: str) -> AccountantEpsilon:
+    """Memoised: a pure function of its (hashable) arguments, and slow (RDP with fractional
+    orders, PRV domain search) while the same history recurs in every run of an audit."""
     acc = _make(accountant)
     acc.history = copy.deepcopy(list(history))
     gdp = accountant == "gdp"

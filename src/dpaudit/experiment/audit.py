@@ -8,14 +8,19 @@ bounds against the theory, and writes the report. ``audit_task`` is the same for
 
 from __future__ import annotations
 
+import copy
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
+from torch.utils.data import Dataset
 
+from dpaudit.attacks import StepScore
 from dpaudit.data import load_dataset
-from dpaudit.experiment.canary_setup import setup_canaries
+from dpaudit.experiment.canary_setup import CanarySetup, setup_canaries
 from dpaudit.experiment.evaluation import (
     attack_summaries,
     lower_bounds,
@@ -37,16 +42,26 @@ def resolve_device(settings: AuditSettings) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def audit_run(
-    settings: AuditSettings, run_seed: int | None = None, membership: np.ndarray | None = None
-) -> dict:
-    """Train once with the audit hook; return scores, membership and the run's bookkeeping.
+@dataclass
+class PreparedRun:
+    """What every run with the same membership shares: it depends on ``settings.seed`` only.
 
-    The data split, the initial model and the canaries depend on ``settings.seed`` only (a
-    fixed target across the runs of a multi-run audit); sampling and noise on ``run_seed``.
+    The data split, the initial model (after the canaries were chosen at theta_0), the canary
+    setup and the attack scores before their first step. Preparing them once lets a multi-run
+    audit train R runs without reloading data, re-ranking canaries or re-estimating
+    precisions; ``audit_run`` trains a deep copy, so the prepared objects are never modified.
     """
+
+    model: nn.Module
+    test: Dataset
+    setup: CanarySetup
+    sample_rate: float
+    scores: list[StepScore]
+
+
+def prepare_run(settings: AuditSettings, membership: np.ndarray | None = None) -> PreparedRun:
+    """Load the data, build the model at theta_0, set up the canaries and the attack scores."""
     seed = settings.seed
-    run_seed = seed if run_seed is None else run_seed
     device = resolve_device(settings)
     d = settings.data
     train, test, info = load_dataset(
@@ -67,17 +82,43 @@ def audit_run(
     sample_rate = poisson_sample_rate(settings.dp, setup.n_base)
     expected_b = int(len(setup.train_set) * sample_rate)  # Opacus' expected batch size
     scores = build_scores(settings, model, setup, max(1, expected_b))
+    return PreparedRun(model, test, setup, sample_rate, scores)
+
+
+def audit_run(
+    settings: AuditSettings,
+    run_seed: int | None = None,
+    membership: np.ndarray | None = None,
+    prepared: PreparedRun | None = None,
+) -> dict:
+    """Train once with the audit hook; return scores, membership and the run's bookkeeping.
+
+    The data split, the initial model and the canaries depend on ``settings.seed`` only (a
+    fixed target across the runs of a multi-run audit); sampling and noise on ``run_seed``.
+    ``prepared`` (from ``prepare_run`` with the same settings and membership) skips the setup;
+    the result is the same as without it.
+    """
+    run_seed = settings.seed if run_seed is None else run_seed
+    if prepared is None:
+        prepared = prepare_run(settings, membership)
+    elif membership is not None and not np.array_equal(
+        np.asarray(membership, dtype=bool), prepared.setup.membership
+    ):
+        raise ValueError("membership differs from the membership the run was prepared with")
+    setup = prepared.setup
+    model, scores = copy.deepcopy((prepared.model, prepared.scores))
     outcome = train_audited(
         model,
         setup.train_set,
-        test,
+        prepared.test,
         settings.dp,
-        sample_rate,
+        prepared.sample_rate,
         setup.canaries,
         scores,
         params=setup.param_names,
         seed=run_seed,
         progress=settings.progress,
+        coordinates=setup.coordinates,
     )
     return {
         "scores": {k: v.tolist() for k, v in outcome.scores.items()},

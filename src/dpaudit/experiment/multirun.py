@@ -42,19 +42,28 @@ def run_path(out: Path, r: int) -> Path:
     return out / RUNS_DIR / f"run_{r:05d}.json"
 
 
-def run_one(settings: AuditSettings, out: Path, r: int) -> Path:
-    """Train run r and write its record (skips the work if the record already exists)."""
-    from dpaudit.experiment.audit import audit_run
+def run_one(settings: AuditSettings, out: Path, r: int, prepared: dict | None = None) -> Path:
+    """Train run r and write its record (skips the work if the record already exists).
+
+    ``prepared`` is a cache, membership bit -> ``PreparedRun``, shared by the runs of one
+    audit: the data, initial model, canaries and scores are set up once per bit, not once
+    per run (the records are the same either way).
+    """
+    from dpaudit.experiment.audit import audit_run, prepare_run
 
     path = run_path(out, r)
     if path.exists():
         return path
     bit = run_bit(settings, r)
     membership = np.full(settings.canary.count, bit)
+    cache = {} if prepared is None else prepared
+    if bit not in cache:
+        cache[bit] = prepare_run(settings, membership)
     record = audit_run(
         settings,
         run_seed=int(np.random.SeedSequence([settings.seed, r]).generate_state(1)[0]),
         membership=membership,
+        prepared=cache[bit],
     )
     record.pop("candidate_scores", None)
     record.update(run=r, bit=int(bit), fingerprint=fingerprint(settings))
@@ -64,8 +73,9 @@ def run_one(settings: AuditSettings, out: Path, r: int) -> Path:
 def run_multi(settings: AuditSettings, out: Path) -> dict:
     """Run the missing runs of ``settings.audit.runs``, then aggregate everything on disk."""
     todo = [r for r in range(settings.audit.runs) if not run_path(out, r).exists()]
+    prepared: dict = {}
     for r in tqdm(todo, desc="audit runs", disable=not settings.progress):
-        run_one(settings, out, r)
+        run_one(settings, out, r, prepared)
     return aggregate(out, settings)
 
 

@@ -1,0 +1,114 @@
+"""The audit catches each planted bug and passes the correct optimizer (issue 6, section 4).
+
+Each test runs the same small audit twice, with the bug and with ``dp.bug="none"``, and needs
+the buggy optimizer's best 95% lower bound above the accountant and the correct one's below.
+Miniatures of the ``bug_*`` presets (same mechanisms, fewer runs / smaller data).
+"""
+
+import pytest
+import torch
+
+from dpaudit.experiment import run_audit
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a loaded 2-core machine OpenMP
+    makes them ~7x slower; results do not depend on the thread count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def audit_both(cfg: dict, tmp_path=None) -> tuple[dict, dict]:
+    """(buggy, correct) results of the audit ``cfg``."""
+    out = {}
+    for bug in (cfg["dp"]["bug"], "none"):
+        kw = {"output_dir": tmp_path / bug} if tmp_path is not None else {}
+        out[bug] = run_audit(**{**cfg, "dp": {**cfg["dp"], "bug": bug}}, **kw)
+    return out[cfg["dp"]["bug"]], out["none"]
+
+
+def test_halved_noise_is_flagged_by_dirac_canaries_on_dead_weights():
+    # One run, 300 Dirac canaries on first-layer MLP weights of blank pixels, q = 1:
+    # exact epsilon 4.38 (mu = 1). Observed: bug 6.16, correct 2.24 (mixture_lr, gaussian fit).
+    cfg = {
+        "model": {"name": "mlp", "width": 100},
+        "dp": {"noise_multiplier": 10.0, "steps": 100, "bug": "halved_noise"},
+        "canary": {"kind": "gradient", "count": 300, "view": "auto"},
+        "attack": {"scores": ["scalar", "mixture_lr"]},
+        "audit": {"methods": ["gdp", "gaussian", "clopper_pearson"]},
+        "progress": False,
+    }
+    bad, ok = audit_both(cfg)
+    assert bad["theory"]["gaussian_epsilon"] == pytest.approx(4.377, abs=0.01)
+    assert bad["verdict"]["privacy_bug"], bad["verdict"]
+    assert not ok["verdict"]["privacy_bug"], ok["verdict"]
+
+
+@pytest.mark.slow
+def test_unclipped_example_is_flagged_by_a_crafted_canary(tmp_path):
+    # Multi-run, one crafted canary (blank pixel set to 100, gradient norm ~137 C), 40 runs.
+    # Accountant (PRV, q = 1/8, T = 24, sigma = 4): 0.61. Observed: bug 3.70 (gdp), correct 0.
+    cfg = {
+        "data": {"name": "digits", "n_train": 256},
+        "dp": {"noise_multiplier": 4.0, "batch_size": 32, "epochs": 3.0},
+        "canary": {"kind": "input", "count": 1, "source": "crafted", "candidates": 30},
+        "attack": {"scores": ["scalar"]},
+        "audit": {"mode": "multi_run", "runs": 40, "methods": ["gdp", "clopper_pearson"]},
+        "progress": False,
+    }
+    cfg["dp"]["bug"] = "unclipped_example"
+    bad, ok = audit_both(cfg, tmp_path)
+    assert bad["canary_info"]["source"] == "crafted"
+    assert bad["verdict"]["privacy_bug"], bad["verdict"]
+    assert bad["verdict"]["best_attack"] == "scalar"
+    assert not ok["verdict"]["privacy_bug"], ok["verdict"]
+
+
+# Multi-run on 4 examples (q = 1/2), one mislabeled canary, 40 runs; the scale of the released
+# gradient reveals the realised batch size. Accountant (PRV, sigma = 50, T = 48): 0.24.
+# Observed: bug 3.10 (batch_size/gdp, AUC 1.0), correct 0 (AUC 0.48). Two tests (~15 s each).
+# The scalar product is blind to this bug and is scored alongside.
+REALISED = {
+    "data": {"name": "digits", "n_train": 4},
+    "dp": {"noise_multiplier": 50.0, "batch_size": 2, "steps": 48},
+    "canary": {"kind": "input", "count": 1, "candidates": 2, "n_references": 4},
+    "attack": {"scores": ["batch_size", "scalar"]},
+    "audit": {"mode": "multi_run", "runs": 40, "methods": ["gdp", "clopper_pearson"]},
+    "progress": False,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", ["realised_batch_size", "none"])
+def test_realised_batch_size_is_flagged_by_the_batch_size_score(tmp_path, bug):
+    res = run_audit(output_dir=tmp_path, **{**REALISED, "dp": {**REALISED["dp"], "bug": bug}})
+    assert res["theory"]["upper_bound"] == pytest.approx(0.239, abs=0.01)
+    assert res["verdict"]["privacy_bug"] == (bug != "none"), res["verdict"]
+    if bug != "none":
+        assert res["verdict"]["best_attack"] == "batch_size"
+
+
+def test_crafted_inputs_use_blank_features_and_leave_data_weights_untouched():
+    from dpaudit.canaries import crafted_inputs
+    from dpaudit.capture import per_sample_clipped_grads
+    from dpaudit.data import load_dataset
+
+    train, _, info = load_dataset("digits", seed=0)
+    x = train.tensors[0]
+    cand = crafted_inputs(x, 10, num=30, value=100.0)
+    dead = info.extra["zero_features"]  # [0, 32, 39]: blank in every training image
+    assert sorted(set(cand.source.tolist())) == dead
+    flat = cand.inputs.reshape(30, -1)
+    assert torch.equal((flat != 0).sum(1), torch.ones(30, dtype=torch.long))
+    assert torch.equal(flat.sum(1), torch.full((30,), 100.0))
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    loss = torch.nn.functional.cross_entropy
+    g = per_sample_clipped_grads(model, cand.inputs[:1], cand.targets[:1], loss, None)
+    w = g[0, :640].reshape(10, 64)  # weight gradient x_j (p - e_y): only column j is non-zero
+    j = int(cand.source[0])
+    assert w[:, j].norm() > 50.0 and w[:, [k for k in range(64) if k != j]].abs().max() == 0
+    with pytest.raises(ValueError, match="num"):
+        crafted_inputs(x, 10, num=641)
