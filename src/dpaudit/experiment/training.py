@@ -9,6 +9,7 @@ the seeded torch generator inside ``fork_rng``, so a run is reproducible from it
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from dpaudit.attacks import StepScore
 from dpaudit.capture import AuditHook
 from dpaudit.experiment.bugs import plant_bug
 from dpaudit.experiment.settings import DPSettings
+
+SAMPLINGS = ("poisson", "shuffle")
 
 
 @dataclass
@@ -91,20 +94,36 @@ def train_audited(
     seed: int = 0,
     reference: tuple | None = None,
     progress: bool = True,
+    coordinates=None,
+    sampling: str = "poisson",
 ) -> TrainingOutcome:
     """Train ``model`` with DP-SGD on ``train_set``, Poisson sampling at ``sample_rate``.
 
-    ``canaries`` / ``scores`` / ``params`` / ``reference`` go to ``AuditHook``. The model is
+    ``canaries`` / ``scores`` / ``params`` / ``reference`` / ``coordinates`` (a coordinate
+    view) go to ``AuditHook``. The model is
     trained in place on its own device for ``total_steps(dp, sample_rate)`` steps.
+    ``sampling="shuffle"`` (seed 001's Figure 3 setting; not for audits, Opacus' accountants
+    assume Poisson sampling) draws shuffled batches of ``dp.batch_size`` instead, each example
+    once per epoch, and ``sample_rate`` becomes 1 / (batches per epoch).
     """
     device = next(model.parameters()).device
+    if sampling not in SAMPLINGS:
+        raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
+    if sampling == "shuffle":
+        sample_rate = 1.0 / math.ceil(len(train_set) / dp.batch_size)
     steps = total_steps(dp, sample_rate)
     start = time.perf_counter()
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         engine = PrivacyEngine(accountant="prv")
-        loader = DPDataLoader(train_set, sample_rate=sample_rate)
+        if sampling == "shuffle":
+            shuffle_gen = torch.Generator().manual_seed(seed)
+            loader = DataLoader(
+                train_set, batch_size=dp.batch_size, shuffle=True, generator=shuffle_gen
+            )
+        else:
+            loader = DPDataLoader(train_set, sample_rate=sample_rate)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Secure RNG turned off")
             model, opt, loader = engine.make_private(
@@ -113,11 +132,19 @@ def train_audited(
                 data_loader=loader,
                 noise_multiplier=dp.noise_multiplier,
                 max_grad_norm=dp.max_grad_norm,
-                poisson_sampling=False,  # the loader above already samples (Poisson, q)
+                poisson_sampling=False,  # the loader above already samples
                 grad_sample_mode="hooks",
             )
         remove_bug = plant_bug(opt, dp.bug)
-        hook = AuditHook(opt, model, canaries, scores=scores, params=params, reference=reference)
+        hook = AuditHook(
+            opt,
+            model,
+            canaries,
+            scores=scores,
+            params=params,
+            reference=reference,
+            coordinates=coordinates,
+        )
         bmm = (
             BatchMemoryManager(
                 data_loader=loader,

@@ -1,0 +1,266 @@
+"""Seed 001 Figure 3: easy / medium / hard targets, covariance attack vs scalar product.
+
+The fixed-target game of seed 001 (Sec. 6.2) on any registered dataset and model. At theta_0,
+Algorithm 3 ranks the training candidates by their Mahalanobis score under the estimator of
+``n_references`` held-out training points (restricted to the parameters ``params``: all of
+them for the FMNIST logistic regression, the last layer for the CIFAR10 CNN) and picks
+``canaries_per_class`` easy (highest), medium and hard (lowest) targets. Each of ``runs``
+trainings draws a fresh ``subsample`` of the remaining pool (the game redraws the dataset
+around the fixed targets), includes every target independently with probability 1/2 and trains
+with ``train_audited`` (one epoch of shuffled batches, as in the paper) while the hook streams
+the covariance score of Algorithm 4 (the same (mu_0, C_0), shifted by the noise) and the scalar
+product. Per-class pooled in / out scores give AUC and TPR at low FPR, next to the Gaussian
+prediction of ``predicted_leakage`` for the epoch-summed covariance score.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+from torch.utils.data import TensorDataset
+
+from dpaudit.attacks import CovarianceScore, ScalarProduct
+from dpaudit.canaries import (
+    plot_canary_grid,
+    plot_score_distribution,
+    predicted_leakage,
+    rank_candidates,
+    select_canaries,
+)
+from dpaudit.capture import InputCanaries, resolve_parameter_names
+from dpaudit.covariance import noise_aware
+from dpaudit.data import load_dataset
+from dpaudit.experiment.audit import resolve_device
+from dpaudit.experiment.canary_setup import LOSS
+from dpaudit.experiment.settings import AuditSettings
+from dpaudit.experiment.training import SAMPLINGS, poisson_sample_rate, train_audited
+from dpaudit.models import build_model
+from dpaudit.report import format_table, plot_roc, write_json
+from dpaudit.stats import auc, tpr_at_fpr
+
+CLASSES = ("easy", "medium", "hard")
+ATTACKS = ("covariance", "scalar")
+
+
+def figure3(
+    output_dir: str | Path | None = None,
+    *,
+    data: Mapping | None = None,
+    model: Mapping | None = None,
+    dp: Mapping | None = None,
+    params: list[str] | None = None,
+    runs: int = 100,
+    canaries_per_class: int = 10,
+    n_references: int = 400,
+    candidates: int | None = None,
+    estimator: str = "ledoit_wolf",
+    subsample: float = 0.5,
+    standardise: bool = True,
+    sampling: str = "shuffle",
+    fprs: tuple[float, ...] = (0.01, 0.1),
+    seed: int = 0,
+    device: str | None = None,
+    progress: bool = True,
+) -> dict:
+    """Run the experiment; returns (and, with ``output_dir``, writes) every number as a dict.
+
+    ``data`` / ``model`` / ``dp`` are the audit's config groups (``dpaudit.experiment``
+    settings). ``candidates`` caps the ranked pool (None: every training point that is not a
+    reference, as in the paper). ``standardise`` centres each target's scores by their median
+    over runs and scales them by their median absolute deviation before pooling a class
+    (label-free: membership is balanced), so one threshold fits targets whose scores have
+    different offsets; with ``canaries_per_class=1`` it changes nothing. ``sampling`` is
+    "shuffle" (the paper's one pass over the data) or "poisson" (DP-SGD's sampler, under which
+    a member is missed by a whole epoch with probability about 1/e).
+    """
+    settings = AuditSettings.from_mappings(
+        data=dict(data or {}),
+        model=dict(model or {}),
+        dp=dict(dp or {}),
+        seed=seed,
+        device=device,
+        progress=progress,
+    )
+    _check(runs, canaries_per_class, n_references, candidates, subsample, sampling)
+    t0 = time.perf_counter()
+    dev = resolve_device(settings)
+    d, m, dps = settings.data, settings.model, settings.dp
+    train, test, info = load_dataset(
+        d.name,
+        seed=seed,
+        test_fraction=d.test_fraction,
+        n_train=d.n_train,
+        root=d.root,
+        download=d.download,
+        **d.options,
+    )
+    x_all, y_all = train.tensors
+    rng = np.random.default_rng([seed, 3])
+    perm = rng.permutation(x_all.shape[0])
+    ref_idx, rest = perm[:n_references], perm[n_references:]
+    cand_idx = rest if candidates is None else rest[:candidates]
+    k = int(canaries_per_class)
+    if 3 * k > cand_idx.size:
+        raise ValueError(
+            f"canaries_per_class={k} needs {3 * k} candidates, the pool has {cand_idx.size}"
+        )
+    model0 = build_model(m.name, info.input_shape, info.num_classes, m.width, seed=seed).to(dev)
+    names = resolve_parameter_names(model0, params)
+    ranking = rank_candidates(
+        model0,
+        (x_all[ref_idx].to(dev), y_all[ref_idx].to(dev)),
+        (x_all[cand_idx].to(dev), y_all[cand_idx].to(dev)),
+        LOSS,
+        dps.max_grad_norm,
+        method=estimator,
+        param_names=names,
+    )
+    sel = select_canaries(ranking.scores, "easy_medium_hard", k=k)
+    canary_pos = cand_idx[sel.indices]  # positions in the training split
+    canaries = InputCanaries(x_all[canary_pos].to(dev), y_all[canary_pos].to(dev), LOSS)
+    pool = np.setdiff1d(rest, canary_pos)
+    n_pool = max(1, round(float(subsample) * pool.size))
+    b = float(dps.batch_size)
+    precision = noise_aware(ranking.precision, dps.noise_multiplier, dps.max_grad_norm, b)
+    q = poisson_sample_rate(dps, n_pool)
+    membership = rng.random((int(runs), canary_pos.size)) < 0.5
+    table = {a: np.zeros(membership.shape) for a in ATTACKS}
+    accuracy, steps = [], 0
+    for r in range(int(runs)):
+        keep = np.concatenate(
+            [rng.choice(pool, size=n_pool, replace=False), canary_pos[membership[r]]]
+        )
+        outcome = train_audited(
+            copy.deepcopy(model0),
+            TensorDataset(x_all[keep], y_all[keep]),
+            test,
+            dps,
+            sample_rate=q,  # Poisson only; "shuffle" makes one pass per epoch
+            canaries=canaries,
+            scores=[CovarianceScore(precision), ScalarProduct()],
+            params=names,
+            seed=int(np.random.SeedSequence([seed, r]).generate_state(1)[0]),
+            progress=False,
+            sampling=sampling,
+        )
+        for a in ATTACKS:
+            table[a][r] = outcome.scores[a]
+        accuracy.append(outcome.test_accuracy)
+        steps = outcome.steps
+        if progress:
+            print(f"\rfigure 3: run {r + 1}/{runs}", end="", flush=True)
+    if progress:
+        print()
+    pred = predicted_leakage(
+        ranking.candidate_grads[sel.indices],
+        ranking.precision,
+        dps.noise_multiplier,
+        dps.max_grad_norm,
+        b,
+        inclusions=max(1, round(dps.epochs)),
+        total_steps=int(steps),
+    )
+    if standardise:
+        table = {a: standardise_columns(v) for a, v in table.items()}
+    labels = np.asarray(sel.labels)
+    results, split = {}, {}
+    for cls in CLASSES:
+        cols = np.flatnonzero(labels == cls)
+        entry = {
+            "mahalanobis": sel.scores[cols].tolist(),
+            "predicted_auc_covariance": float(np.mean(pred.auc_summed_score[cols])),
+        }
+        for a in ATTACKS:
+            mem = membership[:, cols]
+            s_in, s_out = table[a][:, cols][mem], table[a][:, cols][~mem]
+            split[f"{cls} / {a}"] = (s_in, s_out)
+            entry[a] = {
+                "auc": auc(s_in, s_out),
+                **{f"tpr_at_fpr_{f:g}": float(tpr_at_fpr(s_in, s_out, f)) for f in fprs},
+                "n_in": int(s_in.size),
+                "n_out": int(s_out.size),
+            }
+        results[cls] = entry
+    report = {
+        "settings": settings.to_dict(),
+        "config": {
+            "params": names,
+            "dim": int(ranking.precision.dim),
+            "runs": int(runs),
+            "canaries_per_class": k,
+            "n_references": int(n_references),
+            "candidates": int(cand_idx.size),
+            "estimator": estimator,
+            "subsample": float(subsample),
+            "standardise": bool(standardise),
+            "sampling": sampling,
+            "steps_per_run": int(steps),
+        },
+        "results": results,
+        "test_accuracy": float(np.mean(accuracy)),
+        "seconds": time.perf_counter() - t0,
+    }
+    if output_dir is not None:
+        _write(report, split, ranking, sel, x_all[cand_idx], y_all[cand_idx], Path(output_dir))
+    return report
+
+
+def standardise_columns(s: np.ndarray) -> np.ndarray:
+    """(runs, K) scores -> per-column (s - median) / MAD (MAD 0 -> scale 1)."""
+    med = np.median(s, axis=0)
+    mad = np.median(np.abs(s - med), axis=0)
+    return (s - med) / np.where(mad > 0, mad, 1.0)
+
+
+def console_table(report: dict) -> str:
+    """AUC and TPR at the first FPR per class and attack, with the Gaussian prediction."""
+    rows = []
+    for cls, e in report["results"].items():
+        row = {"target": cls, "mahalanobis": float(np.mean(e["mahalanobis"]))}
+        for a in ATTACKS:
+            tpr = next(k for k in e[a] if k.startswith("tpr_at_fpr_"))
+            row[f"auc {a}"] = e[a]["auc"]
+            row[f"{tpr.replace('tpr_at_fpr_', 'tpr@')} {a}"] = e[a][tpr]
+        row["predicted auc"] = e["predicted_auc_covariance"]
+        rows.append(row)
+    return format_table(rows)
+
+
+def _check(runs, canaries_per_class, n_references, candidates, subsample, sampling) -> None:
+    for name, v in (
+        ("runs", runs),
+        ("canaries_per_class", canaries_per_class),
+        ("n_references", n_references),
+    ):
+        if isinstance(v, bool) or int(v) != v or v < (2 if name == "runs" else 1):
+            raise ValueError(
+                f"{name} must be an integer >= {2 if name == 'runs' else 1}, got {v!r}"
+            )
+    if candidates is not None and (isinstance(candidates, bool) or int(candidates) < 3):
+        raise ValueError(f"candidates must be None or an integer >= 3, got {candidates!r}")
+    if not 0.0 < float(subsample) <= 1.0:
+        raise ValueError(f"subsample must lie in (0, 1], got {subsample!r}")
+    if sampling not in SAMPLINGS:
+        raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
+
+
+def _write(report, split, ranking, sel, cand_x, cand_y, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    s = report["settings"]
+    title = f"seed 001 Figure 3: {s['model']['name']} on {s['data']['name']}"
+    plot_roc(split, out / "figure3_roc.png", title=title)
+    plot_score_distribution(ranking.scores, sel, out / "mahalanobis_candidates.png")
+    groups = sel.by_label()
+    plot_canary_grid(
+        {c: cand_x[v] for c, v in groups.items()},
+        out / "canaries_easy_medium_hard.png",
+        targets_by_label={c: cand_y[v] for c, v in groups.items()},
+        scores_by_label={c: ranking.scores[v] for c, v in groups.items()},
+    )
+    write_json(out / "figure3.json", report)
+    print("\n" + console_table(report))
+    print(f"results: {out / 'figure3.json'}")
