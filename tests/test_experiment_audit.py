@@ -58,3 +58,18 @@ def test_bad_settings_fail_clearly(group, values, needle):
 def test_settings_reject_unknown_group():
     with pytest.raises(ValueError, match="unknown audit setting"):
         AuditSettings.from_mappings(datta={})
+
+
+def test_input_canary_audit_reports_predicted_leakage(tmp_path):
+    cfg = {
+        **TINY,
+        "dp": {"noise_multiplier": 1.0, "steps": 10, "batch_size": 64},
+        "canary": {"kind": "input", "count": 10, "source": "mislabeled", "candidates": 60},
+        "attack": {"scores": ["scalar", "covariance"]},
+    }
+    res = run_audit(output_dir=tmp_path, **cfg)
+    pred = res["canary_info"]["predicted_leakage"]
+    assert len(pred["mu_composed"]) == 10 and all(m > 0 for m in pred["mu_composed"])
+    assert 0.5 < pred["mean_auc_summed_score"] < 1.0
+    assert res["theory"]["threat_model"]["sample_rate"] == pytest.approx(res["sample_rate"])
+    assert (tmp_path / "candidates_mahalanobis.png").exists()

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from dpaudit.experiment import AuditSettings, aggregate, run_audit
+from dpaudit.experiment.collect import collect_sweep
+from dpaudit.experiment.collect import main as aggregate_main
 from dpaudit.experiment.multirun import run_bit, run_one, run_path
 
 MULTI = {
@@ -53,6 +55,24 @@ def test_resume_skips_finished_runs_and_matches_a_fresh_audit(tmp_path):
     assert pooled["membership"] == [int(b) for b in bits for _ in range(2)]
     for a, b in zip(resumed["bounds"], fresh["bounds"], strict=True):
         assert a["epsilon"] == pytest.approx(b["epsilon"], rel=1e-9, abs=1e-12)
+
+
+def test_aggregate_command_reevaluates_and_reports_missing_runs(tmp_path, capsys):
+    first = run_audit(output_dir=tmp_path, **MULTI)
+    (tmp_path / "results.json").unlink()
+    aggregate_main([str(tmp_path)])
+    again = json.loads((tmp_path / "results.json").read_text())
+    assert [b["epsilon"] for b in again["bounds"]] == pytest.approx(
+        [b["epsilon"] for b in first["bounds"]]
+    )
+    assert again["runs_missing"] == []
+    run_path(tmp_path, 4).unlink()  # a lost run is reported as missing, never invented
+    aggregate_main([str(tmp_path)])
+    again = json.loads((tmp_path / "results.json").read_text())
+    assert again["runs_missing"] == [4] and again["runs_done"] == 5
+    assert "1 of 6 runs missing" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="other settings"):
+        run_audit(output_dir=tmp_path, **{**MULTI, "dp": {**MULTI["dp"], "steps": 9}})
 
 
 def test_aggregate_refuses_runs_from_other_settings(tmp_path):
@@ -103,3 +123,11 @@ def test_submitit_local_launcher_runs_a_sweep(tmp_path):
     res = [json.loads((tmp_path / str(i) / "results.json").read_text()) for i in (0, 1)]
     mus = sorted(r["theory"]["gaussian_mu"] for r in res)
     np.testing.assert_allclose(mus, [np.sqrt(10) / 8.0, np.sqrt(10) / 2.0])
+    (tmp_path / "2" / ".hydra").mkdir(parents=True)  # a job that has not finished
+    summary = collect_sweep(tmp_path)
+    assert [r["job"] for r in summary["jobs"]] == ["0", "1"] and summary["pending"] == ["2"]
+    common = "dp.steps=10 canary.count=20 progress=False"
+    assert {r["overrides"] for r in summary["jobs"]} == {
+        f"{common} dp.noise_multiplier=2.0",
+        f"{common} dp.noise_multiplier=8.0",
+    }

@@ -19,6 +19,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from dpaudit.attacks import StepScore
+from dpaudit.canaries import predicted_leakage
+from dpaudit.capture import per_sample_clipped_grads
 from dpaudit.data import load_dataset
 from dpaudit.experiment.canary_setup import CanarySetup, setup_canaries
 from dpaudit.experiment.evaluation import (
@@ -31,7 +33,7 @@ from dpaudit.experiment.evaluation import (
 from dpaudit.experiment.report import write_report
 from dpaudit.experiment.scores import build_scores
 from dpaudit.experiment.settings import AuditSettings
-from dpaudit.experiment.training import poisson_sample_rate, train_audited
+from dpaudit.experiment.training import poisson_sample_rate, total_steps, train_audited
 from dpaudit.models import build_model
 
 
@@ -82,7 +84,41 @@ def prepare_run(settings: AuditSettings, membership: np.ndarray | None = None) -
     sample_rate = poisson_sample_rate(settings.dp, setup.n_base)
     expected_b = int(len(setup.train_set) * sample_rate)  # Opacus' expected batch size
     scores = build_scores(settings, model, setup, max(1, expected_b))
+    if setup.precision is not None:
+        setup.info["predicted_leakage"] = predict_input_leakage(
+            settings, model, setup, sample_rate, max(1, expected_b)
+        )
     return PreparedRun(model, test, setup, sample_rate, scores)
+
+
+def predict_input_leakage(settings, model, setup, sample_rate: float, batch_size: int) -> dict:
+    """Seed 001's prediction for the chosen input canaries, so reports put it next to the
+    measurement: noise-aware Mahalanobis score at theta_0 -> per-step and composed GDP mu
+    (over the expected q T inclusions), epsilon, and the AUC of the epoch-summed covariance
+    score (``dpaudit.canaries.predicted_leakage``)."""
+    dp = settings.dp
+    grads = per_sample_clipped_grads(
+        model,
+        setup.canaries.inputs,
+        setup.canaries.targets,
+        setup.canaries.loss_fn,
+        dp.max_grad_norm,
+        param_names=setup.param_names,
+    )
+    steps = total_steps(dp, sample_rate)
+    pred = predicted_leakage(
+        grads,
+        setup.precision,
+        dp.noise_multiplier,
+        dp.max_grad_norm,
+        batch_size,
+        inclusions=max(1, round(sample_rate * steps)),
+        delta=dp.delta,
+        total_steps=steps,
+    )
+    out = pred.as_dict()
+    out["mean_auc_summed_score"] = float(np.mean(pred.auc_summed_score))
+    return out
 
 
 def audit_run(

@@ -40,6 +40,7 @@ from dpaudit.capture import (
     per_sample_clipped_grads,
     resolve_parameter_names,
 )
+from dpaudit.covariance import PrecisionOperator
 from dpaudit.experiment.settings import AuditSettings
 
 LOSS = nn.functional.cross_entropy
@@ -60,6 +61,7 @@ class CanarySetup:
     candidate_scores: np.ndarray | None = None
     chosen: np.ndarray | None = None
     coordinates: np.ndarray | None = None  # the hook's coordinate view (None: full selection)
+    precision: PrecisionOperator | None = None  # Algorithm 3's reference estimator (input)
 
 
 def _tensors(ds: Dataset, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -254,4 +256,5 @@ def _input(settings, model, train_set, references, params, membership, rng, devi
         info,
         ranking.scores,
         chosen,
+        precision=ranking.precision,
     )

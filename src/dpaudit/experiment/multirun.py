@@ -21,6 +21,7 @@ from dpaudit.experiment.settings import AuditSettings
 from dpaudit.report import write_json
 
 RUNS_DIR = "runs"
+SETTINGS_FILE = "settings.json"
 
 
 def fingerprint(settings: AuditSettings) -> str:
@@ -71,7 +72,18 @@ def run_one(settings: AuditSettings, out: Path, r: int, prepared: dict | None = 
 
 
 def run_multi(settings: AuditSettings, out: Path) -> dict:
-    """Run the missing runs of ``settings.audit.runs``, then aggregate everything on disk."""
+    """Run the missing runs of ``settings.audit.runs``, then aggregate everything on disk.
+
+    The settings are saved as ``settings.json`` next to the runs (so ``dpaudit-aggregate`` can
+    re-evaluate the directory later); a directory holding other settings is refused.
+    """
+    saved = Path(out, SETTINGS_FILE)
+    if saved.exists():
+        old = AuditSettings.from_mappings(**json.loads(saved.read_text()))
+        if fingerprint(old) != fingerprint(settings):
+            raise ValueError(f"{out} holds a multi-run audit with other settings: use a fresh one")
+    else:
+        write_json(saved, settings.to_dict())
     todo = [r for r in range(settings.audit.runs) if not run_path(out, r).exists()]
     prepared: dict = {}
     for r in tqdm(todo, desc="audit runs", disable=not settings.progress):
