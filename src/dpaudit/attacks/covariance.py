@@ -36,7 +36,29 @@ def _llr(diff, pdiff, released, mean, b):
     return pdiff @ centred - (pdiff * diff).sum(1) / (2.0 * b)
 
 
-class CovarianceScore(StepScore):
+class FixedPrecisionScore(StepScore):
+    """A score with a fixed reference estimator (mu_0, P) and an optional batch size b.
+
+    ``batch_size=None`` uses the step's expected batch size. Shared by the covariance and GLiR
+    scores, which differ only in the statistic they compute from (mu_0, P).
+    """
+
+    def __init__(self, precision: PrecisionOperator, batch_size: float | None = None):
+        if not isinstance(precision, PrecisionOperator):
+            raise ValueError("precision must be a dpaudit.covariance PrecisionOperator")
+        self.precision = precision
+        self.batch_size = None if batch_size is None else check_positive(batch_size, "batch_size")
+
+    def start(self, num_canaries: int, dim: int, device: torch.device) -> None:
+        if dim != self.precision.dim:
+            raise ValueError(f"precision has d={self.precision.dim} but the canaries have d={dim}")
+
+    def step_batch_size(self, ctx: StepContext) -> float:
+        """b for this step: the fixed one, or the step's expected batch size."""
+        return check_positive(self.batch_size or ctx.expected_batch_size, "batch_size")
+
+
+class CovarianceScore(FixedPrecisionScore):
     """Algorithm 4 with a fixed estimator (mu_0, P) for the window; summed over steps.
 
     ``precision`` is any ``dpaudit.covariance`` operator built from references at theta_0
@@ -50,20 +72,13 @@ class CovarianceScore(StepScore):
     aggregate = "sum"
 
     def __init__(self, precision: PrecisionOperator, batch_size: float | None = None):
-        if not isinstance(precision, PrecisionOperator):
-            raise ValueError("precision must be a dpaudit.covariance PrecisionOperator")
-        self.precision = precision
-        self.batch_size = None if batch_size is None else check_positive(batch_size, "batch_size")
+        super().__init__(precision, batch_size)
         self._cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-
-    def start(self, num_canaries: int, dim: int, device: torch.device) -> None:
-        if dim != self.precision.dim:
-            raise ValueError(f"precision has d={self.precision.dim} but the canaries have d={dim}")
 
     def step(
         self, canary_grads: torch.Tensor, released: torch.Tensor, ctx: StepContext
     ) -> torch.Tensor:
-        b = check_positive(self.batch_size or ctx.expected_batch_size, "batch_size")
+        b = self.step_batch_size(ctx)
         mean = self.precision.mean
         c = self._cache
         if c is not None and c[0].shape == canary_grads.shape and torch.equal(c[0], canary_grads):

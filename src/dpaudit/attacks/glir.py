@@ -16,9 +16,8 @@ import torch
 from scipy.special import log_ndtr
 from scipy.stats import ncx2
 
-from dpaudit.attacks.base import StepContext, StepScore
-from dpaudit.covariance import PrecisionOperator
-from dpaudit.stats._validate import check_positive
+from dpaudit.attacks.base import StepContext
+from dpaudit.attacks.covariance import FixedPrecisionScore
 
 
 def sankaran_logcdf(x: np.ndarray, df: float, nc: np.ndarray) -> np.ndarray:
@@ -45,22 +44,16 @@ def ncx2_logcdf(x: np.ndarray, df: float, nc: np.ndarray) -> np.ndarray:
     return out
 
 
-class GLiRScore(StepScore):
+class GLiRScore(FixedPrecisionScore):
     """Per-step GLiR score -log F_{chi2_d(b K^2)}(S) with a fixed (mu_0, P), summed."""
 
     name = "glir"
     aggregate = "sum"
 
-    def __init__(self, precision: PrecisionOperator, batch_size: float | None = None):
-        if not isinstance(precision, PrecisionOperator):
-            raise ValueError("precision must be a dpaudit.covariance PrecisionOperator")
-        self.precision = precision
-        self.batch_size = None if batch_size is None else check_positive(batch_size, "batch_size")
-
     def step(
         self, canary_grads: torch.Tensor, released: torch.Tensor, ctx: StepContext
     ) -> torch.Tensor:
-        b = self.batch_size or check_positive(ctx.expected_batch_size, "expected_batch_size")
+        b = self.step_batch_size(ctx)
         op = self.precision
         s = b * op.mahalanobis(released.to(canary_grads.dtype) - canary_grads)
         k2 = op.mahalanobis(canary_grads - op.mean.to(canary_grads.dtype))

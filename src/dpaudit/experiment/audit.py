@@ -21,7 +21,6 @@ from torch.utils.data import Dataset
 from dpaudit.attacks import StepScore
 from dpaudit.canaries import predicted_leakage
 from dpaudit.capture import per_sample_clipped_grads
-from dpaudit.data import load_dataset
 from dpaudit.experiment.canary_setup import CanarySetup, setup_canaries
 from dpaudit.experiment.evaluation import (
     attack_summaries,
@@ -65,16 +64,7 @@ def prepare_run(settings: AuditSettings, membership: np.ndarray | None = None) -
     """Load the data, build the model at theta_0, set up the canaries and the attack scores."""
     seed = settings.seed
     device = resolve_device(settings)
-    d = settings.data
-    train, test, info = load_dataset(
-        d.name,
-        seed=seed,
-        test_fraction=d.test_fraction,
-        n_train=d.n_train,
-        root=d.root,
-        download=d.download,
-        **d.options,
-    )
+    train, test, info = settings.data.load(seed)
     m = settings.model
     model = build_model(m.name, info.input_shape, info.num_classes, m.width, seed=seed)
     model = model.to(device)

@@ -33,7 +33,6 @@ from dpaudit.canaries import (
 )
 from dpaudit.capture import InputCanaries, resolve_parameter_names
 from dpaudit.covariance import noise_aware
-from dpaudit.data import load_dataset
 from dpaudit.experiment.audit import resolve_device
 from dpaudit.experiment.canary_setup import LOSS
 from dpaudit.experiment.settings import AuditSettings
@@ -89,15 +88,7 @@ def figure3(
     t0 = time.perf_counter()
     dev = resolve_device(settings)
     d, m, dps = settings.data, settings.model, settings.dp
-    train, test, info = load_dataset(
-        d.name,
-        seed=seed,
-        test_fraction=d.test_fraction,
-        n_train=d.n_train,
-        root=d.root,
-        download=d.download,
-        **d.options,
-    )
+    train, test, info = d.load(seed)
     x_all, y_all = train.tensors
     rng = np.random.default_rng([seed, 3])
     perm = rng.permutation(x_all.shape[0])

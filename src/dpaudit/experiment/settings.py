@@ -55,6 +55,20 @@ class DataSettings:
     download: bool = False
     options: dict = field(default_factory=dict)  # synthetic generator options
 
+    def load(self, seed: int):
+        """``(train, test, info)`` of this data set for ``seed`` (``dpaudit.data.load_dataset``)."""
+        from dpaudit.data import load_dataset
+
+        return load_dataset(
+            self.name,
+            seed=seed,
+            test_fraction=self.test_fraction,
+            n_train=self.n_train,
+            root=self.root,
+            download=self.download,
+            **self.options,
+        )
+
     def check(self) -> None:
         from dpaudit.data import DATASETS
 
