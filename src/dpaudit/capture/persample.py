@@ -124,6 +124,18 @@ def _opacus_backend_ok(model: nn.Module) -> bool:
     )
 
 
+# Classification losses for which, with (N, C) outputs and (N,) class targets, reduction="sum"
+# is exactly the sum of the per-example losses (each a scalar): one call instead of a vmap.
+_SUMMABLE_LOSSES = frozenset({nn.functional.cross_entropy, nn.functional.nll_loss})
+
+
+def _summed_loss(loss_fn: LossFn, out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Sum over the batch of ``loss_fn`` applied to each example alone."""
+    if loss_fn in _SUMMABLE_LOSSES and out.ndim == 2 and targets.ndim == 1:
+        return loss_fn(out, targets, reduction="sum")
+    return vmap(lambda o, t: loss_fn(o.unsqueeze(0), t.unsqueeze(0)))(out, targets).sum()
+
+
 def _grads_via_opacus(model, inputs, targets, loss_fn, trainable) -> dict[str, torch.Tensor]:
     """Per-example gradients from one pass through the GradSampleModule's hooks."""
     named = dict(model._module.named_parameters())
@@ -136,8 +148,7 @@ def _grads_via_opacus(model, inputs, targets, loss_fn, trainable) -> dict[str, t
             p.grad_sample = None
         with torch.enable_grad():
             out = model(inputs)
-            per_example = vmap(lambda o, t: loss_fn(o.unsqueeze(0), t.unsqueeze(0)))(out, targets)
-            total = per_example.sum()
+            total = _summed_loss(loss_fn, out, targets)
             if model.loss_reduction == "mean":  # the hooks multiply backprops by n
                 total = total / n
             torch.autograd.backward(total, inputs=params)
