@@ -131,3 +131,21 @@ def test_submitit_local_launcher_runs_a_sweep(tmp_path):
         f"{common} dp.noise_multiplier=2.0",
         f"{common} dp.noise_multiplier=8.0",
     }
+
+
+@pytest.mark.slow
+def test_joblib_launcher_runs_jobs_in_parallel_processes(tmp_path):
+    p = cli(
+        "-m",
+        "hydra/launcher=cpu_parallel",
+        f"hydra.sweep.dir={tmp_path}",
+        "dp.steps=5",
+        "canary.count=20",
+        "progress=false",
+        "dp.noise_multiplier=2.0,8.0",
+    )
+    _, err = p.communicate(timeout=420)
+    assert p.returncode == 0, err
+    summary = collect_sweep(tmp_path)
+    assert len(summary["jobs"]) == 2 and summary["pending"] == []
+    assert all(r["eps_lower"] <= r["eps_upper"] for r in summary["jobs"])
