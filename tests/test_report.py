@@ -32,3 +32,12 @@ def test_format_table_aligns_columns():
     assert lines[0].split() == ["name", "x"]
     assert lines[2].endswith(" 1.23") and lines[3].endswith("10.00")
     assert len({len(line) for line in lines}) == 1
+
+
+def test_top_level_names_resolve():
+    import dpaudit
+
+    for name in dpaudit.__all__:
+        assert getattr(dpaudit, name) is not None
+    with pytest.raises(AttributeError, match="no attribute"):
+        dpaudit.nope

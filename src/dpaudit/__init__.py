@@ -2,6 +2,37 @@
 
 Empirical lower bounds on epsilon from membership attacks on canaries, next to the upper
 bound that Opacus' accountant reports. See README.md and DESIGN.md.
+
+The most used names are available at the top level (imported on first use, so that
+``import dpaudit.stats`` stays free of torch):
+
+    import dpaudit
+    hook = dpaudit.AuditHook(optimizer, model, dpaudit.GradientCanaries(...))
+    dpaudit.epsilon_lower_bound(scores_in, scores_out, delta=1e-5, method="gdp")
+    dpaudit.run_audit(output_dir="out", dp={...}, canary={...})
 """
 
+from __future__ import annotations
+
+import importlib
+
 __version__ = "0.1.0"
+
+_LAZY = {
+    "AuditHook": "dpaudit.capture",
+    "GradientCanaries": "dpaudit.capture",
+    "InputCanaries": "dpaudit.capture",
+    "epsilon_lower_bound": "dpaudit.stats",
+    "roc_curve": "dpaudit.stats",
+    "accountant_epsilon": "dpaudit.accounting",
+    "run_audit": "dpaudit.experiment",
+    "AuditSettings": "dpaudit.experiment",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'dpaudit' has no attribute {name!r}")
