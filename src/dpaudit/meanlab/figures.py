@@ -96,6 +96,21 @@ def lr_histograms(
     return res
 
 
+def _lr_summary(m: float, emp: dict, deltas) -> dict:
+    """Empirical numbers next to the Gaussian LR theory for leakage score m (Thm 3.1 / 4.1)."""
+    return {
+        "empirical": emp,
+        "leakage": th.leakage(m),
+        "theory_tpr_at_fpr": {str(f): th.power(f, m) for f in FPRS},
+        "gdp": th.gdp_view(np.sqrt(m), deltas),
+    }
+
+
+def _lr_curve(label: str, emp: dict, m: float) -> dict:
+    """An empirical ROC with its theory line Phi(z_a + sqrt(m)) for the figure."""
+    return _curve(label, emp, [_theory_line("theory", lambda x: th.power(x, m))])
+
+
 def roc_targets(
     output_dir: str | Path,
     seed: int = 0,
@@ -114,18 +129,8 @@ def roc_targets(
         m = th.leakage_score(dist.mean, dist.var, z, n)
         g = fixed_target_game(dist, ExactMean(n), z, rounds, seed=rng)
         emp = _empirical(*g.split("lr"))
-        res["targets"][name] = {
-            "m_star": m,
-            "empirical": emp,
-            "leakage": th.leakage(m),
-            "theory_tpr_at_fpr": {str(f): th.power(f, m) for f in FPRS},
-            "gdp": th.gdp_view(np.sqrt(m), deltas),
-        }
-        curves.append(
-            _curve(
-                f"{name} (m*={m:.2f})", emp, [_theory_line("theory", lambda x, m=m: th.power(x, m))]
-            )
-        )
+        res["targets"][name] = {"m_star": m, **_lr_summary(m, emp, deltas)}
+        curves.append(_lr_curve(f"{name} (m*={m:.2f})", emp, m))
     roc_figure(Path(output_dir) / "roc_targets.png", [{"title": "exact mean", "curves": curves}])
     write_json(output_dir, res)
     return res
@@ -153,20 +158,8 @@ def roc_noise(
         m = th.leakage_score(dist.mean, dist.var, z, n, mech.noise_var(dist))
         g = fixed_target_game(dist, mech, z, rounds, seed=rng)
         emp = _empirical(*g.split("lr"))
-        res["gammas"][str(gamma)] = {
-            "m_tilde": m,
-            "empirical": emp,
-            "leakage": th.leakage(m),
-            "theory_tpr_at_fpr": {str(f): th.power(f, m) for f in FPRS},
-            "gdp": th.gdp_view(np.sqrt(m), deltas),
-        }
-        curves.append(
-            _curve(
-                f"gamma={gamma} (m~={m:.2f})",
-                emp,
-                [_theory_line("theory", lambda x, m=m: th.power(x, m))],
-            )
-        )
+        res["gammas"][str(gamma)] = {"m_tilde": m, **_lr_summary(m, emp, deltas)}
+        curves.append(_lr_curve(f"gamma={gamma} (m~={m:.2f})", emp, m))
     roc_figure(
         Path(output_dir) / "roc_noise.png",
         [{"title": f"noisy mean ({scaling} scaling), {target} target", "curves": curves}],
