@@ -3,9 +3,9 @@
 Each run r trains with the same data split, initial model and canaries (``settings.seed``)
 and its own sampling / noise seed; all its canaries share one bit b_r ~ Bernoulli(inclusion).
 Runs are independent jobs: each writes ``runs/run_<r>.json`` (r zero-padded) atomically,
-tagged with the fingerprint of the settings that produced it. An interrupted audit resumes by skipping the
-runs already on disk; ``aggregate`` pools whatever is there without losing or double-counting
-a run, and refuses runs made with other settings.
+tagged with the fingerprint of the settings that produced it. An interrupted audit resumes by
+skipping the runs already on disk; ``aggregate`` pools whatever is there without losing or
+double-counting a run, and refuses runs made with other settings.
 """
 
 from __future__ import annotations
