@@ -13,6 +13,7 @@ import torch
 
 from dpaudit.canaries.ranking import Selection
 from dpaudit.report.plots import pyplot as _pyplot
+from dpaudit.report.plots import save_figure
 from dpaudit.stats._validate import check_scores
 
 _COLOURS = {"easy": "tab:red", "medium": "tab:orange", "hard": "tab:blue", "top": "tab:red"}
@@ -41,10 +42,7 @@ def plot_score_distribution(
     ax.set_ylabel("candidates")
     ax.set_title(title or f"{s.size} candidates")
     fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, path)
 
 
 def _to_image(x: torch.Tensor) -> np.ndarray:
@@ -92,7 +90,4 @@ def plot_canary_grid(
             if c == 0:
                 ax.set_ylabel(lab)
     fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, path)

@@ -8,6 +8,7 @@ import numpy as np
 
 from dpaudit.report.files import write_json as report_write_json
 from dpaudit.report.plots import pyplot as _pyplot
+from dpaudit.report.plots import save_figure
 
 FPR_GRID = np.linspace(0.0, 1.0, 201)
 
@@ -18,11 +19,7 @@ def write_json(output_dir, obj: dict, name: str = "results.json") -> Path:
 
 
 def _save(fig, path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    _pyplot().close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def roc_figure(path, panels: list[dict], title: str = "") -> Path:

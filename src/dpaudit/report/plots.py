@@ -24,6 +24,15 @@ def pyplot():
     return plt
 
 
+def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
+    """Save ``fig`` to ``path`` (parent folders created) and close it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return path
+
+
 def plot_roc(
     scores: Mapping[str, tuple[np.ndarray, np.ndarray]],
     path: str | Path,
@@ -57,10 +66,7 @@ def plot_roc(
     axes[1].legend(fontsize=8, loc="lower right")
     fig.suptitle(title)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def theory_fpr() -> np.ndarray:
@@ -85,7 +91,4 @@ def plot_score_histograms(
         ax.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
