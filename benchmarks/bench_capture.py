@@ -4,9 +4,13 @@ Models: logistic regression and the small CNN (``dpaudit.models``) on digits. Au
 K in {1, 16, 64} input canaries and the scalar score; the logical batch is ~270 so that
 K = 64 <= B / 4. Printed numbers are ratios measured in one run:
 
-* time: the minimum over interleaved rounds (plain, K=1, K=16, K=64, plain, ...) of the mean
-  optimizer-step time (forward + backward + ``optimizer.step()``), audited / plain, with one
-  torch thread (the minimum is the round least disturbed by other processes);
+* time: paired per-iteration ratios audited / plain with one torch thread. All configurations
+  (plain, K=1, K=16, K=64) start from the same seed and run one iteration each per round, in
+  an order rotated every round, so round r trains every configuration on the same Poisson
+  batch and a slow spell of the machine hits all of them alike; the printed ratio is the median
+  over rounds of t_K / t_plain. "iteration" is a whole training iteration (loading the batch
+  from the DataLoader, forward, backward, ``optimizer.step()``) - the target's "training" -
+  and "compute" the same without the loading;
 * memory: each configuration runs in a fresh subprocess. On CUDA the peak is
   ``torch.cuda.max_memory_allocated`` over the training steps (after a reset); on CPU it is the
   growth of the process' peak resident set (``resource.getrusage(...).ru_maxrss``) over its
@@ -31,6 +35,7 @@ import sys
 import time
 import warnings
 
+import numpy as np
 import torch
 from opacus import PrivacyEngine
 from torch import nn
@@ -62,37 +67,69 @@ def _setup(model_name: str, k: int, device: str, seed: int = 0):
     return model, opt, loader, hook
 
 
-def _steps(model, opt, loader, device: str, n: int) -> float:
-    """Run n optimizer steps (cycling the loader); return seconds per step."""
-    done, start = 0, time.perf_counter()
-    while done < n:
-        for xb, yb in loader:
-            xb, yb = xb.to(device), yb.to(device)
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(xb), yb).backward()
-            opt.step()
-            done += 1
-            if done == n:
-                break
+def _batches(loader):
+    """An endless stream of the loader's batches (epoch after epoch)."""
+    while True:
+        yield from loader
+
+
+def _iteration(model, opt, batches, device: str) -> tuple[float, float]:
+    """One training iteration; returns (seconds with loading, seconds without loading)."""
+    start = time.perf_counter()
+    xb, yb = next(batches)
+    xb, yb = xb.to(device), yb.to(device)
+    loaded = time.perf_counter()
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(xb), yb).backward()
+    opt.step()
     if device == "cuda":
         torch.cuda.synchronize()
-    return (time.perf_counter() - start) / n
+    end = time.perf_counter()
+    return end - start, end - loaded
 
 
-def time_ratios(model_name: str, device: str, steps: int, repeats: int) -> dict:
-    """Interleave plain and audited runs; per-step time of each (the minimum over rounds, which
-    is the least disturbed by other processes), as ratios to plain."""
-    setups = {k: _setup(model_name, k, device) for k in (0, *KS)}
-    for s in setups.values():
-        _steps(*s[:3], device, 2)  # warm-up
-    times: dict[int, list[float]] = {k: [] for k in setups}
-    for _ in range(repeats):
-        for k, s in setups.items():
-            times[k].append(_steps(*s[:3], device, steps))
-    med = {k: min(v) for k, v in times.items()}
+def _steps(model, opt, loader, device: str, n: int) -> None:
+    """Run n training iterations (the memory runs)."""
+    batches = _batches(loader)
+    for _ in range(n):
+        _iteration(model, opt, batches, device)
+
+
+def time_ratios(model_name: str, device: str, rounds: int) -> dict:
+    """Paired per-iteration ratios audited / plain (module docstring).
+
+    Every configuration starts from the same seed, so in round r all of them train on the same
+    Poisson batch (same size); the configurations run one iteration each per round, in an
+    order rotated every round, so a slow spell of the machine hits all of them alike. The ratio
+    reported for K is the median over rounds of t_K(r) / t_plain(r), for the whole iteration
+    (loading + forward + backward + step) and for the compute alone (batch already loaded).
+    """
+    keys = (0, *KS)
+    setups = {k: _setup(model_name, k, device) for k in keys}
+    streams = {k: _batches(s[2]) for k, s in setups.items()}
+    for k, s in setups.items():  # warm-up, same number of batches for every configuration
+        for _ in range(3):
+            _iteration(s[0], s[1], streams[k], device)
+    full: dict[int, list[float]] = {k: [] for k in keys}
+    compute: dict[int, list[float]] = {k: [] for k in keys}
+    for r in range(rounds):
+        for k in keys[r % len(keys) :] + keys[: r % len(keys)]:
+            t_full, t_compute = _iteration(setups[k][0], setups[k][1], streams[k], device)
+            full[k].append(t_full)
+            compute[k].append(t_compute)
+
+    def ratio(times, k):
+        return float(np.median(np.array(times[k]) / np.array(times[0])))
+
     d = sum(p.numel() for p in setups[0][0].parameters())
-    b = setups[0][1].expected_batch_size
-    return {"d": d, "B": b, "plain_ms": med[0] * 1e3, **{k: med[k] / med[0] for k in KS}}
+    return {
+        "d": d,
+        "B": setups[0][1].expected_batch_size,
+        "plain_ms": float(np.median(full[0])) * 1e3,
+        "plain_compute_ms": float(np.median(compute[0])) * 1e3,
+        "iteration": {k: ratio(full, k) for k in KS},
+        "compute": {k: ratio(compute, k) for k in KS},
+    }
 
 
 def _rss_bytes() -> int:
@@ -168,27 +205,28 @@ def main() -> None:
         memory_child(name, int(k), int(steps), dev)
         return
     torch.set_num_threads(1)
-    plan = {"logreg": (10, 15, 10, 40), "cnn": (2, 8, 4, 16)}  # steps, rounds, T1, T2
+    plan = {"logreg": (600, 10, 40), "cnn": (150, 4, 16)}  # rounds, T1, T2 (memory)
     if args.quick:
-        plan = {"logreg": (5, 3, 3, 9), "cnn": (2, 2, 2, 6)}
+        plan = {"logreg": (30, 3, 9), "cnn": (6, 2, 6)}
     print(f"device: {device}; threads: {torch.get_num_threads()}")
-    for name, (steps, repeats, t_short, t_long) in plan.items():
-        r = time_ratios(name, device, steps, repeats)
+    for name, (rounds, t_short, t_long) in plan.items():
+        r = time_ratios(name, device, rounds)
         print(
-            f"\n{name}: d = {r['d']}, expected batch B = {r['B']}, plain step "
-            f"{r['plain_ms']:.1f} ms (best of {repeats} rounds x {steps} steps)"
+            f"\n{name}: d = {r['d']}, expected batch B = {r['B']}, plain iteration "
+            f"{r['plain_ms']:.1f} ms of which compute {r['plain_compute_ms']:.1f} ms "
+            f"(medians over {rounds} rounds)"
         )
         print(
-            f"  K   K/B    time    peak extra MB T={t_short}/T={t_long} (plain)   "
-            f"hook-held MB T={t_short}/T={t_long}   K d MB"
+            f"  K   K/B    time: iteration (compute)   peak extra MB T={t_short}/T={t_long} "
+            f"(plain)   hook-held MB T={t_short}/T={t_long}   K d MB"
         )
         plain = memory(name, 0, t_short, device)[0], memory(name, 0, t_long, device)[0]
         for k in KS:
             (p1, h1), (p2, h2) = memory(name, k, t_short, device), memory(name, k, t_long, device)
             print(
-                f"  {k:<3d} {k / r['B']:.3f}  {r[k]:5.2f}x  {p1:7.2f} / {p2:7.2f} "
-                f"({plain[0]:.2f} / {plain[1]:.2f})     {h1:8.4f} / {h2:8.4f}       "
-                f"{k * r['d'] * 4 / 2**20:.3f}"
+                f"  {k:<3d} {k / r['B']:.3f}  {r['iteration'][k]:5.2f}x ({r['compute'][k]:5.2f}x)"
+                f"            {p1:7.2f} / {p2:7.2f} ({plain[0]:.2f} / {plain[1]:.2f})     "
+                f"{h1:8.4f} / {h2:8.4f}       {k * r['d'] * 4 / 2**20:.3f}"
             )
 
 

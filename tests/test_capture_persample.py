@@ -92,16 +92,35 @@ def test_empty_inputs_and_bad_backend():
 
 
 def test_summed_loss_fast_path_equals_per_example_vmap():
-    from dpaudit.capture.persample import _summed_loss
+    from dpaudit.capture.persample import summed_loss
 
     torch.manual_seed(0)
     out, y = torch.randn(7, 4), torch.randint(0, 4, (7,))
-    fast = _summed_loss(torch.nn.functional.cross_entropy, out, y)
+    fast = summed_loss(torch.nn.functional.cross_entropy, out, y)
 
     def ce(o, t):  # not in the fast-path set: goes through vmap
         return torch.nn.functional.cross_entropy(o, t)
 
-    slow = _summed_loss(ce, out, y)
+    slow = summed_loss(ce, out, y)
     torch.testing.assert_close(fast, slow)
     by_hand = sum(torch.nn.functional.cross_entropy(out[i : i + 1], y[i : i + 1]) for i in range(7))
     torch.testing.assert_close(fast, by_hand)
+
+
+@pytest.mark.parametrize("loss", ["cross_entropy", "nll_loss", "custom"])
+def test_summed_loss_output_grad_equals_autograd(loss):
+    """Closed forms (cross-entropy, NLL) and the autograd fallback agree with autograd."""
+    from dpaudit.capture.persample import summed_loss, summed_loss_output_grad
+
+    torch.manual_seed(1)
+    out, y = torch.randn(9, 5, dtype=torch.float64), torch.randint(0, 5, (9,))
+    fn = {
+        "cross_entropy": torch.nn.functional.cross_entropy,
+        "nll_loss": torch.nn.functional.nll_loss,
+        "custom": lambda o, t: ((o - torch.nn.functional.one_hot(t, 5)) ** 2).sum(),
+    }[loss]
+    leaf = out.clone().requires_grad_(True)
+    (expected,) = torch.autograd.grad(summed_loss(fn, leaf, y), leaf)
+    got = summed_loss_output_grad(fn, out, y)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    assert not got.requires_grad

@@ -105,10 +105,13 @@ def test_crafted_inputs_use_blank_features_and_leave_data_weights_untouched():
     assert torch.equal((flat != 0).sum(1), torch.ones(30, dtype=torch.long))
     assert torch.equal(flat.sum(1), torch.full((30,), 100.0))
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    torch.nn.init.zeros_(model[1].weight)  # uniform softmax: ||p - e_y|| = sqrt(0.9) exactly
+    torch.nn.init.zeros_(model[1].bias)
     loss = torch.nn.functional.cross_entropy
     g = per_sample_clipped_grads(model, cand.inputs[:1], cand.targets[:1], loss, None)
     w = g[0, :640].reshape(10, 64)  # weight gradient x_j (p - e_y): only column j is non-zero
     j = int(cand.source[0])
-    assert w[:, j].norm() > 50.0 and w[:, [k for k in range(64) if k != j]].abs().max() == 0
+    assert float(w[:, j].norm()) == pytest.approx(100.0 * 0.9**0.5, rel=1e-5)
+    assert w[:, [k for k in range(64) if k != j]].abs().max() == 0
     with pytest.raises(ValueError, match="num"):
         crafted_inputs(x, 10, num=641)

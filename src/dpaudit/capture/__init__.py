@@ -2,7 +2,9 @@
 
 ``AuditHook`` (alias ``WhiteBoxRecorder``) attaches to the ``DPOptimizer`` of an unchanged
 Opacus training loop and streams per-canary scores; ``InputCanaries`` / ``GradientCanaries``
-describe what is audited; ``Trace`` writes released gradients to disk in chunks.
+describe what is audited; ``Trace`` writes released gradients to disk in chunks. Input canaries
+are folded into the training batch's own forward/backward (``fold``) unless that is impossible
+or ``input_pass="separate"`` asks for one extra per-sample pass per step (``persample``).
 """
 
 from dpaudit.capture.canaries import GradientCanaries, InputCanaries

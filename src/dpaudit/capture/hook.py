@@ -8,9 +8,13 @@ Attached to the ``DPOptimizer`` that ``PrivacyEngine.make_private`` returns, the
   the released gradient g_t from ``p.grad`` (after noise and ``scale_grad``, before the base
   optimizer mutates anything), so g_t = (clipped sum [+ canaries] + noise) / B_exp for any base
   optimizer (SGD, momentum, Adam);
-* computes the input canaries' clipped gradients at the current parameters theta_t (the ones
-  the batch gradient was computed at) in one batched ``per_sample_clipped_grads`` call, on the
-  model's device, with Opacus' flat clip rule;
+* computes the input canaries' (and reference points') clipped gradients at the current
+  parameters theta_t (the ones the batch gradient was computed at), with Opacus' flat clip rule,
+  on the model's device: by default folded into the training batch's own forward/backward
+  (``input_pass="auto"``, ``dpaudit.capture.fold``: K more rows in a pass that runs anyway,
+  stripped before Opacus clips the batch, so training is unchanged), or in one separate batched
+  ``per_sample_clipped_grads`` call per step (``input_pass="separate"``, and the automatic
+  fallback for models or forward calls that cannot be folded);
 * streams every ``StepScore`` into per-canary accumulators (``aggregate`` ``"sum"`` or
   ``"max"``), optionally keeping the K x T per-step values, and optionally writes a ``Trace``.
 
@@ -48,11 +52,19 @@ from dpaudit.capture.canaries import (
     InputCanaries,
     as_canary_list,
 )
+from dpaudit.capture.fold import BatchFold
 from dpaudit.capture.persample import per_sample_clipped_grads, unwrap_model
 from dpaudit.capture.selection import resolve_parameter_names
 from dpaudit.capture.trace import Trace
 
 _NORM_SLACK = 1e-6  # relative float slack on the ||g*|| <= C check
+INPUT_PASSES = ("auto", "batch", "separate")
+
+
+def _all_finite(x: torch.Tensor) -> bool:
+    """Whether every entry is finite, from the row sums: a NaN or infinity makes its row's sum
+    non-finite, and one reduction is ~20x cheaper than ``isfinite`` on a (K, d) tensor."""
+    return bool(torch.isfinite(x.sum(dim=-1)).all())
 
 
 def infer_sample_rate(step_hook: object) -> float | None:
@@ -80,7 +92,11 @@ class AuditHook:
     ``sample_rate`` defaults to the one in Opacus' accountant hook. ``coordinates`` restricts
     everything recorded and scored to those indices of the flattened selection (module doc);
     gradient canaries, trace bases and scores then have ``dim = len(coordinates)`` columns,
-    ``full_dim`` is the selection's size.
+    ``full_dim`` is the selection's size. ``input_pass`` says how input canaries' and reference
+    gradients are computed: ``"auto"`` folds them into the batch's forward/backward when the
+    model is a batch-first Opacus ``GradSampleModule`` and the step's forward can be folded,
+    else a separate pass; ``"batch"`` requires folding (error otherwise); ``"separate"``
+    always uses the separate pass.
     """
 
     def __init__(
@@ -96,6 +112,7 @@ class AuditHook:
         sample_rate: float | None = None,
         check_finite: bool = True,
         coordinates: Sequence[int] | np.ndarray | torch.Tensor | None = None,
+        input_pass: str = "auto",
     ) -> None:
         if not isinstance(optimizer, DPOptimizer):
             raise ValueError(
@@ -162,6 +179,8 @@ class AuditHook:
         self.trace = trace
         self.keep_per_step = bool(keep_per_step)
         self.check_finite = bool(check_finite)
+        self.input_pass = input_pass
+        self._fold = self._make_fold()
 
         self._attached = False
         self._started = False
@@ -225,6 +244,23 @@ class AuditHook:
             raise ValueError("reference must be (inputs, targets) or (inputs, targets, loss_fn)")
         return InputCanaries(*reference)
 
+    def _make_fold(self) -> BatchFold | None:
+        if self.input_pass not in INPUT_PASSES:
+            raise ValueError(f"input_pass must be one of {INPUT_PASSES}, got {self.input_pass!r}")
+        sets = [c for c in self.canaries if isinstance(c, InputCanaries)]
+        if self.reference is not None:
+            sets.append(self.reference)
+        if self.input_pass == "separate" or not sets:
+            return None
+        if not BatchFold.possible(self.model):
+            if self.input_pass == "batch":
+                raise ValueError(
+                    "input_pass='batch' needs the batch-first Opacus GradSampleModule that "
+                    f"make_private returns as model, got {type(self.model).__name__}"
+                )
+            return None
+        return BatchFold(self.model, self.optimizer, sets, self.param_names, self.max_grad_norm)
+
     # ------------------------------------------------------------------ attach / detach
     def attach(self) -> AuditHook:
         """Chain into the optimizer's step hook and wrap its ``add_noise``; returns self."""
@@ -241,6 +277,8 @@ class AuditHook:
         opt.step_hook = self._our_step_hook
         if any(isinstance(c, GradientCanaries) for c in self.canaries):
             opt.add_noise = self._add_noise
+        if self._fold is not None:
+            self._fold.attach()
         opt._dpaudit_hook = self
         self._attached = True
         return self
@@ -260,6 +298,8 @@ class AuditHook:
             opt.add_noise = self._prev_add_noise
         else:
             opt.__dict__.pop("add_noise", None)
+        if self._fold is not None:
+            self._fold.detach()
         del opt._dpaudit_hook
         self._attached = False
         if self.trace is not None and self._started:
@@ -311,7 +351,6 @@ class AuditHook:
                 },
             )
         # gradient canaries are checked finite once, in GradientCanaries
-        self._has_input = any(isinstance(c, InputCanaries) for c in self.canaries)
         self._started = True
 
     def _draw_inclusions(self) -> np.ndarray:
@@ -369,11 +408,43 @@ class AuditHook:
         )
         return grads if self._view is None else grads.index_select(1, self._view)
 
-    def _canary_grads(self) -> torch.Tensor:
-        blocks = []
+    def _input_grads(self, t: int) -> list[torch.Tensor] | None:
+        """This step's folded rows split per input set (reference last), or None (no fold)."""
+        if self._fold is None:
+            return None
+        taken = self._fold.take()
+        if taken is None:
+            if self.input_pass == "batch":
+                raise RuntimeError(
+                    f"input_pass='batch': no training forward was folded before optimizer step "
+                    f"{t} (folding needs one grad-enabled training-mode call model(x) with one "
+                    "tensor argument shaped like the canaries)"
+                )
+            return None
+        rows, norms = taken
+        if self.check_finite and not bool(torch.isfinite(norms).all()):
+            raise ValueError(f"non-finite canary gradient at optimizer step {t}")
+        if self._view is not None:
+            rows = rows.index_select(1, self._view)
+        return list(rows.to(self._dtype).split([len(s) for s in self._fold.sets]))
+
+    def _canary_grads(self, folded: list[torch.Tensor] | None, t: int) -> torch.Tensor:
+        blocks, i = [], 0
         for c, vec in zip(self.canaries, self._grad_vectors, strict=True):
-            blocks.append(vec if vec is not None else self._per_sample(c).to(self._dtype))
+            if vec is not None:
+                blocks.append(vec)
+            elif folded is not None:
+                blocks.append(folded[i])
+                i += 1
+            else:
+                blocks.append(self._separate_pass(c, t))
         return torch.cat(blocks) if len(blocks) > 1 else blocks[0]
+
+    def _separate_pass(self, spec: InputCanaries, t: int) -> torch.Tensor:
+        grads = self._per_sample(spec).to(self._dtype)
+        if self.check_finite and not _all_finite(grads):
+            raise ValueError(f"non-finite canary gradient at optimizer step {t}")
+        return grads
 
     def _step_hook(self, opt: DPOptimizer) -> None:
         """Chained step hook: accountant first, then record this step."""
@@ -396,19 +467,18 @@ class AuditHook:
         self._inclusions.append(self._pending_inclusion)
         self._pending_inclusion = None
         released = self._released()
-        canary_grads = self._canary_grads()
+        folded = self._input_grads(t)
+        canary_grads = self._canary_grads(folded, t)
         if self.check_finite:
-            if not bool(torch.isfinite(released).all()):
+            if not _all_finite(released):  # canary gradients: checked where computed
                 raise ValueError(f"non-finite released gradient at optimizer step {t}")
-            if self._has_input and not bool(torch.isfinite(canary_grads).all()):
-                raise ValueError(f"non-finite canary gradient at optimizer step {t}")
         if opt.loss_reduction == "mean":
             divisor = float(opt.expected_batch_size * opt.accumulated_iterations)
         else:
             divisor = 1.0
         ref = None
         if self.reference is not None:
-            ref = self._per_sample(self.reference).to(self._dtype)
+            ref = folded[-1] if folded is not None else self._separate_pass(self.reference, t)
         ctx = StepContext(
             step=t,
             noise_multiplier=float(opt.noise_multiplier),

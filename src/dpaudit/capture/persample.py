@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import nn
@@ -23,6 +24,14 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The plain module under Opacus' GradSampleModule (or the model itself)."""
     return getattr(model, "_module", model)
+
+
+_IN_PASS: ContextVar[bool] = ContextVar("dpaudit_per_sample_pass", default=False)
+
+
+def in_per_sample_pass() -> bool:
+    """True inside a ``per_sample_clipped_grads`` pass (training-time hooks stay out of it)."""
+    return _IN_PASS.get()
 
 
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
@@ -129,11 +138,33 @@ def _opacus_backend_ok(model: nn.Module) -> bool:
 _SUMMABLE_LOSSES = frozenset({nn.functional.cross_entropy, nn.functional.nll_loss})
 
 
-def _summed_loss(loss_fn: LossFn, out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def summed_loss(loss_fn: LossFn, out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Sum over the batch of ``loss_fn`` applied to each example alone."""
     if loss_fn in _SUMMABLE_LOSSES and out.ndim == 2 and targets.ndim == 1:
         return loss_fn(out, targets, reduction="sum")
     return vmap(lambda o, t: loss_fn(o.unsqueeze(0), t.unsqueeze(0)))(out, targets).sum()
+
+
+def summed_loss_output_grad(
+    loss_fn: LossFn, out: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    """Gradient of ``summed_loss`` with respect to the outputs ``out`` (same shape).
+
+    Closed forms for (N, C) outputs and (N,) class targets: cross-entropy gives
+    softmax(out) - onehot(target), NLL gives -onehot(target); any other loss goes through
+    autograd.
+    """
+    closed = out.ndim == 2 and targets.ndim == 1 and not targets.is_floating_point()
+    if closed and loss_fn in _SUMMABLE_LOSSES:
+        if loss_fn is nn.functional.cross_entropy:
+            grad = torch.softmax(out.detach(), dim=1)
+        else:
+            grad = torch.zeros_like(out, dtype=out.dtype)
+        return grad.scatter_add_(1, targets.unsqueeze(1), grad.new_full((len(grad), 1), -1.0))
+    with torch.enable_grad():
+        leaf = out.detach().requires_grad_(True)
+        (grad,) = torch.autograd.grad(summed_loss(loss_fn, leaf, targets), leaf)
+    return grad
 
 
 def _grads_via_opacus(model, inputs, targets, loss_fn, trainable) -> dict[str, torch.Tensor]:
@@ -142,13 +173,14 @@ def _grads_via_opacus(model, inputs, targets, loss_fn, trainable) -> dict[str, t
     params = [named[k] for k in trainable]
     saved = [(p.grad, getattr(p, "grad_sample", None)) for p in params]
     n = inputs.shape[0]
+    token = _IN_PASS.set(True)
     try:
         for p in params:
             p.grad = None
             p.grad_sample = None
         with torch.enable_grad():
             out = model(inputs)
-            total = _summed_loss(loss_fn, out, targets)
+            total = summed_loss(loss_fn, out, targets)
             if model.loss_reduction == "mean":  # the hooks multiply backprops by n
                 total = total / n
             torch.autograd.backward(total, inputs=params)
@@ -161,6 +193,7 @@ def _grads_via_opacus(model, inputs, targets, loss_fn, trainable) -> dict[str, t
         for p, (g, gs) in zip(params, saved, strict=True):
             p.grad = g
             p.grad_sample = gs
+        _IN_PASS.reset(token)
 
 
 def _grads_via_func(module, inputs, targets, loss_fn, trainable, chunk_size):
