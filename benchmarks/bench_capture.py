@@ -10,7 +10,9 @@ K = 64 <= B / 4. Printed numbers are ratios measured in one run:
   batch and a slow spell of the machine hits all of them alike; the printed ratio is the median
   over rounds of t_K / t_plain. "iteration" is a whole training iteration (loading the batch
   from the DataLoader, forward, backward, ``optimizer.step()``) - the target's "training" -
-  and "compute" the same without the loading;
+  and "compute" the same without the loading. A fifth configuration, plain training with the
+  64 canary examples appended to every batch as training rows, gives the floor for K = 64:
+  what computing 64 more per-sample gradients costs by itself;
 * memory: each configuration runs in a fresh subprocess. On CUDA the peak is
   ``torch.cuda.max_memory_allocated`` over the training steps (after a reset); on CPU it is the
   growth of the process' peak resident set (``resource.getrusage(...).ru_maxrss``) over its
@@ -104,9 +106,11 @@ def time_ratios(model_name: str, device: str, rounds: int) -> dict:
     reported for K is the median over rounds of t_K(r) / t_plain(r), for the whole iteration
     (loading + forward + backward + step) and for the compute alone (batch already loaded).
     """
-    keys = (0, *KS)
-    setups = {k: _setup(model_name, k, device) for k in keys}
+    keys = (0, *KS, "floor")
+    setups = {k: _setup(model_name, 0 if k == "floor" else k, device) for k in keys}
     streams = {k: _batches(s[2]) for k, s in setups.items()}
+    _, test, _ = load_dataset("digits", seed=0, test_fraction=0.1)
+    streams["floor"] = _appended(streams["floor"], *(t[: max(KS)] for t in test.tensors))
     for k, s in setups.items():  # warm-up, same number of batches for every configuration
         for _ in range(3):
             _iteration(s[0], s[1], streams[k], device)
@@ -129,7 +133,15 @@ def time_ratios(model_name: str, device: str, rounds: int) -> dict:
         "plain_compute_ms": float(np.median(compute[0])) * 1e3,
         "iteration": {k: ratio(full, k) for k in KS},
         "compute": {k: ratio(compute, k) for k in KS},
+        "floor": (ratio(full, "floor"), ratio(compute, "floor")),
     }
+
+
+def _appended(batches, x, y):
+    """The batches with the same K examples appended as training rows: plain training on B + K
+    rows, the least any method pays that computes K more per-sample gradients."""
+    for xb, yb in batches:
+        yield torch.cat([xb, x]), torch.cat([yb, y])
 
 
 def _rss_bytes() -> int:
@@ -228,6 +240,10 @@ def main() -> None:
                 f"            {p1:7.2f} / {p2:7.2f} ({plain[0]:.2f} / {plain[1]:.2f})     "
                 f"{h1:8.4f} / {h2:8.4f}       {k * r['d'] * 4 / 2**20:.3f}"
             )
+        print(
+            f"  (reference: plain training on B + {max(KS)} rows costs "
+            f"{r['floor'][0]:.2f}x ({r['floor'][1]:.2f}x))"
+        )
 
 
 if __name__ == "__main__":

@@ -186,6 +186,7 @@ class AuditHook:
         self._started = False
         self._steps = 0
         self._pending_inclusion: np.ndarray | None = None
+        self._fixed_row: np.ndarray | None = None
         self._inclusions: list[np.ndarray] = []
         self._acc: dict[str, torch.Tensor] = {}
         self._buffer: dict[str, list[torch.Tensor]] = {n: [] for n in names}
@@ -355,6 +356,8 @@ class AuditHook:
 
     def _draw_inclusions(self) -> np.ndarray:
         """One (K,) bool row of inclusions for this step (input canaries: False)."""
+        if not any(self._rngs) and self._fixed_row is not None:  # nothing random: same row
+            return self._fixed_row.copy()
         row = []
         for c, rng in zip(self.canaries, self._rngs, strict=True):
             if isinstance(c, InputCanaries):
@@ -366,7 +369,10 @@ class AuditHook:
             if bern.any():
                 inc[bern] = rng.random(int(bern.sum())) < float(c.inclusion_prob)
             row.append(inc)
-        return np.concatenate(row)
+        row = np.concatenate(row)
+        if not any(self._rngs):
+            self._fixed_row = row.copy()
+        return row
 
     def _add_noise(self) -> None:
         """Add the included gradient canaries to ``p.summed_grad``, then Opacus' noise."""
