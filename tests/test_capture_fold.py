@@ -79,6 +79,7 @@ def test_folding_leaves_training_unchanged_and_equals_separate_pass(kw):
     folded = _audited("batch", folded_rec, **dict(kw))
     separate = _audited("separate", separate_rec, **dict(kw))
     assert folded.hook.steps == separate.hook.steps == len(folded_rec.grads) > 3
+    assert folded.hook.folded_steps == folded.hook.steps and separate.hook.folded_steps == 0
     torch.testing.assert_close(
         flat_params(folded.model), flat_params(plain.model), atol=1e-5, rtol=0
     )
@@ -215,14 +216,15 @@ def _custom_loop(as_tuple: bool, input_pass: str, call, steps: int = 3) -> GradR
         max_grad_norm=1.0,
     )
     rec = GradRecorder()
-    with AuditHook(
+    rec.hook = AuditHook(
         opt,
         model,
         InputCanaries(X[:4], Y[:4]),
         scores=(rec,),
         reference=(X[:2], Y[:2]),
         input_pass=input_pass,
-    ):
+    )
+    with rec.hook:
         for i, (xb, yb) in enumerate(loader):
             if i == steps:
                 break
@@ -238,7 +240,8 @@ def test_auto_falls_back_to_separate_pass_for_unfoldable_calls():
     call = lambda m, x, opt: m(x, scale=1.0)  # noqa: E731
     auto = _custom_loop(False, "auto", call)
     separate = _custom_loop(False, "separate", call)
-    assert len(auto.grads) == 3
+    assert len(auto.grads) == 3 and auto.hook.folded_steps == 0
+    assert _custom_loop(False, "auto", lambda m, x, opt: m(x)).hook.folded_steps == 3
     for a, b in zip(auto.grads, separate.grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     with pytest.raises(RuntimeError, match="input_pass='batch': no training forward was folded"):

@@ -78,6 +78,7 @@ class BatchFold:
         named = dict(model._module.named_parameters())
         self._selected = [named[n] for n in param_names]
         self._width = sum(p.numel() for p in self._selected)
+        self._selects_all = [id(p) for p in self._selected] == [id(p) for p in optimizer.params]
         self._norms: torch.Tensor | None = None
         self.max_grad_norm = float(max_grad_norm)
         self._inputs: dict[tuple, torch.Tensor] = {}
@@ -204,18 +205,26 @@ class BatchFold:
                 gs[0] = first[:b]
             else:
                 p.grad_sample = first[:b]
-        norms = torch.stack([g.reshape(k, -1).norm(2, dim=1) for g in rows.values()], 1)
-        self._norms = norms.norm(2, dim=1)
-        factor = (self.max_grad_norm / (self._norms + 1e-6)).clamp(max=1.0).unsqueeze(1)
-        first = rows[self._selected[0]]
-        out = first.new_empty((k, self._width))
-        start = 0
-        for p in self._selected:  # clip straight into the output: one pass per parameter
-            g = rows[p].reshape(k, -1)
-            torch.mul(g, factor.to(g.dtype), out=out[:, start : start + g.shape[1]])
-            start += g.shape[1]
+        if self._selects_all:  # one flat copy, clipped in place: fewest operations
+            out = torch.cat([g.reshape(k, -1) for g in rows.values()], dim=1)
+            self._norms = out.norm(2, dim=1)
+            out.mul_(self._clip_factor(self._norms).to(out.dtype))
+        else:  # norms over all parameters, clipped straight into the selected coordinates
+            norms = torch.stack([g.reshape(k, -1).norm(2, dim=1) for g in rows.values()], 1)
+            self._norms = norms.norm(2, dim=1)
+            factor = self._clip_factor(self._norms)
+            out = rows[self._selected[0]].new_empty((k, self._width))
+            start = 0
+            for p in self._selected:
+                g = rows[p].reshape(k, -1)
+                torch.mul(g, factor.to(g.dtype), out=out[:, start : start + g.shape[1]])
+                start += g.shape[1]
         self._result = out
         self._armed = False
+
+    def _clip_factor(self, norms: torch.Tensor) -> torch.Tensor:
+        """Opacus' flat clip factor min(1, C / (norm + 1e-6)) as a (rows, 1) column."""
+        return (self.max_grad_norm / (norms + 1e-6)).clamp(max=1.0).unsqueeze(1)
 
     # ------------------------------------------------------------------ results
     def take(self) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -187,6 +187,7 @@ class AuditHook:
         self._steps = 0
         self._pending_inclusion: np.ndarray | None = None
         self._fixed_row: np.ndarray | None = None
+        self._folded_steps = 0
         self._inclusions: list[np.ndarray] = []
         self._acc: dict[str, torch.Tensor] = {}
         self._buffer: dict[str, list[torch.Tensor]] = {n: [] for n in names}
@@ -428,11 +429,14 @@ class AuditHook:
                 )
             return None
         rows, norms = taken
+        self._folded_steps += 1
         if self.check_finite and not bool(torch.isfinite(norms).all()):
             raise ValueError(f"non-finite canary gradient at optimizer step {t}")
         if self._view is not None:
             rows = rows.index_select(1, self._view)
-        return list(rows.to(self._dtype).split([len(s) for s in self._fold.sets]))
+        rows = rows if rows.dtype == self._dtype else rows.to(self._dtype)
+        sets = self._fold.sets
+        return [rows] if len(sets) == 1 else list(rows.split([len(s) for s in sets]))
 
     def _canary_grads(self, folded: list[torch.Tensor] | None, t: int) -> torch.Tensor:
         blocks, i = [], 0
@@ -531,6 +535,12 @@ class AuditHook:
     def steps(self) -> int:
         """Number of real optimizer steps recorded so far."""
         return self._steps
+
+    @property
+    def folded_steps(self) -> int:
+        """Steps whose input-canary gradients came from the batch's own pass (the rest, if any
+        input canaries or references exist, used the separate pass)."""
+        return self._folded_steps
 
     def _require_steps(self) -> None:
         if self._steps == 0:
