@@ -33,7 +33,11 @@ from opacus.optimizers import DPOptimizer
 from torch import nn
 
 from dpaudit.capture.canaries import InputCanaries
-from dpaudit.capture.persample import in_per_sample_pass, summed_loss_output_grad
+from dpaudit.capture.persample import (
+    clip_rows,
+    in_per_sample_pass,
+    summed_loss_output_grad,
+)
 
 
 class _FoldOutputs(torch.autograd.Function):
@@ -57,8 +61,7 @@ class BatchFold:
 
     ``sets`` are the InputCanaries (and reference points) whose rows are folded, in the order
     ``take()`` returns them; ``param_names`` selects the returned coordinates (names in the
-    unwrapped module). ``strict``: raise when a logical step had no foldable forward instead of
-    letting the hook fall back to a separate pass.
+    unwrapped module).
     """
 
     def __init__(
@@ -77,17 +80,14 @@ class BatchFold:
         self._shape = shapes.pop() if len(shapes) == 1 else None  # None: sets never fold
         named = dict(model._module.named_parameters())
         self._selected = [named[n] for n in param_names]
-        self._width = sum(p.numel() for p in self._selected)
-        self._selects_all = [id(p) for p in self._selected] == [id(p) for p in optimizer.params]
-        self._norms: torch.Tensor | None = None
         self.max_grad_norm = float(max_grad_norm)
         self._inputs: dict[tuple, torch.Tensor] = {}
         self._target_cache: dict[torch.device, list[torch.Tensor]] = {}
         self._handles: list = []
-        self._armed = True  # fold the next eligible forward
         self._in_call = False  # the current forward call was folded
         self._folded_b: int | None = None  # batch rows of the folded forward, until clipped
-        self._result: torch.Tensor | None = None
+        # clipped rows and norms, from clipping until take(); folding waits while they are set
+        self._result: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @staticmethod
     def possible(model: nn.Module) -> bool:
@@ -138,7 +138,7 @@ class BatchFold:
     def _pre_forward(self, module, args, kwargs):
         self._in_call = False
         if (
-            not self._armed
+            self._result is not None
             or self._folded_b is not None
             or in_per_sample_pass()
             or not torch.is_grad_enabled()
@@ -205,33 +205,14 @@ class BatchFold:
                 gs[0] = first[:b]
             else:
                 p.grad_sample = first[:b]
-        if self._selects_all:  # one flat copy, clipped in place: fewest operations
-            out = torch.cat([g.reshape(k, -1) for g in rows.values()], dim=1)
-            self._norms = out.norm(2, dim=1)
-            out.mul_(self._clip_factor(self._norms).to(out.dtype))
-        else:  # norms over all parameters, clipped straight into the selected coordinates
-            norms = torch.stack([g.reshape(k, -1).norm(2, dim=1) for g in rows.values()], 1)
-            self._norms = norms.norm(2, dim=1)
-            factor = self._clip_factor(self._norms)
-            out = rows[self._selected[0]].new_empty((k, self._width))
-            start = 0
-            for p in self._selected:
-                g = rows[p].reshape(k, -1)
-                torch.mul(g, factor.to(g.dtype), out=out[:, start : start + g.shape[1]])
-                start += g.shape[1]
-        self._result = out
-        self._armed = False
-
-    def _clip_factor(self, norms: torch.Tensor) -> torch.Tensor:
-        """Opacus' flat clip factor min(1, C / (norm + 1e-6)) as a (rows, 1) column."""
-        return (self.max_grad_norm / (norms + 1e-6)).clamp(max=1.0).unsqueeze(1)
+        self._result = clip_rows(
+            list(rows.values()), [rows[p] for p in self._selected], self.max_grad_norm
+        )
 
     # ------------------------------------------------------------------ results
     def take(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """This logical step's (rows, d_selected) clipped canary gradients and the (rows,)
         norms before clipping (over all parameters; non-finite iff a gradient entry is), or
         None if no forward was folded; re-arms folding for the next logical step."""
-        result, norms = self._result, self._norms
-        self._result = self._norms = None
-        self._armed, self._folded_b = True, None
-        return None if result is None else (result, norms)
+        result, self._result, self._folded_b = self._result, None, None
+        return result

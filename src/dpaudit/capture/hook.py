@@ -352,12 +352,14 @@ class AuditHook:
                     "coordinates": None if self.coordinates is None else self.coordinates.tolist(),
                 },
             )
+        if not any(self._rngs):
+            self._fixed_row = self._draw_inclusions()
         # gradient canaries are checked finite once, in GradientCanaries
         self._started = True
 
     def _draw_inclusions(self) -> np.ndarray:
         """One (K,) bool row of inclusions for this step (input canaries: False)."""
-        if not any(self._rngs) and self._fixed_row is not None:  # nothing random: same row
+        if self._fixed_row is not None:  # nothing random: the same row every step
             return self._fixed_row.copy()
         row = []
         for c, rng in zip(self.canaries, self._rngs, strict=True):
@@ -370,10 +372,7 @@ class AuditHook:
             if bern.any():
                 inc[bern] = rng.random(int(bern.sum())) < float(c.inclusion_prob)
             row.append(inc)
-        row = np.concatenate(row)
-        if not any(self._rngs):
-            self._fixed_row = row.copy()
-        return row
+        return np.concatenate(row)
 
     def _add_noise(self) -> None:
         """Add the included gradient canaries to ``p.summed_grad``, then Opacus' noise."""
@@ -404,7 +403,8 @@ class AuditHook:
                 p.summed_grad.add_(total[a:b].view_as(p.summed_grad).to(p.summed_grad.dtype))
         self._orig_add_noise()
 
-    def _per_sample(self, spec: InputCanaries) -> torch.Tensor:
+    def _separate_pass(self, spec: InputCanaries, t: int) -> torch.Tensor:
+        """Clipped gradients of ``spec`` at theta_t from one extra per-sample pass."""
         grads = per_sample_clipped_grads(
             self.model,
             spec.inputs,
@@ -413,7 +413,12 @@ class AuditHook:
             self.max_grad_norm,
             param_names=self.param_names,
         )
-        return grads if self._view is None else grads.index_select(1, self._view)
+        if self._view is not None:
+            grads = grads.index_select(1, self._view)
+        grads = grads.to(self._dtype)
+        if self.check_finite and not _all_finite(grads):
+            raise ValueError(f"non-finite canary gradient at optimizer step {t}")
+        return grads
 
     def _input_grads(self, t: int) -> list[torch.Tensor] | None:
         """This step's folded rows split per input set (reference last), or None (no fold)."""
@@ -449,12 +454,6 @@ class AuditHook:
             else:
                 blocks.append(self._separate_pass(c, t))
         return torch.cat(blocks) if len(blocks) > 1 else blocks[0]
-
-    def _separate_pass(self, spec: InputCanaries, t: int) -> torch.Tensor:
-        grads = self._per_sample(spec).to(self._dtype)
-        if self.check_finite and not _all_finite(grads):
-            raise ValueError(f"non-finite canary gradient at optimizer step {t}")
-        return grads
 
     def _step_hook(self, opt: DPOptimizer) -> None:
         """Chained step hook: accountant first, then record this step."""

@@ -9,6 +9,7 @@ parameters is returned.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -111,13 +112,38 @@ def per_sample_clipped_grads(
         grads = _grads_via_opacus(model, inputs, targets, loss_fn, trainable)
     else:
         grads = _grads_via_func(module, inputs, targets, loss_fn, trainable, chunk_size)
-    if max_grad_norm is not None:
-        norms = torch.stack([grads[k].reshape(n, -1).norm(2, dim=1) for k in trainable], 1)
-        factor = (max_grad_norm / (norms.norm(2, dim=1) + 1e-6)).clamp(max=1.0)
-    else:
-        factor = torch.ones(n, device=device)
-    flat = torch.cat([grads[k].reshape(n, -1) for k in selected], dim=1)
-    return flat * factor.to(flat.dtype).unsqueeze(1)
+    if max_grad_norm is None:
+        return torch.cat([grads[k].reshape(n, -1) for k in selected], dim=1)
+    clipped, _ = clip_rows(
+        [grads[k] for k in trainable], [grads[k] for k in selected], max_grad_norm
+    )
+    return clipped
+
+
+def clip_factor(norms: torch.Tensor, max_grad_norm: float) -> torch.Tensor:
+    """Opacus' per-sample clip factor min(1, C / (norm + 1e-6))."""
+    return (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+
+
+def clip_rows(
+    per_param: Sequence[torch.Tensor], selected: Sequence[torch.Tensor], max_grad_norm: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Opacus' flat clipping of per-sample gradients given per parameter as (n, *shape).
+
+    The norm of each row is taken over ``per_param`` (all parameters the optimizer clips);
+    returns the (n, d_selected) clipped rows of the ``selected`` tensors, flattened and
+    concatenated in order, and the (n,) norms before clipping.
+    """
+    n = per_param[0].shape[0]
+    norms = torch.stack([g.reshape(n, -1).norm(2, dim=1) for g in per_param], 1).norm(2, dim=1)
+    factor = clip_factor(norms, max_grad_norm).unsqueeze(1)
+    widths = [math.prod(g.shape[1:]) for g in selected]
+    out = selected[0].new_empty((n, sum(widths)))
+    start = 0
+    for g, w in zip(selected, widths, strict=True):  # clip straight into the output
+        torch.mul(g.reshape(n, w), factor.to(g.dtype), out=out[:, start : start + w])
+        start += w
+    return out, norms
 
 
 def _opacus_backend_ok(model: nn.Module) -> bool:

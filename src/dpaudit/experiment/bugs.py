@@ -23,6 +23,8 @@ import torch
 from opacus.optimizers import DPOptimizer
 from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 
+from dpaudit.capture.persample import clip_factor
+
 BUGS = ("none", "halved_noise", "unclipped_example", "realised_batch_size")
 
 
@@ -49,7 +51,7 @@ def _unclipped_example(opt: DPOptimizer) -> Callable[[], None]:
             norms = torch.stack(
                 [g.reshape(len(g), -1).norm(2, dim=-1) for g in opt.grad_samples], dim=1
             ).norm(2, dim=1)
-            factor = (opt.max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+            factor = clip_factor(norms, opt.max_grad_norm)
             factor[int(torch.argmax(norms))] = 1.0  # the bug: the largest one is not clipped
         for p in opt.params:
             _check_processed_flag(p.grad_sample)
