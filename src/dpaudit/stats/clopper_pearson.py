@@ -30,7 +30,7 @@ import numpy as np
 from scipy.special import betaincinv, ndtri
 
 from dpaudit.stats.gdp import gdp_epsilon
-from dpaudit.stats.result import EpsilonBound
+from dpaudit.stats.result import ASSUME_GDP, EpsilonBound
 from dpaudit.stats.roc import count_at_or_above
 
 SELECTIONS = ("bonferroni", "split", "naive")
@@ -190,4 +190,5 @@ def threshold_bound(
         mu_lower=mu_lower,
         valid=threshold_selection != "naive",
         details=details,
+        assumption=ASSUME_GDP if kind == "gdp" else None,
     )

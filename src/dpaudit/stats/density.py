@@ -32,7 +32,7 @@ from scipy.special import ndtri
 from dpaudit.stats._validate import check_open_unit, check_scores
 from dpaudit.stats.gdp import gdp_epsilon
 from dpaudit.stats.histogram import histograms
-from dpaudit.stats.result import EpsilonBound
+from dpaudit.stats.result import ASSUME_GDP, EpsilonBound
 
 
 def _check_distribution(x, name: str) -> np.ndarray:
@@ -157,4 +157,5 @@ def density_bound(
         n_out=int(scores_out.size),
         mu_lower=mu_lower,
         details=details,
+        assumption=ASSUME_GDP if tv_only else None,
     )

@@ -25,7 +25,7 @@ import numpy as np
 from scipy import stats as st
 
 from dpaudit.stats.gdp import gdp_epsilon
-from dpaudit.stats.result import EpsilonBound
+from dpaudit.stats.result import ASSUME_GAUSSIAN_SCORES, EpsilonBound
 
 
 class GaussianAssumptionWarning(UserWarning):
@@ -92,6 +92,7 @@ def gaussian_bound(
         n_out=n0,
         mu_lower=mu_lb,
         valid=passed,
+        assumption=ASSUME_GAUSSIAN_SCORES,
         details={
             "mu_hat": diff / np.sqrt(0.5 * (v1 + v0)),
             "mean_diff": diff,

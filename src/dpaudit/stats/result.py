@@ -8,6 +8,11 @@ from typing import Any
 from dpaudit._jsonable import to_jsonable as _jsonable
 
 
+# The models that estimates assume (the ``assumption`` of an ``EpsilonBound``).
+ASSUME_GDP = "GDP-shaped trade-off curve (epsilon of mu_lower-GDP)"
+ASSUME_GAUSSIAN_SCORES = "Gaussian equal-variance scores (mu from means and variances)"
+
+
 @dataclass(frozen=True)
 class EpsilonBound:
     """An empirical epsilon lower bound at a given delta and confidence.
@@ -15,6 +20,11 @@ class EpsilonBound:
     ``epsilon`` is 0.0 when nothing can be certified. ``threshold``, ``fpr_upper``,
     ``fnr_upper`` and ``mu_lower`` are filled by the methods that use them (None otherwise);
     ``details`` holds method-specific numbers (counts, bins, guess counts, ...).
+
+    Two kinds of evidence (DESIGN 4.5): ``assumption is None`` means the number is
+    *certified*: it holds at ``confidence`` whatever the mechanism's score distribution.
+    Otherwise ``assumption`` names the model the number is computed under (e.g. a GDP-shaped
+    trade-off curve): an *estimate*, tight when the model holds, never a bound.
     """
 
     epsilon: float
@@ -29,6 +39,17 @@ class EpsilonBound:
     mu_lower: float | None = None
     valid: bool = True
     details: dict[str, Any] = field(default_factory=dict)
+    assumption: str | None = None
+
+    @property
+    def certified(self) -> bool:
+        """True when the number holds without a distributional assumption (and is valid)."""
+        return self.assumption is None and self.valid
+
+    @property
+    def kind(self) -> str:
+        """``"certified"`` or ``"estimate"`` (see the class docstring)."""
+        return "certified" if self.assumption is None else "estimate"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON dictionary (non-finite floats become the strings "inf", "-inf", "nan")."""
@@ -45,6 +66,8 @@ class EpsilonBound:
                 "fnr_upper": self.fnr_upper,
                 "mu_lower": self.mu_lower,
                 "valid": self.valid,
+                "kind": self.kind,
+                "assumption": self.assumption,
                 "details": dict(self.details),
             }
         )
