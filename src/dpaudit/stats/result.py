@@ -7,7 +7,6 @@ from typing import Any
 
 from dpaudit._jsonable import to_jsonable as _jsonable
 
-
 # The models that estimates assume (the ``assumption`` of an ``EpsilonBound``).
 ASSUME_GDP = "GDP-shaped trade-off curve (epsilon of mu_lower-GDP)"
 ASSUME_GAUSSIAN_SCORES = "Gaussian equal-variance scores (mu from means and variances)"
