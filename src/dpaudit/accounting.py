@@ -186,9 +186,23 @@ def _discrete_prv(noise_multiplier, sample_rate, steps, eps_error, delta_error):
 
 
 def _delta_upper(dprv, eps: np.ndarray, eps_error: float, delta_error: float) -> np.ndarray:
-    with np.errstate(over="ignore", invalid="ignore"):
-        vals = [dprv.compute_delta_estimate(max(x - eps_error, 0.0)) for x in eps]
-    return np.minimum(1.0, np.asarray(vals, dtype=np.float64) + delta_error)
+    """delta_hat(eps - eps_error) + delta_error for an array of eps, vectorised.
+
+    delta_hat(e) = sum_{t_i >= e} p_i (1 - e^{e - t_i}) on the discretised privacy loss
+    (the same sum as Opacus' ``compute_delta_estimate``), from two suffix sums. The suffix
+    sums' float64 rounding (at most ~1e-16 per term) is added, so the result stays an upper
+    bound: it differs from Opacus' term-by-term sum by < 1e-9 on 5e5-point domains.
+    """
+    t = np.asarray(dprv.domain.ts, dtype=np.float64)
+    p = np.asarray(dprv.pmf, dtype=np.float64)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        tail_p = np.concatenate([np.cumsum(p[::-1])[::-1], [0.0]])
+        tail_pe = np.concatenate([np.cumsum((p * np.exp(-t))[::-1])[::-1], [0.0]])
+        e = np.maximum(np.asarray(eps, dtype=np.float64) - eps_error, 0.0)
+        i = np.searchsorted(t, e, side="left")
+        vals = tail_p[i] - np.exp(e) * tail_pe[i]
+    vals = np.nan_to_num(np.maximum(vals, 0.0), nan=1.0) + 2e-16 * t.size
+    return np.minimum(1.0, vals + delta_error)
 
 
 def subsampled_gaussian_tradeoff(
@@ -196,19 +210,24 @@ def subsampled_gaussian_tradeoff(
     noise_multiplier: float,
     sample_rate: float,
     steps: int,
-    num_eps: int = 400,
+    num_eps: int = 2000,
     delta_floor: float = 1e-10,
 ) -> np.ndarray:
     """ROC upper curve (largest TPR at each FPR) of T Poisson-subsampled Gaussian steps.
 
     The profile is evaluated on ``num_eps`` points from 0 to the epsilon where delta falls
-    to ``delta_floor``; beyond that the curve is at most delta_floor + e^eps FPR.
+    to about ``delta_floor``; beyond that the curve is at most that delta + e^eps FPR. Every
+    point is an upper bound (the PRV's error bounds are added), so the curve is one too.
+    The remove direction's profile (Opacus' PRV) also bounds the add direction for eps >= 0,
+    so both lines of ``tradeoff_from_profile`` apply.
     """
+    check_positive(noise_multiplier, "noise_multiplier")
     check_positive(steps, "steps")
     eps_error, delta_error = 0.01, delta_floor / 10
     dprv = _discrete_prv(noise_multiplier, sample_rate, steps, eps_error, delta_error)
+    floor = delta_floor + 2e-16 * np.asarray(dprv.pmf).size
     hi = 1.0
-    while _delta_upper(dprv, np.array([hi]), eps_error, delta_error)[0] > delta_floor and hi < 1e4:
+    while _delta_upper(dprv, np.array([hi]), eps_error, delta_error)[0] > floor and hi < 1e4:
         hi *= 1.5
     eps_grid = np.linspace(0.0, hi, num_eps)
     deltas = _delta_upper(dprv, eps_grid, eps_error, delta_error)
