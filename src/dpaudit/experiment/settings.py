@@ -227,6 +227,16 @@ class AuditSettings:
             part.check()
         if self.dp.bug == "realised_batch_size" and self.dp.max_physical_batch_size:
             _fail("dp", "max_physical_batch_size", "unset with bug=realised_batch_size", 1)
+        c = self.canary
+        if self.audit.mode == "multi_run" and c.count > 1:
+            if c.kind != "gradient" or c.direction != "dirac":
+                raise ValueError(
+                    f"canary.count={c.count} with audit.mode=multi_run needs canary.kind=gradient "
+                    "and canary.direction=dirac: all canaries of a run share one membership bit, "
+                    "so other canaries form a group of records and the one-record claim does not "
+                    "apply (Dirac canaries on dead coordinates do not see each other); use "
+                    "canary.count=1"
+                )
 
     def to_dict(self) -> dict:
         return asdict(self)
