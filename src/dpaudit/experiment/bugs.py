@@ -5,6 +5,8 @@ An audit is only worth something if it catches real bugs. Each bug below is patc
 accountant keeps reporting the nominal guarantee:
 
 * ``"halved_noise"``: the Gaussian noise uses sigma / 2; the accountant still sees sigma.
+* ``"scaled_noise"``: the noise uses ``factor`` x sigma (``dp.bug_factor``, e.g. 0.9 for a 10%
+  noise reduction), the accountant still sees sigma: the knob for measuring an audit's power.
 * ``"unclipped_example"``: in every batch, the example with the largest gradient norm is
   added unclipped (an off-by-one in a clipping loop). High-norm canaries (mislabeled, blank)
   are exactly the examples that trigger it.
@@ -25,15 +27,15 @@ from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processe
 
 from dpaudit.capture.persample import clip_factor
 
-BUGS = ("none", "halved_noise", "unclipped_example", "realised_batch_size")
+BUGS = ("none", "halved_noise", "scaled_noise", "unclipped_example", "realised_batch_size")
 
 
-def _halved_noise(opt: DPOptimizer) -> Callable[[], None]:
+def _scaled_noise(opt: DPOptimizer, factor: float) -> Callable[[], None]:
     original = opt.add_noise
 
     def add_noise() -> None:
         nominal = opt.noise_multiplier
-        opt.noise_multiplier = nominal / 2.0
+        opt.noise_multiplier = nominal * factor
         try:
             original()
         finally:
@@ -78,15 +80,16 @@ def _realised_batch_size(opt: DPOptimizer) -> Callable[[], None]:
 
 
 _PLANTERS = {
-    "halved_noise": _halved_noise,
+    "halved_noise": lambda opt: _scaled_noise(opt, 0.5),
     "unclipped_example": _unclipped_example,
     "realised_batch_size": _realised_batch_size,
 }
 
 
-def plant_bug(optimizer: DPOptimizer, bug: str) -> Callable[[], None]:
+def plant_bug(optimizer: DPOptimizer, bug: str, factor: float = 0.5) -> Callable[[], None]:
     """Patch ``bug`` onto ``optimizer`` (plant it before attaching an ``AuditHook``).
 
+    ``factor`` is the noise scale of ``"scaled_noise"`` (in (0, 1]; ignored by the others).
     Returns a function that restores the correct optimizer. ``bug="none"`` changes nothing.
     """
     if bug not in BUGS:
@@ -95,4 +98,8 @@ def plant_bug(optimizer: DPOptimizer, bug: str) -> Callable[[], None]:
         raise ValueError(f"optimizer must be an Opacus DPOptimizer, got {type(optimizer).__name__}")
     if bug == "none":
         return lambda: None
+    if bug == "scaled_noise":
+        if not 0.0 < float(factor) <= 1.0:
+            raise ValueError(f"factor (dp.bug_factor) must lie in (0, 1], got {factor!r}")
+        return _scaled_noise(optimizer, float(factor))
     return _PLANTERS[bug](optimizer)

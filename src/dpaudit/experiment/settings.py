@@ -103,6 +103,7 @@ class DPSettings:
     delta: float = 1e-5
     max_physical_batch_size: int | None = None  # BatchMemoryManager when set
     bug: str = "none"
+    bug_factor: float = 0.5  # bug=scaled_noise: the noise is bug_factor x sigma
 
     def check(self) -> None:
         _positive("dp", "noise_multiplier", self.noise_multiplier)
@@ -119,6 +120,8 @@ class DPSettings:
         if self.max_physical_batch_size is not None:
             _positive("dp", "max_physical_batch_size", self.max_physical_batch_size, integer=True)
         _choice("dp", "bug", self.bug, BUGS)
+        if not (isinstance(self.bug_factor, (int, float)) and 0 < self.bug_factor <= 1):
+            _fail("dp", "bug_factor", "in (0, 1]", self.bug_factor)
 
 
 @dataclass

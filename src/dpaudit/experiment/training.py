@@ -135,7 +135,7 @@ def train_audited(
                 poisson_sampling=False,  # the loader above already samples
                 grad_sample_mode="hooks",
             )
-        remove_bug = plant_bug(opt, dp.bug)
+        remove_bug = plant_bug(opt, dp.bug, dp.bug_factor)
         hook = AuditHook(
             opt,
             model,
