@@ -1,0 +1,321 @@
+"""f-DP one-run auditing (Mahloujifar, Melis & Chaudhuri, "Auditing f-Differential Privacy in
+One Run", arXiv 2410.22235, ICML 2025): an *estimate* of epsilon from m canaries in one run.
+
+Setting (as in Steinke et al.'s one-run audit, ``one_run``): each of the m canaries is included
+independently with probability 1/2. From the scores the auditor guesses "in" for some canaries
+and "out" for others and abstains on the rest: r guesses, v of them correct.
+
+Test of a trade-off curve f (the paper's Algorithm 3, "audit_rh_with_cap": guesses with
+abstention). Claim: the mechanism is f-DP and P[>= v correct] >= tau. With C the number of
+correct guesses, R_j = E[C 1{C >= j}] / m and H_j = E[(r - C) 1{C >= j}] / m:
+
+* R_v >= tau v / m, and probability mass at C = c adds c / m to R_j and (r - c) / m to H_j
+  for every j <= c, so R_j - R_{j+1} = j / (r - j) (H_j - H_{j+1});
+* f-DP ties correct guesses above level j to wrong guesses at level j (fbar = 1 - f, the ROC
+  of the optimal test): R_{j+1} <= fbar(H_j) for guesses both ways (the paper's bound), and
+  R_{j+1} <= fbar(2 H_j) / 2 when every guess says "in" (or every guess says "out"). The
+  one-sided form is our sharpening: for a fixed canary i, "guessed and right" and "guessed
+  and wrong" are then the *same* event of the output under S_i = +1 and S_i = -1, each world
+  of probability 1/2; Jensen (fbar is concave) over the other canaries and over i gives the
+  factor 2 ("out" guesses use f in the other direction: G_mu is symmetric). With guesses
+  both ways the two directions add up and the factor is lost.
+
+Starting from all the mass tau at C = v and descending j = v-1, ..., 0 with the smallest H_j
+these allow (``_refutes``) gives r_0 + h_0 <= R_0 + H_0 = r / m (by induction on j,
+R_j >= r_j and R_j - c H_j >= r_j - c h_j for c = j / (r - j)). If the recursion exceeds r / m,
+then P[>= v correct] < tau: the claim is refuted at level tau.
+
+Why an estimate: the claim tested is "the mechanism is mu-GDP" (f = G_mu); the result is the
+largest refuted mu (``mu_lower``) converted to epsilon of mu-GDP at ``delta``
+(``gdp_epsilon``). That epsilon is what a mechanism with a GDP-shaped trade-off curve and
+parameter mu_lower has; it is not implied for mechanisms whose curve has another shape.
+
+Guesses and correction: candidate guess sets are fixed fractions of m (``guess_fractions``) on
+the chosen ``sides`` ("in": top scores, "out": bottom scores, at most m/2 of them; "both":
+half of the guesses each way); exactly that many guesses, ties broken against the auditor.
+Each candidate is tested at level (1 - confidence) / G, G the number of distinct candidates
+(Bonferroni; G depends only on m and the options, never on the scores).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+from scipy.special import ndtr, ndtri
+
+from dpaudit.stats.gdp import gdp_epsilon
+from dpaudit.stats.result import EpsilonBound
+
+ASSUME_FDP_ONE_RUN = (
+    "GDP-shaped trade-off curve (f-DP one-run, Mahloujifar et al. 2024; epsilon of mu_lower-GDP)"
+)
+SIDES = ("in", "out", "both")
+DEFAULT_SIDES = ("in", "both")
+DEFAULT_GUESS_FRACTIONS = tuple(2.0**-j for j in range(17))  # 1, 1/2, ..., 2^-16
+MIN_GUESSES = 10  # fewer guesses cannot refute anything at usual levels; not a candidate
+MU_CAP = 50.0  # search limit for mu (reported as mu_lower if still refuted there)
+_POINTS = 63  # mu values tried per candidate per refinement round
+_REL_TOL = 1e-6
+
+
+def _refutes(guesses, correct, mu, one_sided, *, m: int, level: float) -> np.ndarray:
+    """Vectorised Algorithm-3 test: True where "mu-GDP" is refuted at ``level``.
+
+    All array arguments broadcast together (one entry per test). The recursion runs over the
+    levels j = v-1, ..., 0 for all entries at once; an entry leaves when its wrong-guess bound
+    stops growing (nothing changes after that) or as soon as the bounds exceed r / m.
+    """
+    arrs = np.broadcast_arrays(
+        np.asarray(guesses, dtype=np.float64),
+        np.asarray(correct, dtype=np.float64),
+        np.asarray(mu, dtype=np.float64),
+        np.where(np.asarray(one_sided, dtype=bool), 2.0, 1.0),
+    )
+    k, v, mus, lam = (a.ravel() for a in arrs)
+    r = level * v / m  # lower bound on R_j (correct guesses, weighted by C >= j)
+    h = level * (k - v) / m  # lower bound on H_j (wrong guesses)
+    # R_j <= E[C] / m <= 1 / lam (one-sided: C <= number of canaries in, or out), so a start
+    # above it is already a contradiction; R_0 + H_0 = r / m ends the recursion.
+    refuted = (v >= 1) & (lam * r >= 1.0)
+    act = np.flatnonzero((v >= 1) & ~refuted)
+    r, h, j, k, mus, lam = r[act], h[act], v[act] - 1.0, k[act], mus[act], lam[act]
+    cap = k / m
+    with np.errstate(divide="ignore", invalid="ignore"):
+        while act.size:
+            h_new = ndtr(ndtri(lam * r) - mus) / lam  # smallest H_j that R_{j+1} = r allows
+            r_new = r + j / (k - j) * (h_new - h)
+            grows = h_new > h
+            hit = grows & ((r_new + h_new > cap) | (lam * r_new >= 1.0))
+            refuted[act[hit]] = True
+            keep = grows & ~hit & (j >= 1.0)
+            if not keep.all():
+                act, k, mus, lam, cap = act[keep], k[keep], mus[keep], lam[keep], cap[keep]
+                r_new, h_new, j = r_new[keep], h_new[keep], j[keep]
+            r, h, j = r_new, h_new, j - 1.0
+    return refuted.reshape(arrs[0].shape)
+
+
+def refutes_gdp(guesses, correct, mu, *, m: int, level: float, one_sided: bool = True):
+    """True where r = ``guesses`` guesses with v = ``correct`` right refute mu-GDP at ``level``.
+
+    ``m``: number of canaries (each included independently with probability 1/2);
+    ``one_sided``: all guesses say "in" (or all say "out"), which allows the sharper bound
+    (module doc). Arrays broadcast; returns a bool array (a bool for scalar input).
+    """
+    out = _refutes(guesses, correct, mu, one_sided, m=int(m), level=float(level))
+    return bool(out) if out.ndim == 0 else out
+
+
+def largest_refuted_mu(
+    guesses, correct, one_sided, *, m: int, level: float, prune: bool = False
+) -> np.ndarray:
+    """For each candidate, the largest mu that its guesses refute at ``level`` (0 if none).
+
+    Refutation is monotone in mu (a larger mu explains more correct guesses), so a bracket
+    [lo, hi] (lo refuted, hi not) is found by doubling from 1 and then shrunk by trying 63
+    values per candidate per round, all candidates at once, to a relative width of 1e-6. The
+    lower end is returned (a refuted value), capped at ``MU_CAP``. ``prune``: stop refining a
+    candidate once its bracket lies below the best lower end (only the maximum is then exact;
+    the other values are still refuted ones).
+    """
+    k = np.atleast_1d(np.asarray(guesses, dtype=np.float64))
+    v = np.atleast_1d(np.asarray(correct, dtype=np.float64))
+    sided = np.broadcast_to(np.asarray(one_sided, dtype=bool), k.shape)
+    lo = np.zeros(k.size)
+    hi = np.ones(k.size)
+
+    def test(idx, mus):
+        return _refutes(k[idx, None], v[idx, None], mus, sided[idx, None], m=m, level=level)
+
+    alive = np.flatnonzero(test(np.arange(k.size), np.zeros((k.size, 1)))[:, 0])
+    hi[np.setdiff1d(np.arange(k.size), alive)] = 0.0  # not even mu = 0 is refuted
+    while alive.size:  # doubling
+        grow = alive[test(alive, hi[alive, None])[:, 0]]
+        lo[grow] = hi[grow]
+        hi[grow] = np.minimum(2.0 * hi[grow], MU_CAP)
+        alive = grow[lo[grow] < MU_CAP]
+    frac = np.arange(1, _POINTS + 1) / (_POINTS + 1.0)
+    fine = np.arange(k.size)
+    while True:
+        fine = fine[hi[fine] - lo[fine] > _REL_TOL * np.maximum(lo[fine], 1e-3)]
+        if prune:
+            fine = fine[hi[fine] > lo.max()]
+        if not fine.size:
+            return lo
+        grid = lo[fine, None] + (hi[fine] - lo[fine])[:, None] * frac[None, :]
+        res = test(fine, grid)
+        n_ok = np.where(res.all(axis=1), _POINTS, np.argmin(res, axis=1))  # first not refuted
+        has = n_ok > 0
+        lo[fine[has]] = grid[has, n_ok[has] - 1]
+        below = n_ok < _POINTS
+        hi[fine[below]] = grid[below, n_ok[below]]
+
+
+def _candidates(m: int, fractions: np.ndarray, sides: tuple[str, ...]):
+    """Distinct (k+, k-) guess counts with at least ``MIN_GUESSES`` guesses.
+
+    One-sided candidates guess at most m // 2 canaries (about half are members: more "in"
+    guesses than that are partly wrong by construction).
+    """
+    pairs = []
+    for side in sides:
+        for f in fractions:
+            k = round(float(f) * m)
+            if side != "both":
+                k = min(k, m // 2)
+            if k < MIN_GUESSES:
+                continue
+            pair = {"in": (k, 0), "out": (0, k), "both": (k - k // 2, k // 2)}[side]
+            if pair not in pairs:
+                pairs.append(pair)
+    return pairs
+
+
+def _worst_case_counts(s_in: np.ndarray, s_out: np.ndarray, k_plus, k_minus):
+    """Correct guesses when "in" is guessed for the k+ top and "out" for the k- bottom scores.
+
+    Exactly k+ + k- guesses. Tied scores are ordered against the auditor (an "in" canary
+    below an "out" one), so the count is the smallest any tie-breaking gives; the test is
+    monotone in the count, so it stays valid for the random tie-break it stands for. Returns
+    (correct, t_plus, t_minus): t+ the lowest score guessed "in" (+inf if none), t- the
+    highest guessed "out" (-inf if none).
+    """
+    scores = np.concatenate([s_in, s_out])
+    is_out = np.concatenate([np.zeros(s_in.size, bool), np.ones(s_out.size, bool)])
+    order = np.lexsort((is_out, scores))  # by score, "in" first among equal scores
+    ranked = scores[order]
+    ins_below = np.concatenate([[0], np.cumsum(~is_out[order])])  # "in" among the i lowest
+    m = scores.size
+    kp, km = np.asarray(k_plus, dtype=np.int64), np.asarray(k_minus, dtype=np.int64)
+    correct = (ins_below[m] - ins_below[m - kp]) + (km - ins_below[km])
+    t_plus = np.where(kp > 0, ranked[np.clip(m - kp, 0, m - 1)], np.inf)
+    t_minus = np.where(km > 0, ranked[np.clip(km - 1, 0, m - 1)], -np.inf)
+    return correct, t_plus, t_minus
+
+
+def _check_sides(sides) -> tuple[str, ...]:
+    items = (sides,) if isinstance(sides, str) else sides
+    try:
+        items = tuple(items)
+    except TypeError:
+        raise ValueError(f"sides must be a sequence of {SIDES}, got {sides!r}") from None
+    if not items or any(not isinstance(s, str) or s not in SIDES for s in items):
+        raise ValueError(f"sides must be a non-empty sequence of {SIDES}, got {sides!r}")
+    return tuple(dict.fromkeys(items))
+
+
+def _check_fractions(guess_fractions) -> np.ndarray:
+    bad = ValueError(
+        "guess_fractions must be a non-empty 1-d sequence of fractions in (0, 1], "
+        f"got {guess_fractions!r}"
+    )
+    if isinstance(guess_fractions, (str, bytes)) or isinstance(guess_fractions, numbers.Number):
+        raise bad
+    try:
+        fr = np.asarray(guess_fractions, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise bad from None
+    if fr.ndim != 1 or fr.size == 0 or not np.all(np.isfinite(fr)):
+        raise bad
+    if np.any((fr <= 0) | (fr > 1)):
+        raise bad
+    return fr
+
+
+def fdp_one_run_bound(
+    scores_in: np.ndarray,
+    scores_out: np.ndarray,
+    *,
+    delta: float,
+    confidence: float,
+    **options,
+) -> EpsilonBound:
+    """Epsilon estimate from the f-DP one-run audit, assuming a GDP-shaped trade-off curve.
+
+    ``scores_in``: scores (higher = member) of the canaries that were included,
+    ``scores_out``: of those excluded; 1-d float64 arrays, each canary included independently
+    with probability 1/2. ``delta`` in (0, 1): epsilon is that of mu_lower-GDP at this delta
+    (delta = 0 is refused: every mu > 0 has infinite epsilon there). ``confidence`` in (0, 1).
+
+    Options (anything else raises ValueError naming it):
+
+    * ``guess_fractions``: fractions of m = n_in + n_out giving the number of guesses of each
+      candidate; default ``DEFAULT_GUESS_FRACTIONS`` = 1, 1/2, 1/4, ..., 2^-16. One-sided
+      candidates are capped at m // 2 guesses; candidates with fewer than ``MIN_GUESSES`` = 10
+      guesses are dropped and duplicates merged.
+    * ``sides``: any of "in" (guess "in" for the top scores), "out" (guess "out" for the
+      bottom scores), "both" (half of the guesses each way); default ("in", "both").
+
+    Each candidate is tested at level (1 - confidence) / G, G the number of distinct
+    candidates; the best is kept. ``details``: per candidate (``candidates``) k+, k-, correct
+    guesses and a refuted mu (the largest for the chosen one; candidates that cannot win are
+    not refined), and the chosen one's side, counts and thresholds t+ / t-.
+    """
+    unknown = sorted(set(options) - {"guess_fractions", "sides"})
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {unknown} for fdp_one_run; allowed: ['guess_fractions', 'sides']"
+        )
+    fractions = _check_fractions(options.get("guess_fractions", DEFAULT_GUESS_FRACTIONS))
+    sides = _check_sides(options.get("sides", DEFAULT_SIDES))
+    delta = float(delta)
+    if not (np.isfinite(delta) and 0.0 < delta < 1.0):
+        raise ValueError(
+            f"delta must lie in (0, 1) for fdp_one_run (epsilon of mu-GDP is infinite at "
+            f"delta = 0), got {delta!r}"
+        )
+    confidence = float(confidence)
+    if not (np.isfinite(confidence) and 0.0 < confidence < 1.0):
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+
+    s_in = np.sort(np.asarray(scores_in, dtype=np.float64))
+    s_out = np.sort(np.asarray(scores_out, dtype=np.float64))
+    m = s_in.size + s_out.size
+    pairs = _candidates(m, fractions, sides)
+    details: dict = {"m": m, "n_candidates": len(pairs), "sides": list(sides)}
+    common = {
+        "method": "fdp_one_run",
+        "confidence": confidence,
+        "delta": delta,
+        "n_in": int(s_in.size),
+        "n_out": int(s_out.size),
+        "assumption": ASSUME_FDP_ONE_RUN,
+    }
+    if not pairs:
+        details["note"] = f"no candidate with at least {MIN_GUESSES} guesses (m={m})"
+        return EpsilonBound(epsilon=0.0, mu_lower=0.0, details=details, **common)
+
+    level = (1.0 - confidence) / len(pairs)
+    kp, km = np.array(pairs, dtype=np.int64).T
+    correct, t_plus, t_minus = _worst_case_counts(s_in, s_out, kp, km)
+    one_sided = (kp == 0) | (km == 0)
+    mu = largest_refuted_mu(kp + km, correct, one_sided, m=m, level=level, prune=True)
+    best = int(np.argmax(mu))
+    mu_lower = float(mu[best])
+    side = "in" if km[best] == 0 else ("out" if kp[best] == 0 else "both")
+    details.update(
+        level_per_candidate=level,
+        side=side,
+        k_plus=int(kp[best]),
+        k_minus=int(km[best]),
+        guesses=int(kp[best] + km[best]),
+        correct=int(correct[best]),
+        t_plus=float(t_plus[best]),
+        t_minus=float(t_minus[best]),
+        candidates={
+            "k_plus": kp.tolist(),
+            "k_minus": km.tolist(),
+            "correct": correct.tolist(),
+            "mu": mu.tolist(),
+        },
+    )
+    epsilon = gdp_epsilon(mu_lower, delta) if mu_lower > 0 else 0.0
+    threshold = float(t_plus[best]) if kp[best] > 0 else float(t_minus[best])
+    return EpsilonBound(
+        epsilon=float(epsilon),
+        threshold=threshold if mu_lower > 0 else None,
+        mu_lower=mu_lower,
+        details=details,
+        **common,
+    )
