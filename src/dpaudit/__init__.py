@@ -1,7 +1,7 @@
 """dpaudit: white-box auditing of DP-SGD.
 
-Empirical lower bounds on epsilon from membership attacks on canaries, next to the upper
-bound that Opacus' accountant reports. See README.md and DESIGN.md.
+Evidence about epsilon from membership attacks on canaries, next to the claim that Opacus'
+accountant makes for the same threat model. See README.md and docs/.
 
 The most used names are available at the top level (imported on first use, so that
 ``import dpaudit.stats`` stays free of torch):
@@ -10,6 +10,10 @@ The most used names are available at the top level (imported on first use, so th
     hook = dpaudit.AuditHook(optimizer, model, dpaudit.GradientCanaries(...))
     dpaudit.epsilon_lower_bound(scores_in, scores_out, delta=1e-5, method="gdp")
     dpaudit.run_audit(output_dir="out", dp={...}, canary={...})
+    dpaudit.audit_report(hook, privacy_engine=engine, output_dir="out")  # your own loop
+
+How to read a report (certified evidence vs estimates, the claim test, the verdict):
+``docs/evidence.md`` in the repository.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ _LAZY = {
     "accountant_epsilon": "dpaudit.accounting",
     "run_audit": "dpaudit.experiment",
     "AuditSettings": "dpaudit.experiment",
+    "audit_report": "dpaudit.experiment.loop_report",
+    "ThreatModel": "dpaudit.threat_model",
+    "claim_test": "dpaudit.stats.claim",
 }
 
 __all__ = ["__version__", *_LAZY]

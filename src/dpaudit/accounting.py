@@ -205,21 +205,17 @@ def _delta_upper(dprv, eps: np.ndarray, eps_error: float, delta_error: float) ->
     return np.minimum(1.0, vals + delta_error)
 
 
-def subsampled_gaussian_tradeoff(
-    alpha,
+def subsampled_gaussian_profile_grid(
     noise_multiplier: float,
     sample_rate: float,
     steps: int,
     num_eps: int = 2000,
     delta_floor: float = 1e-10,
-) -> np.ndarray:
-    """ROC upper curve (largest TPR at each FPR) of T Poisson-subsampled Gaussian steps.
+) -> tuple[np.ndarray, np.ndarray]:
+    """(eps grid, upper bounds on delta(eps)) of T Poisson-subsampled Gaussian steps.
 
-    The profile is evaluated on ``num_eps`` points from 0 to the epsilon where delta falls
-    to about ``delta_floor``; beyond that the curve is at most that delta + e^eps FPR. Every
-    point is an upper bound (the PRV's error bounds are added), so the curve is one too.
-    The remove direction's profile (Opacus' PRV) also bounds the add direction for eps >= 0,
-    so both lines of ``tradeoff_from_profile`` apply.
+    The grid runs from 0 to the epsilon where delta falls to about ``delta_floor``. Every
+    delta is an upper bound (the PRV's error bounds and the summation's rounding added).
     """
     check_positive(noise_multiplier, "noise_multiplier")
     check_positive(steps, "steps")
@@ -230,5 +226,25 @@ def subsampled_gaussian_tradeoff(
     while _delta_upper(dprv, np.array([hi]), eps_error, delta_error)[0] > floor and hi < 1e4:
         hi *= 1.5
     eps_grid = np.linspace(0.0, hi, num_eps)
-    deltas = _delta_upper(dprv, eps_grid, eps_error, delta_error)
+    return eps_grid, _delta_upper(dprv, eps_grid, eps_error, delta_error)
+
+
+def subsampled_gaussian_tradeoff(
+    alpha,
+    noise_multiplier: float,
+    sample_rate: float,
+    steps: int,
+    num_eps: int = 2000,
+    delta_floor: float = 1e-10,
+) -> np.ndarray:
+    """ROC upper curve (largest TPR at each FPR) of T Poisson-subsampled Gaussian steps.
+
+    The envelope of the profile's (eps, delta) lines (``subsampled_gaussian_profile_grid``);
+    beyond the grid the curve is at most delta_floor + e^eps FPR. Every point is an upper
+    bound, so the curve is one too. The remove direction's profile (Opacus' PRV) also bounds
+    the add direction for eps >= 0, so both lines of ``tradeoff_from_profile`` apply.
+    """
+    eps_grid, deltas = subsampled_gaussian_profile_grid(
+        noise_multiplier, sample_rate, steps, num_eps, delta_floor
+    )
     return tradeoff_from_profile(alpha, eps_grid, deltas)

@@ -21,16 +21,22 @@ which ``training_sample_rate`` keeps beside it so reports can say so.
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 
 import numpy as np
 from scipy.special import ndtr, ndtri
 
-from dpaudit.accounting import AccountantEpsilon, all_accountants, subsampled_gaussian_tradeoff
+from dpaudit.accounting import (
+    AccountantEpsilon,
+    all_accountants,
+    subsampled_gaussian_profile_grid,
+    tradeoff_from_profile,
+)
 from dpaudit.stats.gdp import gdp_epsilon
 
 CANARY_KINDS = ("gradient", "input")
 _NORM_TOLERANCE = 1e-6  # relative: a canary norm up to C (1 + 1e-6) counts as C
+_REQUIRED = ("noise_multiplier", "max_grad_norm", "sample_rate", "steps", "delta")
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,16 @@ class ThreatModel:
         """The same claim as an ROC upper curve: the largest TPR at FPR ``alpha``."""
         return 1.0 - self.tradeoff(alpha, noise_multiplier)
 
+    def clt_noise_for_mu(self, mu: float) -> float:
+        """Noise multiplier whose CLT (GDP-accountant) mu equals ``mu``, a starting guess:
+        mu = q sqrt(T (e^{1/s^2} - 1)) with s = sigma / sensitivity (exact when q = 1)."""
+        if mu <= 0:
+            return float("inf")
+        if self.every_step:
+            return float(np.sqrt(self.steps) * self.sensitivity / mu)
+        ratio = (mu / self.sample_rate) ** 2 / self.steps
+        return float(self.sensitivity / np.sqrt(np.log1p(ratio)))
+
     def with_noise(self, noise_multiplier: float) -> ThreatModel:
         """The same threat model at another noise multiplier."""
         return replace(self, noise_multiplier=float(noise_multiplier))
@@ -164,6 +180,15 @@ class ThreatModel:
             f"sigma={self.noise_multiplier:g}, C={self.max_grad_norm:g}, delta={self.delta:g}"
         )
 
+    @classmethod
+    def from_dict(cls, d: dict) -> ThreatModel:
+        """Rebuild from ``to_dict()`` output (derived keys are ignored)."""
+        names = {f.name for f in fields(cls)}
+        missing = sorted(n for n in names if n not in d and n in _REQUIRED)
+        if missing:
+            raise ValueError(f"threat model record lacks {missing}")
+        return cls(**{k: v for k, v in d.items() if k in names})
+
     def to_dict(self) -> dict:
         """Plain dictionary of the fields plus the derived numbers reports show."""
         out = asdict(self)
@@ -175,11 +200,9 @@ class ThreatModel:
 
 
 @functools.lru_cache(maxsize=64)
-def _subsampled_curve(sigma: float, q: float, steps: int):
-    """(alpha grid, trade-off values) of the PRV-based claim, memoised per (sigma, q, T)."""
-    grid = np.concatenate([[0.0], np.logspace(-12, 0, 1200)])
-    tpr = subsampled_gaussian_tradeoff(grid, sigma, q, steps)
-    return grid, np.maximum(0.0, 1.0 - tpr)
+def _subsampled_profile(sigma: float, q: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """The PRV-based privacy profile of the claim, memoised per (sigma, q, T)."""
+    return subsampled_gaussian_profile_grid(sigma, q, steps)
 
 
 def _tradeoff(sigma: float, q: float, steps: int, alpha: np.ndarray) -> np.ndarray:
@@ -189,8 +212,5 @@ def _tradeoff(sigma: float, q: float, steps: int, alpha: np.ndarray) -> np.ndarr
         mu = np.sqrt(steps) / sigma
         with np.errstate(divide="ignore"):
             return ndtr(ndtri(1.0 - alpha) - mu)
-    grid, beta = _subsampled_curve(sigma, q, steps)
-    # The curve is convex and decreasing: between grid points the chord lies above it, so
-    # take the value at the next grid point to the right (a lower bound, as a claim must be).
-    idx = np.minimum(np.searchsorted(grid, alpha, side="left"), grid.size - 1)
-    return beta[idx]
+    eps, deltas = _subsampled_profile(sigma, q, steps)
+    return np.maximum(0.0, 1.0 - tradeoff_from_profile(alpha, eps, deltas))

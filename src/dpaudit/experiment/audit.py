@@ -22,16 +22,11 @@ from dpaudit.attacks import StepScore
 from dpaudit.canaries import predicted_leakage
 from dpaudit.capture import per_sample_clipped_grads
 from dpaudit.experiment.canary_setup import CanarySetup, setup_canaries
-from dpaudit.experiment.evaluation import (
-    attack_summaries,
-    lower_bounds,
-    split_scores,
-    theory,
-    verdict,
-)
+from dpaudit.experiment.evaluation import evaluate_audit
 from dpaudit.experiment.report import write_report
 from dpaudit.experiment.scores import build_scores
 from dpaudit.experiment.settings import AuditSettings
+from dpaudit.experiment.threat import threat_model_for
 from dpaudit.experiment.training import poisson_sample_rate, total_steps, train_audited
 from dpaudit.models import build_model
 
@@ -164,21 +159,25 @@ def audit_run(
 
 
 def evaluate(settings: AuditSettings, run: dict, extra: dict | None = None) -> dict:
-    """Bounds, theory and verdict for pooled scores (one run, or runs aggregated)."""
-    a = settings.audit
-    split = split_scores({k: np.asarray(v) for k, v in run["scores"].items()}, run["membership"])
-    th = theory(settings, run["steps"], run["sample_rate"], run.get("canary_norm"))
-    bounds = lower_bounds(split, a.methods, settings.dp.delta, a.confidence)
+    """Evidence, theory and verdict for pooled scores (one run, or runs aggregated)."""
+    threat = threat_model_for(
+        settings, run["sample_rate"], run["steps"], run.get("canary_norm")
+    )
+    evidence = evaluate_audit(
+        settings,
+        run["scores"],
+        run["membership"],
+        threat,
+        canary_info=run.get("canary_info"),
+        engine_accountants=run.get("engine_accountants"),
+    )
     result = {
         "settings": settings.to_dict(),
-        "mode": a.mode,
+        "mode": settings.audit.mode,
         "steps": run["steps"],
         "sample_rate": run["sample_rate"],
         "test_accuracy": run.get("test_accuracy"),
-        "attacks": attack_summaries(split),
-        "bounds": bounds,
-        "theory": th,
-        "verdict": verdict(bounds, th, a.confidence),
+        **evidence,
         "canary_info": run.get("canary_info"),
         "engine_accountants": run.get("engine_accountants"),
     }

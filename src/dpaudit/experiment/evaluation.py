@@ -1,77 +1,44 @@
-"""From per-canary scores to the audit's verdict (DESIGN 3, steps 5-6).
+"""From per-canary scores to evidence and a verdict (DESIGN 3 steps 5-6, DESIGN 4.5).
 
-Every (attack, method) pair gives an epsilon lower bound. The audit reports the largest valid
-one, so the bounds are made *simultaneously* valid: each is computed at confidence
-1 - (1 - confidence) / M for M pairs (Bonferroni), and the maximum is then a lower bound at
-the stated confidence. The theoretical side follows the threat model: canaries inserted like
-a real example are compared with the accountant at the sample rate q (or q_c); gradient
-canaries inserted at every step with the q = 1 composition, where the exact answer is the
-Gaussian mechanism with mu = sqrt(T) ||g*|| / (sigma C).
+Two kinds of evidence, never mixed up:
+
+* **certified** (valid whatever the scores' distribution, at the stated confidence): the
+  claim test of the threat model's trade-off curve, the statement "not mu-GDP for any
+  mu < mu_lower", the effective-noise bound sigma_upper, and the certified epsilon bounds
+  (Clopper-Pearson, one-run, density);
+* **estimates** under a named model (gdp, gaussian, density_tv, fdp_one_run, and the
+  accountant's epsilon at sigma_upper for the subsampled case).
+
+All certified statements of an audit hold *simultaneously*: the failure probability
+1 - confidence is split evenly (Bonferroni) over every (attack, method) pair and every
+attack's claim test, so the verdict's confidence is the stated one. Estimates are computed at
+the same per-test confidence so they can be compared.
+
+The threshold-based certified methods and the claim test need each canary's (score,
+membership) to be an independent draw of the one-canary experiment; when the audit's design
+does not give that (``experiment.threat.independent_canaries``), their numbers are reported
+as estimates under that assumption and only the one_run method (Steinke et al., which covers
+the dependence of canaries trained together) can certify.
+
+Verdict: ``privacy_bug`` only when certified evidence rejects the claim;
+``estimate_above_claim`` when only an estimate exceeds it; ``consistent`` otherwise.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import numpy as np
 
-from dpaudit.accounting import (
-    all_accountants,
-    gaussian_mechanism_epsilon,
-    subsampled_gaussian_tradeoff,
-)
-from dpaudit.experiment.settings import AuditSettings
-from dpaudit.report.plots import theory_fpr
-from dpaudit.stats import auc, epsilon_lower_bound, gdp_tradeoff, tpr_at_fpr
+from dpaudit.experiment.threat import INDEPENDENCE, independent_canaries
+from dpaudit.stats import auc, epsilon_lower_bound, tpr_at_fpr
+from dpaudit.stats.claim import claim_test, mu_lower_bound, noise_upper_bound
+from dpaudit.threat_model import ThreatModel
 
-
-def reference_sample_rate(settings: AuditSettings, sample_rate: float) -> float:
-    """The sample rate of the threat model the canaries realise."""
-    c = settings.canary
-    if c.kind == "gradient" and c.policy == "every_step":
-        return 1.0
-    if c.kind == "gradient" and c.inclusion_prob is not None:
-        return float(c.inclusion_prob)
-    return float(sample_rate)
-
-
-def theory(settings: AuditSettings, steps: int, sample_rate: float, canary_norm=None) -> dict:
-    """Accountants (RDP, PRV, GDP) for the threat model, the exact q = 1 answer where it
-    applies, and the upper bound an audit must not exceed (min of RDP and PRV)."""
-    dp = settings.dp
-    q = reference_sample_rate(settings, sample_rate)
-    acc = all_accountants(dp.noise_multiplier, q, steps, dp.delta)
-    out = {
-        "threat_model": {
-            "canary": settings.canary.kind,
-            "policy": settings.canary.policy if settings.canary.kind == "gradient" else "data",
-            "sample_rate": q,
-            "steps": steps,
-            "noise_multiplier": dp.noise_multiplier,
-            "delta": dp.delta,
-        },
-        "accountants": {k: v.to_dict() for k, v in acc.items()},
-        "upper_bound": min(acc["rdp"].epsilon, acc["prv"].epsilon),
-    }
-    if q == 1.0:
-        ratio = 1.0 if canary_norm is None else canary_norm / dp.max_grad_norm
-        mu = np.sqrt(steps) * ratio / dp.noise_multiplier
-        out["gaussian_mu"] = float(mu)
-        out["gaussian_epsilon"] = gaussian_mechanism_epsilon(
-            dp.noise_multiplier / ratio, steps, dp.delta
-        )
-        out["upper_bound"] = min(out["upper_bound"], out["gaussian_epsilon"])
-    return out
-
-
-def theory_curve(settings: AuditSettings, th: dict) -> np.ndarray:
-    """The mechanism's ROC upper curve on ``theory_fpr()`` for the threat model."""
-    tm = th["threat_model"]
-    if "gaussian_mu" in th:
-        return gdp_tradeoff(theory_fpr(), th["gaussian_mu"])
-    return subsampled_gaussian_tradeoff(
-        theory_fpr(), tm["noise_multiplier"], tm["sample_rate"], tm["steps"]
-    )
+SUMMARY_FPRS = (1e-3, 1e-2, 1e-1)
+DEFAULT_METHODS = ("clopper_pearson", "one_run", "gdp", "gaussian")
+STATUSES = ("privacy_bug", "estimate_above_claim", "consistent")
 
 
 def split_scores(scores: dict[str, np.ndarray], membership: np.ndarray) -> dict:
@@ -80,62 +47,301 @@ def split_scores(scores: dict[str, np.ndarray], membership: np.ndarray) -> dict:
     return {k: (np.asarray(v)[m], np.asarray(v)[~m]) for k, v in scores.items()}
 
 
+def check_split(split: dict) -> None:
+    """Every attack needs members and non-members: say so before any statistics."""
+    for name, (s_in, s_out) in split.items():
+        if len(s_in) == 0 or len(s_out) == 0:
+            raise ValueError(
+                f"attack {name!r} has {len(s_in)} member and {len(s_out)} non-member canaries: "
+                "an audit needs both (raise canary.count or audit.runs, or set audit.inclusion "
+                "away from 0 and 1)"
+            )
+
+
 def attack_summaries(split: dict) -> dict:
     """AUC and TPR at FPR 0.1% / 1% / 10% of each attack."""
     out = {}
     for name, (s_in, s_out) in split.items():
-        tprs = tpr_at_fpr(s_in, s_out, np.array([1e-3, 1e-2, 1e-1]))
-        out[name] = {
-            "auc": auc(s_in, s_out),
-            "tpr_at_fpr_0.001": float(tprs[0]),
-            "tpr_at_fpr_0.01": float(tprs[1]),
-            "tpr_at_fpr_0.1": float(tprs[2]),
-            "n_in": len(s_in),
-            "n_out": len(s_out),
+        tprs = tpr_at_fpr(s_in, s_out, np.array(SUMMARY_FPRS))
+        row = {"auc": auc(s_in, s_out)}
+        row.update({f"tpr_at_fpr_{f:g}": float(t) for f, t in zip(SUMMARY_FPRS, tprs, strict=True)})
+        row.update(n_in=len(s_in), n_out=len(s_out))
+        out[name] = row
+    return out
+
+
+def theory_summary(threat: ThreatModel, training_accountants: dict | None = None) -> dict:
+    """The claim's numbers for reports: accountants for the threat model, the exact answer
+    where known, the claimed epsilon, and what Opacus reports for the training data."""
+    acc = threat.accountants()
+    out = {
+        "threat_model": threat.to_dict(),
+        "accountant": threat.accountant_name,
+        "accountants": {k: v.to_dict() for k, v in acc.items()},
+        "claimed_epsilon": threat.claimed_epsilon(),
+        "upper_bound": threat.claimed_epsilon(),
+    }
+    if threat.every_step:
+        out["gaussian_mu"] = threat.mu()
+        out["gaussian_epsilon"] = threat.exact_epsilon()
+    if training_accountants:
+        prv = training_accountants.get("prv", {})
+        eps = prv.get("epsilon") if isinstance(prv, dict) else getattr(prv, "epsilon", None)
+        out["training_data"] = {
+            "sample_rate": threat.training_sample_rate,
+            "opacus_epsilon": eps,
+            "accountants": training_accountants,
+            "note": training_note(threat, eps),
         }
     return out
 
 
-def lower_bounds(split: dict, methods, delta: float, confidence: float) -> list[dict]:
-    """Every (attack, method) bound at the Bonferroni-corrected confidence."""
-    pairs = [(a, m) for a in split for m in methods]
-    per_pair = 1.0 - (1.0 - confidence) / max(1, len(pairs))
-    rows = []
-    for attack, method in pairs:
-        s_in, s_out = split[attack]
-        row = {"attack": attack, "method": method, "confidence": per_pair}
+def training_note(threat: ThreatModel, training_epsilon: float | None) -> str:
+    """How the audited threat model differs from Opacus' epsilon for the training data."""
+    if training_epsilon is None:
+        return ""
+    same = (
+        threat.training_sample_rate is not None
+        and abs(threat.sample_rate - threat.training_sample_rate) < 1e-12
+        and threat.sensitivity == 1.0
+    )
+    if same:
+        return (
+            f"Opacus reports epsilon {training_epsilon:.3f} for the training data; the canaries "
+            "are inserted like a training example, so that is the same claim."
+        )
+    return (
+        f"Opacus reports epsilon {training_epsilon:.3f} for the training data (sample rate "
+        f"{threat.training_sample_rate:.4g}); the canaries realise a different threat model "
+        f"({threat.describe()}), whose claimed epsilon is {threat.claimed_epsilon():.3f}: the "
+        "verdict tests that claim, not the training data's."
+    )
+
+
+def per_test_confidence(confidence: float, n_attacks: int, n_methods: int) -> float:
+    """Bonferroni: the confidence of each of the n_attacks x (n_methods + 1) statements."""
+    return 1.0 - (1.0 - confidence) / max(1, n_attacks * (n_methods + 1))
+
+
+def claim_evidence(
+    s_in, s_out, threat: ThreatModel, confidence: float, *, certified: bool = True
+) -> dict:
+    """Claim test, mu_lower and sigma_upper of one attack (certified when ``certified``)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        test = claim_test(s_in, s_out, threat.tradeoff, confidence=confidence)
+    rows = test.rows
+    mu_lb = mu_lower_bound(rows) if test.note == "" else 0.0
+    if test.note:
+        sigma_ub = float("inf")
+    elif threat.every_step:  # GDP family: rejected exactly when mu(sigma) < mu_lower
+        sigma_ub = threat.clt_noise_for_mu(mu_lb)
+    else:
+        family = functools.partial(_family_curve, threat)
+        guess = threat.clt_noise_for_mu(mu_lb)
+        start = guess if np.isfinite(guess) else threat.noise_multiplier
+        sigma_ub = noise_upper_bound(rows, family, start)
+    eps_at = None
+    if np.isfinite(sigma_ub) and sigma_ub > 0:
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                res = epsilon_lower_bound(
-                    s_in, s_out, delta=delta, confidence=per_pair, method=method
+            eps_at = threat.claimed_epsilon(sigma_ub)
+        except (ValueError, RuntimeError, OverflowError):
+            eps_at = float("inf")  # beyond what the accountant can compute
+    return {
+        "test": test.to_dict(),
+        "rejected": test.rejected,
+        "certified": certified,
+        "mu_lower": mu_lb,
+        "sigma_upper": sigma_ub,
+        "noise_multiplier": threat.noise_multiplier,
+        "epsilon_at_sigma_upper": eps_at,
+        "epsilon_at_sigma_upper_kind": "estimate (DP-SGD family: same q, T, C)",
+    }
+
+
+def _family_curve(threat: ThreatModel, sigma: float):
+    return functools.partial(threat.tradeoff, noise_multiplier=sigma)
+
+
+def bound_rows(
+    split: dict, methods, delta: float, confidence: float, *, independent: bool = True
+) -> list[dict]:
+    """Every (attack, method) bound at ``confidence`` (already the per-test confidence)."""
+    rows = []
+    for attack, (s_in, s_out) in split.items():
+        for method in methods:
+            row = {"attack": attack, "method": method, "confidence": confidence}
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    res = epsilon_lower_bound(
+                        s_in, s_out, delta=delta, confidence=confidence, method=method
+                    )
+                assumption = res.assumption
+                if assumption is None and not independent and method != "one_run":
+                    assumption = INDEPENDENCE
+                row.update(
+                    epsilon=res.epsilon,
+                    valid=res.valid,
+                    mu_lower=res.mu_lower,
+                    kind="certified" if assumption is None else "estimate",
+                    assumption=assumption,
+                    result=res.to_dict(),
                 )
-            row.update(epsilon=res.epsilon, valid=res.valid, mu_lower=res.mu_lower)
-            row["result"] = res.to_dict()
-        except ValueError as err:
-            row.update(epsilon=float("nan"), valid=False, error=str(err))
-        rows.append(row)
+            except ValueError as err:
+                row.update(
+                    epsilon=float("nan"), valid=False, kind="not applicable", error=str(err)
+                )
+            rows.append(row)
     return rows
 
 
-def verdict(bounds: list[dict], th: dict, confidence: float) -> dict:
-    """The best valid lower bound, compared with the theoretical upper bound."""
-    valid = [b for b in bounds if b["valid"] and np.isfinite(b["epsilon"])]
-    best = max(valid, key=lambda b: b["epsilon"], default=None)
-    eps = best["epsilon"] if best else 0.0
-    upper = th["upper_bound"]
-    return {
-        "best_lower_bound": eps,
-        "best_attack": best["attack"] if best else None,
-        "best_method": best["method"] if best else None,
-        "upper_bound": upper,
-        "ratio": eps / upper if upper > 0 else float("nan"),
-        "confidence": confidence,
-        "privacy_bug": bool(eps > upper),
-        "message": (
-            f"PRIVACY BUG: empirical epsilon >= {eps:.3f} exceeds the accountant's "
-            f"{upper:.3f} at {confidence:.0%} confidence"
-            if eps > upper
-            else f"consistent: empirical lower bound {eps:.3f} <= accountant {upper:.3f}"
-        ),
+def evaluate_scores(
+    split: dict,
+    threat: ThreatModel,
+    *,
+    methods,
+    confidence: float = 0.95,
+    independent: bool = True,
+    training_accountants: dict | None = None,
+) -> dict:
+    """Attack summaries, claim evidence, bounds, theory and the verdict of an audit.
+
+    Args:
+        split: attack name -> (member scores, non-member scores).
+        threat: the audit's ``ThreatModel`` (the claim under test).
+        methods: names of ``epsilon_lower_bound`` methods to report.
+        confidence: the verdict's confidence; split over every statement (module doc).
+        independent: whether canaries' scores are independent one-canary experiments.
+        training_accountants: Opacus' epsilons for the training data (reported beside).
+    """
+    check_split(split)
+    methods = list(methods)
+    per = per_test_confidence(confidence, len(split), len(methods))
+    claims = {
+        name: claim_evidence(s_in, s_out, threat, per, certified=independent)
+        for name, (s_in, s_out) in split.items()
     }
+    bounds = bound_rows(split, methods, threat.delta, per, independent=independent)
+    theory = theory_summary(threat, training_accountants)
+    return {
+        "attacks": attack_summaries(split),
+        "claim": claims,
+        "bounds": bounds,
+        "theory": theory,
+        "per_test_confidence": per,
+        "independent_canaries": independent,
+        "verdict": verdict(bounds, claims, threat, confidence, theory.get("training_data")),
+    }
+
+
+def _best(rows: list[dict], kind: str) -> dict | None:
+    ok = [b for b in rows if b.get("kind") == kind and b["valid"] and np.isfinite(b["epsilon"])]
+    return max(ok, key=lambda b: b["epsilon"], default=None)
+
+
+def verdict(
+    bounds: list[dict],
+    claims: dict,
+    threat: ThreatModel,
+    confidence: float,
+    training: dict | None = None,
+) -> dict:
+    """Three states (module doc), naming the threat model and the accountant compared with."""
+    claimed = threat.claimed_epsilon()
+    cert, est = _best(bounds, "certified"), _best(bounds, "estimate")
+    cert_eps = cert["epsilon"] if cert else 0.0
+    est_eps = est["epsilon"] if est else 0.0
+    rejected_by = [a for a, c in claims.items() if c["rejected"] and c["certified"]]
+    est_rejected = [a for a, c in claims.items() if c["rejected"] and not c["certified"]]
+    sigma_ubs = {a: c["sigma_upper"] for a, c in claims.items()}
+    best_sigma_attack = min(sigma_ubs, key=sigma_ubs.get) if sigma_ubs else None
+    sigma_ub = sigma_ubs[best_sigma_attack] if best_sigma_attack else float("inf")
+    sigma_certified = bool(best_sigma_attack and claims[best_sigma_attack]["certified"])
+    if rejected_by or cert_eps > claimed:
+        status = "privacy_bug"
+    elif est_eps > claimed or est_rejected:
+        status = "estimate_above_claim"
+    else:
+        status = "consistent"
+    where = f"{threat.describe()}; claim: {threat.accountant_name}, epsilon {claimed:.3f}"
+    noise = (
+        f"effective noise multiplier <= {sigma_ub:.4g} (configured {threat.noise_multiplier:g}"
+        f"{'' if sigma_certified else ', estimate'})"
+        if np.isfinite(sigma_ub)
+        else "no upper bound on the effective noise"
+    )
+    if status == "privacy_bug":
+        why = (
+            f"the {', '.join(rejected_by)} attack's error rates fall below the claimed "
+            "trade-off curve"
+            if rejected_by
+            else f"certified epsilon >= {cert_eps:.3f} ({cert['attack']}/{cert['method']}) "
+            f"exceeds the claimed {claimed:.3f}"
+        )
+        message = f"PRIVACY BUG at {confidence:.0%} confidence: {why}; {noise}. [{where}]"
+    elif status == "estimate_above_claim":
+        what = (
+            f"estimate {est_eps:.3f} ({est['attack']}/{est['method']}, assumes "
+            f"{est['assumption']})"
+            if est_eps > claimed
+            else f"the claim test of {', '.join(est_rejected)} (assumes independent canaries)"
+        )
+        message = (
+            f"ESTIMATE ABOVE CLAIM (not certified): {what} exceeds the claim, but no certified "
+            f"evidence rejects it at {confidence:.0%}; {noise}. [{where}]"
+        )
+    else:
+        message = (
+            f"consistent: no certified evidence against the claim at {confidence:.0%} "
+            f"(certified epsilon >= {cert_eps:.3f}, best estimate {est_eps:.3f} vs claimed "
+            f"{claimed:.3f}); {noise}. [{where}]"
+        )
+    return {
+        "status": status,
+        "privacy_bug": status == "privacy_bug",
+        "message": message,
+        "confidence": confidence,
+        "threat_model": threat.describe(),
+        "accountant": threat.accountant_name,
+        "claimed_epsilon": claimed,
+        "upper_bound": claimed,
+        "best_lower_bound": cert_eps,
+        "best_attack": cert["attack"] if cert else None,
+        "best_method": cert["method"] if cert else None,
+        "ratio": cert_eps / claimed if claimed > 0 else float("nan"),
+        "best_estimate": est_eps,
+        "estimate_attack": est["attack"] if est else None,
+        "estimate_method": est["method"] if est else None,
+        "estimate_assumption": est["assumption"] if est else None,
+        "estimate_ratio": est_eps / claimed if claimed > 0 else float("nan"),
+        "claim_rejected_by": rejected_by,
+        "claim_rejected_uncertified": est_rejected,
+        "sigma_upper": sigma_ub,
+        "sigma_upper_attack": best_sigma_attack,
+        "sigma_upper_certified": sigma_certified,
+        "noise_multiplier": threat.noise_multiplier,
+        "training_data_note": (training or {}).get("note", ""),
+    }
+
+
+def evaluate_audit(
+    settings,
+    scores: dict,
+    membership,
+    threat: ThreatModel,
+    *,
+    canary_info: dict | None = None,
+    engine_accountants: dict | None = None,
+) -> dict:
+    """``evaluate_scores`` for an audit described by ``AuditSettings`` (methods, confidence,
+    independence of its canaries from the design and ``canary_info``)."""
+    split = split_scores({k: np.asarray(v) for k, v in scores.items()}, membership)
+    return evaluate_scores(
+        split,
+        threat,
+        methods=settings.audit.methods,
+        confidence=settings.audit.confidence,
+        independent=independent_canaries(settings, canary_info),
+        training_accountants=engine_accountants,
+    )

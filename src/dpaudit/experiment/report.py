@@ -1,4 +1,8 @@
-"""Write an audit's report: results.json, ROC / histogram / candidate plots, console table."""
+"""Write an audit's report: results.json, ROC / histogram / candidate plots, console table.
+
+The table and the plots keep the two kinds of evidence apart: certified numbers (the claim
+test, mu_lower, sigma_upper, certified bounds) and estimates (each with the model it assumes).
+"""
 
 from __future__ import annotations
 
@@ -6,69 +10,142 @@ from pathlib import Path
 
 import numpy as np
 
-from dpaudit.experiment.evaluation import split_scores, theory_curve
-from dpaudit.experiment.settings import AuditSettings
+from dpaudit.experiment.evaluation import split_scores
 from dpaudit.report import format_table, plot_roc, plot_score_histograms, write_json
 from dpaudit.report.plots import theory_fpr
 from dpaudit.stats import gdp_tradeoff
+from dpaudit.threat_model import ThreatModel
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "-"
+    x = float(x)
+    return "inf" if np.isinf(x) else f"{x:.4g}"
 
 
 def console_table(result: dict) -> str:
-    """Bounds per (attack, method) next to the theory, and the verdict line."""
+    """Claim evidence per attack, bounds per (attack, method) by kind, and the verdict."""
     th, v = result["theory"], result["verdict"]
-    rows = []
-    for b in result["bounds"]:
-        att = result["attacks"][b["attack"]]
-        rows.append(
-            {
-                "attack": b["attack"],
-                "method": b["method"],
-                "eps_lower": b["epsilon"],
-                "valid": "yes" if b["valid"] else "no",
-                "auc": att["auc"],
-                "tpr@1%": att["tpr_at_fpr_0.01"],
-            }
-        )
-    acc = th["accountants"]
-    tm = th["threat_model"]
-    lines = [
-        format_table(rows),
-        "",
-        f"threat model: {tm['canary']} canaries ({tm['policy']}), q={tm['sample_rate']:.4g}, "
-        f"T={tm['steps']}, sigma={tm['noise_multiplier']:g}, delta={tm['delta']:g}",
-        "accountants: "
-        + ", ".join(f"{k}={a['epsilon']:.3f}" for k, a in acc.items())
-        + (f", exact Gaussian={th['gaussian_epsilon']:.3f}" if "gaussian_epsilon" in th else ""),
-        v["message"] + f" (best: {v['best_attack']}/{v['best_method']}, ratio {v['ratio']:.2f})",
+    claim_rows = [
+        {
+            "attack": name,
+            "claim rejected": "YES" if c["rejected"] else "no",
+            "kind": "certified" if c["certified"] else "estimate",
+            "mu_lower": c["mu_lower"],
+            "sigma_upper": _fmt(c["sigma_upper"]),
+            "eps@sigma_upper": _fmt(c.get("epsilon_at_sigma_upper")),
+            "auc": result["attacks"][name]["auc"],
+        }
+        for name, c in result.get("claim", {}).items()
     ]
+    bound_rows = [
+        {
+            "attack": b["attack"],
+            "method": b["method"],
+            "kind": b.get("kind", ""),
+            "epsilon": b["epsilon"],
+            "valid": "yes" if b["valid"] else "no",
+            "assumes": _short(b.get("assumption") or b.get("error") or ""),
+        }
+        for b in result["bounds"]
+    ]
+    per = result.get("per_test_confidence")
+    lines = [
+        f"threat model: {v['threat_model']}",
+        f"claim: {v['accountant']}, epsilon {v['claimed_epsilon']:.3f}"
+        + (f" (RDP {th['accountants']['rdp']['epsilon']:.3f}, "
+           f"PRV {th['accountants']['prv']['epsilon']:.3f})"),
+        f"confidence {v['confidence']:.0%} for all statements together"
+        + (f" (each at {per:.4g}, Bonferroni)" if per else ""),
+        "",
+        "claim test (certified unless marked):",
+        format_table(claim_rows),
+        "",
+        "epsilon lower bounds (certified) and estimates (under the model named):",
+        format_table(bound_rows),
+    ]
+    note = (th.get("training_data") or {}).get("note")
+    if note:
+        lines += ["", note]
+    lines += ["", v["message"]]
     return "\n".join(lines)
 
 
-def write_report(result: dict, run: dict, out: Path, settings: AuditSettings) -> None:
-    """results.json + plots in ``out``; prints the console table."""
+def _short(text: str, width: int = 48) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def write_audit_report(
+    result: dict,
+    split: dict,
+    out: str | Path,
+    *,
+    candidate_scores=None,
+    chosen=None,
+    selection: str = "",
+    quiet: bool = False,
+) -> Path:
+    """Plots, then results.json (written last) in ``out``; prints the console table.
+
+    Args:
+        result: the evaluation result (``evaluate_scores`` plus context).
+        split: attack name -> (member scores, non-member scores).
+        out: output directory.
+        candidate_scores, chosen, selection: Algorithm 3's candidates, for the candidate plot.
+        quiet: do not print the table.
+    """
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    split = split_scores({k: np.asarray(v) for k, v in run["scores"].items()}, run["membership"])
-    theory = {"accountant (mechanism)": theory_curve(settings, result["theory"])}
-    fitted = [b for b in result["bounds"] if b.get("mu_lower") and b["method"] == "gdp"]
-    if fitted:
-        best = max(fitted, key=lambda b: b["mu_lower"])
-        theory[f"GDP fit mu={best['mu_lower']:.2f} ({best['attack']})"] = gdp_tradeoff(
-            theory_fpr(), best["mu_lower"]
-        )
+    threat = ThreatModel.from_dict(result["theory"]["threat_model"])
+    grid = theory_fpr()
+    v = result["verdict"]
+    curves = {f"claimed: {threat.accountant_name.split(' (')[0]}": threat.roc_curve(grid)}
+    points = {}
+    for name, c in result.get("claim", {}).items():
+        kind = "certified" if c["certified"] else "estimate"
+        if c["mu_lower"] > 0:
+            curves[f"{kind}: not mu-GDP below mu={c['mu_lower']:.2f} ({name})"] = gdp_tradeoff(
+                grid, c["mu_lower"]
+            )
+        t = c["test"]
+        if t.get("fpr_upper") is not None:
+            points[f"{kind} operating point (FPR_u, 1-FNR_u), {name}"] = (
+                t["fpr_upper"],
+                1.0 - t["fnr_upper"],
+            )
+    title = f"audit ROC — {threat.describe()}; claimed epsilon {v['claimed_epsilon']:.3f}"
+    note = v["status"].replace("_", " ").upper() + f" at {v['confidence']:.0%}"
     plots = {
-        "roc": plot_roc(split, out / "roc.png", theory, title="audit ROC vs theory").name,
+        "roc": plot_roc(split, out / "roc.png", curves, title=title, points=points,
+                        note=note).name,
         "histograms": plot_score_histograms(split, out / "score_histograms.png").name,
     }
-    if run.get("candidate_scores") is not None:
+    if candidate_scores is not None:
         from dpaudit.canaries import Selection, plot_score_distribution
 
-        cand = np.asarray(run["candidate_scores"])
-        chosen = np.asarray(run["chosen"], dtype=np.int64)
-        sel = Selection(chosen, [settings.canary.selection] * len(chosen), cand[chosen])
+        cand = np.asarray(candidate_scores)
+        idx = np.asarray(chosen, dtype=np.int64)
+        sel = Selection(idx, [selection] * len(idx), cand[idx])
         path = out / "candidates_mahalanobis.png"
         plot_score_distribution(cand, sel, path, title="Algorithm 3: candidates' scores")
         plots["candidates"] = path.name
     result["plots"] = plots
-    write_json(out / "results.json", result)
-    print("\n" + console_table(result))
-    print(f"results: {out / 'results.json'}")
+    path = write_json(out / "results.json", result)
+    if not quiet:
+        print("\n" + console_table(result))
+        print(f"results: {path}")
+    return path
+
+
+def write_report(result: dict, run: dict, out: Path, settings) -> None:
+    """``write_audit_report`` for an audit run record and its ``AuditSettings``."""
+    split = split_scores({k: np.asarray(v) for k, v in run["scores"].items()}, run["membership"])
+    write_audit_report(
+        result,
+        split,
+        out,
+        candidate_scores=run.get("candidate_scores"),
+        chosen=run.get("chosen"),
+        selection=settings.canary.selection,
+    )

@@ -38,22 +38,28 @@ def plot_roc(
     path: str | Path,
     theory: Mapping[str, np.ndarray] | None = None,
     title: str = "",
+    points: Mapping[str, tuple[float, float]] | None = None,
+    note: str = "",
 ) -> Path:
     """ROC of each attack (solid) with theoretical curves (dotted), linear and log-log panels.
 
     ``scores`` maps an attack name to (scores_in, scores_out); ``theory`` maps a label to a
-    TPR curve over ``theory_fpr()`` (the accountant's trade-off curve, a fitted GDP curve).
+    TPR curve over ``theory_fpr()`` (the claimed curve, a certified GDP curve, ...);
+    ``points`` maps a label to one (FPR, TPR) point to mark (e.g. a certified operating
+    point); ``note`` is printed under the title (e.g. the verdict).
     """
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5))
     grid = theory_fpr()
     for ax, log in zip(axes, (False, True), strict=True):
         for name, (s_in, s_out) in scores.items():
             fpr, tpr, _ = roc_curve(s_in, s_out)
-            ax.step(fpr, tpr, where="post", label=name)
+            ax.step(fpr, tpr, where="post", label=f"{name} (empirical)")
         for label, tpr in (theory or {}).items():
             ax.plot(grid, tpr, ":", lw=2, label=label)
-        ax.plot([1e-6, 1], [1e-6, 1], color="grey", lw=0.5)
+        for label, (x, y) in (points or {}).items():
+            ax.plot([x], [y], "o", ms=7, mfc="none", mew=2, label=label)
+        ax.plot([1e-6, 1], [1e-6, 1], color="grey", lw=0.5, label="chance")
         if log:
             ax.set_xscale("log")
             ax.set_yscale("log")
@@ -63,8 +69,8 @@ def plot_roc(
         ax.set_xlabel("false positive rate")
         ax.set_ylabel("true positive rate")
         ax.set_title(("log-log " if log else "") + "ROC")
-    axes[1].legend(fontsize=8, loc="lower right")
-    fig.suptitle(title)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(title + (f"\n{note}" if note else ""), fontsize=9)
     fig.tight_layout()
     return save_figure(fig, path)
 
