@@ -67,3 +67,18 @@ def test_launcher_presets_compose(launcher):
         cfg = compose("config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
     target = cfg.hydra.launcher._target_
     assert ("Slurm" in target) if launcher == "slurm_gpu" else ("Joblib" in target)
+
+
+@pytest.mark.slow
+def test_privacy_bug_sets_the_exit_status(tmp_path):
+    """A certified PRIVACY BUG exits with status 3 (an audit can gate CI); fail_on_bug=false
+    keeps 0. Halved noise, 300 every-step Dirac canaries on dead MLP weights (mu 1 -> 2)."""
+    tiny = ["experiment=bug_halved_noise", "model.width=100", "canary.count=300",
+            "progress=false"]
+    proc = run_cli(tmp_path / "gate", *tiny)
+    assert proc.returncode == 3, proc.stderr
+    assert "PRIVACY BUG at 95% confidence" in proc.stdout
+    res = json.loads((tmp_path / "gate" / "results.json").read_text())
+    assert res["verdict"]["status"] == "privacy_bug"
+    proc = run_cli(tmp_path / "nogate", *tiny, "fail_on_bug=false")
+    assert proc.returncode == 0, proc.stderr

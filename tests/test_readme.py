@@ -14,13 +14,20 @@ def python_blocks(heading: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
 
 
-def test_audit_your_own_loop_snippet_runs(capsys):
+def test_audit_your_own_loop_snippet_runs(capsys, tmp_path, monkeypatch):
     (block,) = python_blocks("## Audit your own training loop")
+    monkeypatch.chdir(tmp_path)
     ns: dict = {"__name__": "__snippet__"}
     exec(compile(block, str(README), "exec"), ns)
     hook = ns["hook"]
     assert hook.steps > 0 and hook.scores()["scalar"].shape == (hook.num_canaries,)
     assert "accountant epsilon" in capsys.readouterr().out
+    report, inputs = ns["report"], ns["inputs"]
+    assert report["theory"]["threat_model"]["sample_rate"] == 1.0  # every-step canaries
+    assert report["claim"]["scalar"]["certified"] and report["verdict"]["status"] == "consistent"
+    assert inputs["theory"]["threat_model"]["canary_kind"] == "input"
+    assert {b["kind"] for b in inputs["bounds"] if b["method"] == "one_run"} == {"certified"}
+    assert (tmp_path / "audit_out" / "gradient" / "results.json").exists()
 
 
 def test_python_api_snippets_run(tmp_path, monkeypatch, capsys):
