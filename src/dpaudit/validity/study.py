@@ -1,0 +1,260 @@
+"""Repeated audits of mechanisms with known truth: how often does a method exceed the truth?
+
+``validity_study`` draws ``reps`` independent score samples from each scenario
+(``dpaudit.validity.scenarios``), runs every method of ``dpaudit.stats.epsilon_lower_bound``
+on the same draws, and reports per (method, scenario) the fraction of repetitions whose
+epsilon exceeds the true epsilon. A *certified* bound at confidence c must exceed the truth
+with probability at most 1 - c on every mechanism; an *estimate* (a number computed under a
+named model, ``EpsilonBound.assumption``) promises nothing off its model, and the study shows
+how far off it goes.
+
+``claim_study`` does the same for the claim test (``dpaudit.stats.claim.claim_test``): the
+scenario's exact trade-off curve is a correct claim, so it may be rejected in at most a
+1 - confidence fraction of repetitions; a curve of another (more private) scenario measures
+the test's power.
+
+Seeding: repetition ``rep`` of scenario ``s`` draws from
+``np.random.default_rng([seed, crc32(s.name), rep])``: every draw is reproducible, all
+methods see the same draws (paired comparison), and adding a scenario or a method changes no
+other row. Sampling is vectorised within a draw (one call per side).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+import zlib
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from dpaudit.stats import epsilon_lower_bound
+from dpaudit.validity.scenarios import SCENARIOS, Scenario
+
+
+def _scenarios(scenarios) -> list[Scenario]:
+    if isinstance(scenarios, Scenario):
+        scenarios = [scenarios]
+    if isinstance(scenarios, Mapping):
+        scenarios = list(scenarios.values())
+    out = []
+    for s in scenarios:
+        if isinstance(s, str):
+            if s not in SCENARIOS:
+                raise ValueError(f"unknown scenario {s!r}; known: {sorted(SCENARIOS)}")
+            s = SCENARIOS[s]
+        if not isinstance(s, Scenario):
+            raise TypeError(f"scenarios must be Scenario objects or names, got {s!r}")
+        out.append(s)
+    return out
+
+
+def _methods(methods) -> list[tuple[str, dict]]:
+    if isinstance(methods, str):
+        methods = [methods]
+    if isinstance(methods, Mapping):
+        return [(str(m), dict(opts or {})) for m, opts in methods.items()]
+    return [(str(m), {}) for m in methods]
+
+
+def draw_rng(seed: int, scenario: Scenario, rep: int) -> np.random.Generator:
+    """The generator of repetition ``rep`` of ``scenario`` (see the module docstring)."""
+    return np.random.default_rng([int(seed), zlib.crc32(scenario.name.encode()), int(rep)])
+
+
+def _se(p: float, n: int) -> float:
+    return float(np.sqrt(max(p * (1.0 - p), 0.0) / n)) if n else float("nan")
+
+
+def _check_sizes(reps: int, n_in: int, n_out: int) -> None:
+    for value, name in ((reps, "reps"), (n_in, "n_in"), (n_out, "n_out")):
+        if int(value) != value or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def validity_study(
+    methods: Iterable[str] | Mapping[str, Mapping[str, Any]],
+    scenarios: Iterable[Scenario | str] | Mapping[str, Scenario],
+    *,
+    reps: int,
+    n_in: int,
+    n_out: int,
+    delta: float,
+    confidence: float = 0.95,
+    seed: int = 0,
+    keep_epsilons: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict]:
+    """Run each method on ``reps`` draws of each scenario; one summary row per pair.
+
+    Args:
+        methods: method names of ``dpaudit.stats.METHODS``, or a mapping name -> options
+            passed to ``epsilon_lower_bound``.
+        scenarios: ``Scenario`` objects or names of ``SCENARIOS`` (or a name -> scenario map).
+        reps: repetitions per scenario (independent draws, shared by all methods).
+        n_in: member scores per draw (from P).
+        n_out: non-member scores per draw (from Q).
+        delta: the delta of the bounds and of the truth.
+        confidence: the bounds' confidence.
+        seed: base seed (see the module docstring).
+        keep_epsilons: also return each repetition's epsilon and valid flag (lists).
+        progress: called with a short line after each scenario (e.g. ``print``).
+
+    Returns:
+        Rows (dicts, scenario-major, methods in the given order) with: ``method``,
+        ``scenario``, ``kind`` ("certified" / "estimate", from the returned bounds; "mixed"
+        if they differ), ``assumption``, ``truth``, ``exactness``, ``delta``, ``confidence``,
+        ``reps``, ``n_in``, ``n_out``; ``frac_above`` (fraction of repetitions with
+        epsilon > truth) and ``frac_above_se`` (its standard error), ``nominal`` (1 -
+        confidence) and ``nominal_se`` (s.e. of a fraction at the nominal rate),
+        ``median_ratio`` (median epsilon / truth; 0 when the truth is inf),
+        ``median_epsilon``, ``frac_valid`` (fraction of bounds marked valid),
+        ``frac_valid_above`` (marked valid AND above truth), ``seconds`` (time spent in the
+        method).
+    """
+    _check_sizes(reps, n_in, n_out)
+    meths = _methods(methods)
+    scens = _scenarios(scenarios)
+    rows: list[dict] = []
+    for scen in scens:
+        truth = float(scen.true_epsilon(delta))
+        eps = np.zeros((len(meths), reps))
+        valid = np.zeros((len(meths), reps), dtype=bool)
+        kinds: list[set[str]] = [set() for _ in meths]
+        assumptions: list[set[str | None]] = [set() for _ in meths]
+        seconds = np.zeros(len(meths))
+        t_scen = time.perf_counter()
+        for rep in range(reps):
+            s_in, s_out = scen.sample(n_in, n_out, draw_rng(seed, scen, rep))
+            for j, (method, opts) in enumerate(meths):
+                t0 = time.perf_counter()
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    b = epsilon_lower_bound(
+                        s_in, s_out, delta=delta, confidence=confidence, method=method, **opts
+                    )
+                seconds[j] += time.perf_counter() - t0
+                eps[j, rep], valid[j, rep] = b.epsilon, b.valid
+                kinds[j].add(b.kind)
+                assumptions[j].add(b.assumption)
+        for j, (method, _) in enumerate(meths):
+            above = eps[j] > truth
+            frac = float(np.mean(above))
+            nominal = 1.0 - float(confidence)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio = eps[j] / truth if np.isfinite(truth) else np.zeros(reps)
+            kind = kinds[j].pop() if len(kinds[j]) == 1 else "mixed"
+            named = sorted(a for a in assumptions[j] if a is not None)
+            row = {
+                "method": method,
+                "scenario": scen.name,
+                "kind": kind,
+                "assumption": "; ".join(named) if named else None,
+                "truth": truth,
+                "exactness": scen.exactness,
+                "delta": float(delta),
+                "confidence": float(confidence),
+                "reps": int(reps),
+                "n_in": int(n_in),
+                "n_out": int(n_out),
+                "frac_above": frac,
+                "frac_above_se": _se(frac, reps),
+                "nominal": nominal,
+                "nominal_se": _se(nominal, reps),
+                "median_ratio": float(np.median(ratio)),
+                "median_epsilon": float(np.median(eps[j])),
+                "frac_valid": float(np.mean(valid[j])),
+                "frac_valid_above": float(np.mean(valid[j] & above)),
+                "seconds": float(seconds[j]),
+            }
+            if keep_epsilons:
+                row["epsilons"] = eps[j].tolist()
+                row["valid"] = valid[j].tolist()
+            rows.append(row)
+        if progress is not None:
+            progress(f"{scen.name}: truth {truth:.4g}, {time.perf_counter() - t_scen:.1f} s")
+    return rows
+
+
+def claim_study(
+    scenarios: Iterable[Scenario | str] | Mapping[str, Scenario],
+    *,
+    reps: int,
+    n_in: int,
+    n_out: int,
+    confidence: float = 0.95,
+    seed: int = 0,
+    claims: Mapping[str, Scenario | str] | None = None,
+    progress: Callable[[str], None] | None = None,
+    **claim_options: Any,
+) -> list[dict]:
+    """How often ``dpaudit.stats.claim.claim_test`` rejects a scenario's trade-off curve.
+
+    Args:
+        scenarios: the scenarios whose scores are drawn (objects or ``SCENARIOS`` names).
+        reps: repetitions per scenario.
+        n_in: member scores per draw.
+        n_out: non-member scores per draw.
+        confidence: the claim test's confidence.
+        seed: base seed (same draws as ``validity_study`` with the same seed).
+        claims: optional map scenario name -> the scenario whose curves are claimed (default:
+            the scenario itself, a correct claim; another one measures power or, when that
+            one is less private, what a wrong-but-lenient claim does).
+        progress: called with a short line after each scenario.
+        **claim_options: passed to ``claim_test`` (e.g. ``selection``).
+
+    Returns:
+        One row per scenario: ``scenario``, ``claimed`` (name of the claimed scenario),
+        ``correct`` (claimed is the scenario itself), ``confidence``, ``reps``, ``n_in``,
+        ``n_out``, ``frac_rejected`` and ``frac_rejected_se``, ``nominal`` (1 - confidence)
+        and ``nominal_se``, ``median_margin``, ``seconds``. For a correct claim
+        ``frac_rejected`` must be <= nominal + 3 nominal_se.
+    """
+    from dpaudit.stats.claim import claim_test
+
+    _check_sizes(reps, n_in, n_out)
+    rows = []
+    for scen in _scenarios(scenarios):
+        claimed = scen
+        if claims is not None and scen.name in claims:
+            claimed = _scenarios([claims[scen.name]])[0]
+        rejected = np.zeros(reps, dtype=bool)
+        margins = np.zeros(reps)
+        t0 = time.perf_counter()
+        for rep in range(reps):
+            s_in, s_out = scen.sample(n_in, n_out, draw_rng(seed, scen, rep))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                res = claim_test(
+                    s_in,
+                    s_out,
+                    claimed.tradeoff,
+                    confidence=confidence,
+                    tradeoff_reverse=claimed.tradeoff_reverse,
+                    **claim_options,
+                )
+            rejected[rep], margins[rep] = bool(res.rejected), float(res.margin)
+        seconds = time.perf_counter() - t0
+        frac = float(np.mean(rejected))
+        nominal = 1.0 - float(confidence)
+        rows.append(
+            {
+                "scenario": scen.name,
+                "claimed": claimed.name,
+                "correct": claimed == scen,
+                "confidence": float(confidence),
+                "reps": int(reps),
+                "n_in": int(n_in),
+                "n_out": int(n_out),
+                "frac_rejected": frac,
+                "frac_rejected_se": _se(frac, reps),
+                "nominal": nominal,
+                "nominal_se": _se(nominal, reps),
+                "median_margin": float(np.median(margins)),
+                "seconds": seconds,
+            }
+        )
+        if progress is not None:
+            progress(f"claim {claimed.name} on {scen.name}: rejected {frac:.3f}, {seconds:.1f} s")
+    return rows
