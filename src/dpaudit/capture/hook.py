@@ -55,6 +55,7 @@ from dpaudit.capture.canaries import (
 from dpaudit.capture.fold import BatchFold
 from dpaudit.capture.persample import per_sample_clipped_grads, unwrap_model
 from dpaudit.capture.selection import resolve_parameter_names
+from dpaudit.capture.support import ForwardWatcher, check_optimizer_supported
 from dpaudit.capture.trace import Trace
 
 _NORM_SLACK = 1e-6  # relative float slack on the ||g*|| <= C check
@@ -119,8 +120,7 @@ class AuditHook:
                 "optimizer must be an Opacus DPOptimizer (from PrivacyEngine.make_private), "
                 f"got {type(optimizer).__name__}"
             )
-        if type(optimizer).__name__.startswith("DPOptimizerFastGradientClipping"):
-            raise ValueError("optimizer: ghost clipping (fast gradient clipping) is not supported")
+        check_optimizer_supported(optimizer)
         if not isinstance(optimizer.max_grad_norm, numbers.Real):
             raise ValueError("optimizer: per-layer clipping is not supported (needs one float C)")
         if not isinstance(model, nn.Module):
@@ -181,6 +181,10 @@ class AuditHook:
         self.check_finite = bool(check_finite)
         self.input_pass = input_pass
         self._fold = self._make_fold()
+        has_inputs = self.reference is not None or any(
+            isinstance(c, InputCanaries) for c in self.canaries
+        )
+        self._watcher = ForwardWatcher(model) if has_inputs else None
 
         self._attached = False
         self._started = False
@@ -281,6 +285,8 @@ class AuditHook:
             opt.add_noise = self._add_noise
         if self._fold is not None:
             self._fold.attach()
+        if self._watcher is not None:
+            self._watcher.attach()
         opt._dpaudit_hook = self
         self._attached = True
         return self
@@ -302,6 +308,8 @@ class AuditHook:
             opt.__dict__.pop("add_noise", None)
         if self._fold is not None:
             self._fold.detach()
+        if self._watcher is not None:
+            self._watcher.detach()
         del opt._dpaudit_hook
         self._attached = False
         if self.trace is not None and self._started:
@@ -475,6 +483,8 @@ class AuditHook:
             self._pending_inclusion = self._draw_inclusions()
         self._inclusions.append(self._pending_inclusion)
         self._pending_inclusion = None
+        if self._watcher is not None:
+            self._watcher.check(t)
         released = self._released()
         folded = self._input_grads(t)
         canary_grads = self._canary_grads(folded, t)

@@ -1,0 +1,129 @@
+"""Set-ups the hook would record wrongly are refused with an error naming the option.
+
+Each optimizer comes from Opacus' own ``make_private`` with the option under test (DDP from a
+real one-process gloo group), so the refusal is checked on the objects users really get.
+"""
+
+from __future__ import annotations
+
+import socket
+import warnings
+
+import pytest
+import torch
+from opacus import PrivacyEngine
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from dpaudit.capture import AuditHook, GradientCanaries, InputCanaries
+
+warnings.filterwarnings("ignore", module="opacus")
+
+
+def data(n=64, d=6):
+    g = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(n, d, generator=g), torch.randint(0, 2, (n,), generator=g))
+
+
+def make(**opts):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 2))
+    out = PrivacyEngine().make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(data(), batch_size=16),
+        noise_multiplier=1.0,
+        **{"max_grad_norm": 1.0, **opts},
+    )
+    return out[0], out[1]
+
+
+def dirac(model):
+    dim = sum(p.numel() for p in model.parameters())
+    return GradientCanaries.dirac([0, 1], norm=1.0, dim=dim)
+
+
+@pytest.mark.parametrize(
+    "opts,needle",
+    [
+        (
+            {"clipping": "adaptive", "target_unclipped_quantile": 0.5,
+             "clipbound_learning_rate": 0.2, "max_clipbound": 10.0, "min_clipbound": 0.1,
+             "unclipped_num_std": 2.0},
+            "clipping='adaptive'",
+        ),
+        ({"clipping": "per_layer", "max_grad_norm": [0.5, 0.5, 0.5, 0.5]}, "clipping='per_layer'"),
+        ({"grad_sample_mode": "ghost"}, "ghost clipping"),
+    ],
+)
+def test_unsupported_clipping_is_refused_by_name(opts, needle):
+    model, opt = make(**opts)
+    with pytest.raises(ValueError, match=needle):
+        AuditHook(opt, model, dirac(model))
+
+
+def test_distributed_training_is_refused():
+    from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1
+    )
+    try:
+        torch.manual_seed(0)
+        model = DPDDP(nn.Sequential(nn.Linear(6, 2)))
+        _, opt, _ = PrivacyEngine().make_private(
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(data(), batch_size=16),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+        )
+        assert "Distributed" in type(opt).__name__
+        with pytest.raises(ValueError, match="distributed DP training"):
+            AuditHook(opt, model, dirac(model))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+class TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 2)
+
+    def forward(self, x, scale=None):
+        return self.fc(x if scale is None else x * scale)
+
+
+@pytest.mark.parametrize("input_pass", ["auto", "separate"])
+def test_keyword_forward_with_input_canaries_is_refused_at_the_first_step(input_pass):
+    torch.manual_seed(0)
+    model = TwoInputs()
+    model, opt, loader = PrivacyEngine().make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(data(), batch_size=16),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+    )
+    x, y = data().tensors
+    hook = AuditHook(opt, model, InputCanaries(x[:3], y[:3]), input_pass=input_pass)
+    xb, yb = next(iter(loader))
+    with hook, pytest.raises(ValueError, match="keyword arguments"):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(xb, scale=torch.ones(1)), yb).backward()
+        opt.step()
+    assert hook.steps == 0  # nothing was scored from the wrong gradients
+
+
+def test_plain_forward_with_input_canaries_still_runs():
+    model, opt = make()
+    x, y = data().tensors
+    hook = AuditHook(opt, model, InputCanaries(x[:3], y[:3]))
+    with hook:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x[:16]), y[:16]).backward()
+        opt.step()
+    assert hook.steps == 1 and hook.scores()["scalar"].shape == (3,)
