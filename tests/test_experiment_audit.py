@@ -5,7 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from dpaudit.experiment import AuditSettings, run_audit
+from dpaudit.experiment import AuditSettings, audit_run, run_audit
+from dpaudit.experiment.run import RunRecord, prepare_run
+from dpaudit.experiment.threat import threat_model_for
+from dpaudit.experiment.training import poisson_sample_rate
 
 TINY = {
     "data": {"name": "digits"},
@@ -81,3 +84,28 @@ def test_input_canary_audit_reports_predicted_leakage(tmp_path):
     assert 0.5 < pred["mean_auc_summed_score"] < 1.0
     assert res["theory"]["threat_model"]["sample_rate"] == pytest.approx(res["sample_rate"])
     assert (tmp_path / "candidates_mahalanobis.png").exists()
+
+
+def test_threat_model_built_once_sets_bernoulli_canaries_inclusion():
+    """Bernoulli gradient canaries (q_c defaulting to the data's q): the canaries, the
+    mixture LR and the run record all use the threat model's sample rate."""
+    settings = AuditSettings.from_mappings(
+        **{
+            **TINY,
+            "dp": {"noise_multiplier": 4.0, "steps": 3, "batch_size": 64},
+            "canary": {"kind": "gradient", "count": 10, "policy": "bernoulli"},
+        }
+    )
+    prepared = prepare_run(settings)
+    threat = prepared.threat
+    q = poisson_sample_rate(settings.dp, prepared.setup.n_base)
+    assert threat == threat_model_for(settings, q, 3, settings.dp.max_grad_norm)
+    assert threat.sample_rate == q == prepared.sample_rate < 1.0
+    assert prepared.setup.canaries.inclusion_prob == threat.sample_rate
+    mixture = next(s for s in prepared.scores if type(s).__name__ == "MixtureLR")
+    assert mixture.inclusion_prob == threat.sample_rate
+    run = audit_run(settings, prepared=prepared)
+    assert isinstance(run, RunRecord) and run.threat_model == threat and run.steps == 3
+    assert run["scores"] is run.scores  # dict-style reads for readers of the former dicts
+    with pytest.raises(KeyError):
+        run["no_such_key"]

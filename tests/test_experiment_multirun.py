@@ -13,7 +13,9 @@ import pytest
 from dpaudit.experiment import AuditSettings, aggregate, run_audit
 from dpaudit.experiment.collect import collect_sweep
 from dpaudit.experiment.collect import main as aggregate_main
-from dpaudit.experiment.multirun import run_bit, run_one, run_path
+from dpaudit.experiment.multirun import read_run, run_bit, run_one, run_path
+from dpaudit.experiment.run import RunRecord
+from dpaudit.experiment.threat import threat_model_for
 
 MULTI = {
     "dp": {"noise_multiplier": 2.0, "steps": 8, "batch_size": 64},
@@ -49,10 +51,10 @@ def test_resume_skips_finished_runs_and_matches_a_fresh_audit(tmp_path):
     assert {r: run_path(part, r).stat().st_mtime_ns for r in (0, 3)} == stamps  # not redone
     fresh = run_audit(output_dir=tmp_path / "fresh", **MULTI)
     pooled = aggregate(part, settings)
-    assert pooled["runs"] == list(range(6))
-    assert len(pooled["membership"]) == 6 * 2  # 6 runs x 2 canaries, nothing double counted
+    assert pooled.runs == list(range(6))
+    assert len(pooled.membership) == 6 * 2  # 6 runs x 2 canaries, nothing double counted
     bits = [run_bit(settings, r) for r in range(6)]
-    assert pooled["membership"] == [int(b) for b in bits for _ in range(2)]
+    assert pooled.membership == [int(b) for b in bits for _ in range(2)]
     for a, b in zip(resumed["bounds"], fresh["bounds"], strict=True):
         assert a["epsilon"] == pytest.approx(b["epsilon"], rel=1e-9, abs=1e-12)
 
@@ -81,6 +83,38 @@ def test_aggregate_refuses_runs_from_other_settings(tmp_path):
     other = AuditSettings.from_mappings(**{**MULTI, "dp": {**MULTI["dp"], "steps": 9}})
     run_one(other, tmp_path, 1)
     with pytest.raises(ValueError, match="different settings"):
+        aggregate(tmp_path, settings)
+
+
+def test_run_files_round_trip_and_older_files_still_load(tmp_path):
+    settings = AuditSettings.from_mappings(**MULTI)
+    path = run_one(settings, tmp_path, 0)
+    saved = json.loads(path.read_text())
+    old_keys = {"scores", "membership", "steps", "sample_rate", "engine_accountants"}
+    old_keys |= {"test_accuracy", "train_seconds", "canary_info", "chosen", "canary_norm"}
+    old_keys |= {"run", "bit", "fingerprint"}
+    assert set(saved) == old_keys | {"threat_model"}  # candidate_scores left out, as before
+    record = read_run(path)
+    assert RunRecord.from_dict(record.to_dict()) == record
+    # The threat model is built once, when the run is prepared, from the settings.
+    assert record.threat_model == threat_model_for(
+        settings, record.sample_rate, record.steps, record.canary_norm
+    )
+    assert saved["threat_model"]["sample_rate"] == 1.0  # every-step gradient canaries
+    # A run file written before records carried the threat model: pooled with the settings'.
+    legacy = {k: v for k, v in saved.items() if k != "threat_model"}
+    path.write_text(json.dumps(legacy))
+    assert read_run(path).threat_model is None
+    assert aggregate(tmp_path, settings).threat_model == record.threat_model
+    assert aggregate(tmp_path).threat_model is None
+    path.write_text(json.dumps({k: v for k, v in legacy.items() if k != "scores"}))
+    with pytest.raises(ValueError, match=r"run_00000\.json: run record lacks \['scores'\]"):
+        aggregate(tmp_path, settings)
+    path.write_text(json.dumps({k: v for k, v in legacy.items() if k != "fingerprint"}))
+    with pytest.raises(ValueError, match=r"run_00000\.json: .*settings fingerprint"):
+        aggregate(tmp_path, settings)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match=r"run_00000\.json: not a JSON run record"):
         aggregate(tmp_path, settings)
 
 

@@ -42,6 +42,7 @@ from dpaudit.capture import (
 )
 from dpaudit.covariance import PrecisionOperator
 from dpaudit.experiment.settings import AuditSettings
+from dpaudit.experiment.threat import canary_sample_rate
 
 LOSS = nn.functional.cross_entropy
 
@@ -145,9 +146,9 @@ def _gradient(settings, model, train_set, references, params, sample_rate, membe
     else:
         vectors = random_direction_canaries(dim=dim, num=c.count, norm=norm, seed=settings.seed)
         vectors = vectors.to(ref_grads.device, ref_grads.dtype)
-    q_c = None
-    if c.policy == "bernoulli":
-        q_c = float(c.inclusion_prob) if c.inclusion_prob is not None else float(sample_rate)
+    # Bernoulli canaries enter a step with the threat model's canary sample rate (one rule,
+    # ``threat.canary_sample_rate``; the data's q here: gradient canaries leave the data as is).
+    q_c = canary_sample_rate(settings, sample_rate) if c.policy == "bernoulli" else None
     policies = [c.policy if b else "never" for b in membership]
     canaries = GradientCanaries(
         vectors, policy=policies, inclusion_prob=q_c, seed=[settings.seed, 3]

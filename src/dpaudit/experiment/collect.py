@@ -28,8 +28,8 @@ def reaggregate(directory: str | Path) -> dict:
         raise ValueError(f"{out} has no {SETTINGS_FILE}: not a multi-run audit directory")
     settings = AuditSettings.from_mappings(**json.loads(settings_path.read_text()))
     run = aggregate(out, settings)
-    missing = sorted(set(range(settings.audit.runs)) - set(run["runs"]))
-    result = evaluate(settings, run, {"runs_done": len(run["runs"]), "runs_missing": missing})
+    missing = sorted(set(range(settings.audit.runs)) - set(run.runs))
+    result = evaluate(settings, run, {"runs_done": len(run.runs), "runs_missing": missing})
     write_report(result, run, out, settings)
     if missing:
         print(f"{len(missing)} of {settings.audit.runs} runs missing: rerun the audit to add them")

@@ -10,6 +10,7 @@ double-counting a run, and refuses runs made with other settings.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -17,7 +18,9 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from dpaudit.experiment.run import PreparedRun, RunRecord, audit_run, prepare_run
 from dpaudit.experiment.settings import AuditSettings
+from dpaudit.experiment.threat import threat_model_for
 from dpaudit.report import write_json
 
 RUNS_DIR = "runs"
@@ -43,15 +46,15 @@ def run_path(out: Path, r: int) -> Path:
     return out / RUNS_DIR / f"run_{r:05d}.json"
 
 
-def run_one(settings: AuditSettings, out: Path, r: int, prepared: dict | None = None) -> Path:
+def run_one(
+    settings: AuditSettings, out: Path, r: int, prepared: dict[bool, PreparedRun] | None = None
+) -> Path:
     """Train run r and write its record (skips the work if the record already exists).
 
     ``prepared`` is a cache, membership bit -> ``PreparedRun``, shared by the runs of one
     audit: the data, initial model, canaries and scores are set up once per bit, not once
     per run (the records are the same either way).
     """
-    from dpaudit.experiment.audit import audit_run, prepare_run
-
     path = run_path(out, r)
     if path.exists():
         return path
@@ -66,12 +69,13 @@ def run_one(settings: AuditSettings, out: Path, r: int, prepared: dict | None = 
         membership=membership,
         prepared=cache[bit],
     )
-    record.pop("candidate_scores", None)
-    record.update(run=r, bit=int(bit), fingerprint=fingerprint(settings))
-    return write_json(path, record)
+    record = dataclasses.replace(
+        record, candidate_scores=None, run=r, bit=int(bit), fingerprint=fingerprint(settings)
+    )
+    return write_json(path, record.to_dict())
 
 
-def run_multi(settings: AuditSettings, out: Path) -> dict:
+def run_multi(settings: AuditSettings, out: Path) -> RunRecord:
     """Run the missing runs of ``settings.audit.runs``, then aggregate everything on disk.
 
     The settings are saved as ``settings.json`` next to the runs (so ``dpaudit-aggregate`` can
@@ -85,49 +89,64 @@ def run_multi(settings: AuditSettings, out: Path) -> dict:
     else:
         write_json(saved, settings.to_dict())
     todo = [r for r in range(settings.audit.runs) if not run_path(out, r).exists()]
-    prepared: dict = {}
+    prepared: dict[bool, PreparedRun] = {}
     for r in tqdm(todo, desc="audit runs", disable=not settings.progress):
         run_one(settings, out, r, prepared)
     return aggregate(out, settings)
 
 
-def aggregate(out: str | Path, settings: AuditSettings | None = None) -> dict:
-    """Pool the run records under ``out/runs`` into one scores/membership record.
+def read_run(path: Path) -> RunRecord:
+    """The run record in ``path``; a ValueError names the file if it is not one."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not a JSON run record ({err})") from err
+    record = RunRecord.from_dict(data, source=str(path))
+    if record.run is None or record.fingerprint is None:
+        raise ValueError(f"{path}: run record lacks its run number or settings fingerprint")
+    return record
 
-    With ``settings``, records of other settings are an error (never silently mixed).
+
+def aggregate(out: str | Path, settings: AuditSettings | None = None) -> RunRecord:
+    """Pool the run records under ``out/runs`` into one record (``runs`` lists the runs).
+
+    With ``settings``, records of other settings are an error (never silently mixed), and a
+    pooled record of run files written without a threat model gets the settings' one.
     """
     files = sorted(Path(out, RUNS_DIR).glob("run_*.json"))
     if not files:
         raise ValueError(f"no run records under {Path(out, RUNS_DIR)}")
     want = fingerprint(settings) if settings is not None else None
-    records = [json.loads(f.read_text()) for f in files]
-    prints = {r["fingerprint"] for r in records}
+    records = [read_run(f) for f in files]
+    prints = {r.fingerprint for r in records}
     if (want is not None and prints != {want}) or len(prints) > 1:
         raise ValueError(
             f"run records under {out} come from different settings ({sorted(prints)}"
             + (f", expected {want}" if want else "")
             + "): use a fresh output directory"
         )
-    runs = [r["run"] for r in records]
+    runs = [r.run for r in records]
     if len(set(runs)) != len(runs):
         raise ValueError(f"duplicate run numbers under {out}")
     scores: dict[str, list] = {}
     membership: list[int] = []
     for rec in records:
-        for k, v in rec["scores"].items():
+        for k, v in rec.scores.items():
             scores.setdefault(k, []).extend(v)
-        membership.extend(rec["membership"])
+        membership.extend(rec.membership)
     first = records[0]
-    return {
-        "scores": scores,
-        "membership": membership,
-        "steps": first["steps"],
-        "sample_rate": first["sample_rate"],
-        "engine_accountants": first["engine_accountants"],
-        "test_accuracy": float(np.mean([r["test_accuracy"] for r in records])),
-        "canary_info": first["canary_info"],
-        "canary_norm": first.get("canary_norm"),
-        "runs": sorted(runs),
-        "candidate_scores": None,
-        "chosen": None,
-    }
+    threat = first.threat_model
+    if threat is None and settings is not None:
+        threat = threat_model_for(settings, first.sample_rate, first.steps, first.canary_norm)
+    return RunRecord(
+        scores=scores,
+        membership=membership,
+        steps=first.steps,
+        sample_rate=first.sample_rate,
+        engine_accountants=first.engine_accountants,
+        test_accuracy=float(np.mean([r.test_accuracy for r in records])),
+        canary_info=first.canary_info,
+        threat_model=threat,
+        canary_norm=first.canary_norm,
+        runs=sorted(runs),
+    )

@@ -1,8 +1,17 @@
-"""Attack scores for an audit, built from ``attack.scores`` names (DESIGN 4.3)."""
+"""Attack scores for an audit, built from ``attack.scores`` names (DESIGN 4.3).
+
+``SCORES`` maps each name ``attack.scores`` accepts to a builder; a new attack is its
+``StepScore`` in ``dpaudit.attacks`` plus one line here (the settings read the names from it).
+"""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
+from torch import nn
 
 from dpaudit.attacks import (
     BatchSizeScore,
@@ -13,44 +22,64 @@ from dpaudit.attacks import (
     StepScore,
 )
 from dpaudit.capture import per_sample_clipped_grads
-from dpaudit.covariance import estimate_precision, noise_aware
+from dpaudit.covariance import PrecisionOperator, estimate_precision, noise_aware
 from dpaudit.experiment.canary_setup import LOSS, CanarySetup
 from dpaudit.experiment.settings import AuditSettings
+from dpaudit.threat_model import ThreatModel
 
 
-def build_scores(
-    settings: AuditSettings, model, setup: CanarySetup, expected_batch_size: float
-) -> list[StepScore]:
-    """One ``StepScore`` per requested attack; covariance-type scores use references at theta_0.
+@dataclass
+class ScoreContext:
+    """What a score builder may use: the settings, the model at theta_0, the canary setup,
+    Opacus' expected batch size and the run's threat model."""
 
-    Covariance and GLiR use a noise-aware precision: the ``attack.estimator`` of the clipped
-    reference gradients plus (sigma^2 C^2 / b) I, what the released mean's covariance is.
-    """
-    a, dp = settings.attack, settings.dp
-    precision = None
-    if {"covariance", "glir"} & set(a.scores):
+    settings: AuditSettings
+    model: nn.Module
+    setup: CanarySetup
+    expected_batch_size: float
+    threat: ThreatModel
+
+    @functools.cached_property
+    def precision(self) -> PrecisionOperator:
+        """Noise-aware precision, estimated once for all scores that need it: the
+        ``attack.estimator`` of the clipped reference gradients at theta_0 plus
+        (sigma^2 C^2 / b) I, what the released mean's covariance is."""
+        a, dp, setup = self.settings.attack, self.settings.dp, self.setup
         x, y = setup.references
         k = min(a.n_references, len(x))
         grads = per_sample_clipped_grads(
-            model, x[:k], y[:k], LOSS, dp.max_grad_norm, param_names=setup.param_names
+            self.model, x[:k], y[:k], LOSS, dp.max_grad_norm, param_names=setup.param_names
         )
         if setup.coordinates is not None:  # the hook's coordinate view
             grads = grads[:, torch.as_tensor(setup.coordinates, device=grads.device)]
         base = estimate_precision(grads, a.estimator)
-        precision = noise_aware(base, dp.noise_multiplier, dp.max_grad_norm, expected_batch_size)
-    out: list[StepScore] = []
-    for name in a.scores:
-        if name == "scalar":
-            out.append(ScalarProduct())
-        elif name == "covariance":
-            out.append(CovarianceScore(precision))
-        elif name == "glir":
-            out.append(GLiRScore(precision))
-        elif name == "mixture_lr":
-            if settings.canary.kind != "gradient":
-                raise ValueError("attack.scores: 'mixture_lr' needs canary.kind='gradient'")
-            q_c = setup.inclusion_prob if setup.inclusion_prob is not None else 1.0
-            out.append(MixtureLR(inclusion_prob=q_c))
-        elif name == "batch_size":
-            out.append(BatchSizeScore())
-    return out
+        return noise_aware(base, dp.noise_multiplier, dp.max_grad_norm, self.expected_batch_size)
+
+
+def _mixture_lr(ctx: ScoreContext) -> StepScore:
+    """Mixture likelihood ratio at the canaries' per-step sample rate (the threat model's)."""
+    if ctx.settings.canary.kind != "gradient":
+        raise ValueError("attack.scores: 'mixture_lr' needs canary.kind='gradient'")
+    return MixtureLR(inclusion_prob=ctx.threat.sample_rate)
+
+
+SCORES: dict[str, Callable[[ScoreContext], StepScore]] = {
+    "scalar": lambda ctx: ScalarProduct(),
+    "covariance": lambda ctx: CovarianceScore(ctx.precision),
+    "mixture_lr": _mixture_lr,
+    "glir": lambda ctx: GLiRScore(ctx.precision),
+    "batch_size": lambda ctx: BatchSizeScore(),
+}
+
+
+def build_scores(
+    settings: AuditSettings,
+    model,
+    setup: CanarySetup,
+    expected_batch_size: float,
+    threat: ThreatModel,
+) -> list[StepScore]:
+    """One ``StepScore`` per requested attack (``SCORES``), in the order requested;
+    covariance-type scores share one precision estimated from references at theta_0."""
+    ctx = ScoreContext(settings, model, setup, expected_batch_size, threat)
+    return [SCORES[name](ctx) for name in settings.attack.scores]

@@ -1,0 +1,245 @@
+"""Preparing and training one audited run, and its typed record (DESIGN 3, steps 1-4).
+
+``prepare_run`` loads the data, builds the model at theta_0, sets up the canaries and the
+attack scores and builds the run's ``ThreatModel`` once; ``audit_run`` trains a copy of the
+prepared state and returns a ``RunRecord``. The record is what a multi-run audit writes to
+``runs/run_<r>.json`` (``to_dict`` / ``from_dict``) and what the evaluation reads, for one run
+or for runs pooled by ``multirun.aggregate``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from dpaudit.attacks import StepScore
+from dpaudit.canaries import predicted_leakage
+from dpaudit.capture import per_sample_clipped_grads
+from dpaudit.experiment.canary_setup import CanarySetup, setup_canaries
+from dpaudit.experiment.scores import build_scores
+from dpaudit.experiment.settings import AuditSettings
+from dpaudit.experiment.threat import threat_model_for
+from dpaudit.experiment.training import poisson_sample_rate, total_steps, train_audited
+from dpaudit.models import build_model
+from dpaudit.threat_model import ThreatModel
+
+
+def resolve_device(settings: AuditSettings) -> torch.device:
+    """``settings.device``, or CUDA when available, else CPU."""
+    if settings.device:
+        return torch.device(settings.device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@dataclass
+class RunRecord:
+    """One audited training run, or the runs of a multi-run audit pooled (``runs`` set).
+
+    Scores and membership are per canary (pooled: run after run). ``threat_model`` is the
+    accountant's claim for one canary of this run (None for records written before it was
+    stored). ``run`` / ``bit`` / ``fingerprint`` tag a multi-run audit's run file;
+    ``candidate_scores`` (Algorithm 3's ranking, the same in every run) is left out of those.
+    """
+
+    scores: dict[str, list[float]]
+    membership: list[int]
+    steps: int
+    sample_rate: float  # the data's Poisson sample rate q
+    engine_accountants: dict[str, dict]  # Opacus' epsilon per accountant (to_dict form)
+    test_accuracy: float
+    canary_info: dict
+    threat_model: ThreatModel | None = None
+    canary_norm: float | None = None  # gradient canaries' norm (None: input canaries)
+    train_seconds: float | None = None
+    candidate_scores: list[float] | None = None
+    chosen: list[int] | None = None
+    run: int | None = None
+    bit: int | None = None
+    fingerprint: str | None = None
+    runs: list[int] | None = None  # pooled record: the run numbers it holds
+
+    def to_dict(self) -> dict:
+        """JSON-ready dictionary (the run file's keys); optional tags are left out when unset."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.name in _OMITTED_WHEN_NONE:
+                continue
+            out[f.name] = value
+        if self.threat_model is not None:
+            out["threat_model"] = self.threat_model.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str | None = None) -> RunRecord:
+        """Rebuild from ``to_dict()`` output or an older run file (no ``threat_model``).
+
+        Raises a ValueError naming ``source`` (e.g. the file) and the missing keys.
+        """
+        where = f"{source}: " if source else ""
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}run record must be a JSON object, got {type(d).__name__}")
+        missing = [k for k in _REQUIRED if k not in d]
+        if missing:
+            raise ValueError(f"{where}run record lacks {missing}")
+        values = {k: v for k, v in d.items() if k in _FIELDS}
+        tm = values.get("threat_model")
+        if isinstance(tm, dict):
+            try:
+                values["threat_model"] = ThreatModel.from_dict(tm)
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"{where}run record's threat_model: {err}") from err
+        return cls(**values)
+
+    def __getitem__(self, key: str) -> Any:
+        """Read a field by its JSON key, for readers written against the former dicts."""
+        if key not in _FIELDS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``record[key]``, or ``default`` for a key that is not a field (like ``dict.get``)."""
+        return getattr(self, key) if key in _FIELDS else default
+
+
+_FIELDS = frozenset(f.name for f in fields(RunRecord))
+_REQUIRED = tuple(f.name for f in fields(RunRecord) if f.default is MISSING)
+_OMITTED_WHEN_NONE = frozenset(
+    {"threat_model", "candidate_scores", "run", "bit", "fingerprint", "runs"}
+)
+
+
+@dataclass
+class PreparedRun:
+    """What every run with the same membership shares: it depends on ``settings.seed`` only.
+
+    The data split, the initial model (after the canaries were chosen at theta_0), the canary
+    setup, the attack scores before their first step and the run's threat model. Preparing
+    them once lets a multi-run audit train R runs without reloading data, re-ranking canaries
+    or re-estimating precisions; ``audit_run`` trains a deep copy, so the prepared objects are
+    never modified.
+    """
+
+    model: nn.Module
+    test: Dataset
+    setup: CanarySetup
+    sample_rate: float
+    scores: list[StepScore]
+    threat: ThreatModel
+
+
+def prepare_run(settings: AuditSettings, membership: np.ndarray | None = None) -> PreparedRun:
+    """Load the data, build the model at theta_0, set up the canaries, the threat model and
+    the attack scores.
+
+    The data's sample rate q is computed on the training data without the canaries (input
+    canaries drawn from the training data are held out of it first), so it is the same in
+    every run of an audit.
+    """
+    seed, dp = settings.seed, settings.dp
+    device = resolve_device(settings)
+    train, test, info = settings.data.load(seed)
+    m = settings.model
+    model = build_model(m.name, info.input_shape, info.num_classes, m.width, seed=seed)
+    model = model.to(device)
+    setup = setup_canaries(settings, model, train, poisson_sample_rate(dp, len(train)), membership)
+    sample_rate = poisson_sample_rate(dp, setup.n_base)
+    threat = threat_model_for(
+        settings, sample_rate, total_steps(dp, sample_rate), setup.info.get("norm")
+    )
+    expected_b = max(1, int(len(setup.train_set) * sample_rate))  # Opacus' expected batch
+    scores = build_scores(settings, model, setup, expected_b, threat)
+    if setup.precision is not None:
+        setup.info["predicted_leakage"] = predict_input_leakage(
+            settings, model, setup, sample_rate, expected_b
+        )
+    return PreparedRun(model, test, setup, sample_rate, scores, threat)
+
+
+def predict_input_leakage(settings, model, setup, sample_rate: float, batch_size: int) -> dict:
+    """Seed 001's prediction for the chosen input canaries, so reports put it next to the
+    measurement: noise-aware Mahalanobis score at theta_0 -> per-step and composed GDP mu
+    (over the expected q T inclusions), epsilon, and the AUC of the epoch-summed covariance
+    score (``dpaudit.canaries.predicted_leakage``)."""
+    dp = settings.dp
+    grads = per_sample_clipped_grads(
+        model,
+        setup.canaries.inputs,
+        setup.canaries.targets,
+        setup.canaries.loss_fn,
+        dp.max_grad_norm,
+        param_names=setup.param_names,
+    )
+    steps = total_steps(dp, sample_rate)
+    pred = predicted_leakage(
+        grads,
+        setup.precision,
+        dp.noise_multiplier,
+        dp.max_grad_norm,
+        batch_size,
+        inclusions=max(1, round(sample_rate * steps)),
+        delta=dp.delta,
+        total_steps=steps,
+    )
+    out = pred.as_dict()
+    out["mean_auc_summed_score"] = float(np.mean(pred.auc_summed_score))
+    return out
+
+
+def audit_run(
+    settings: AuditSettings,
+    run_seed: int | None = None,
+    membership: np.ndarray | None = None,
+    prepared: PreparedRun | None = None,
+) -> RunRecord:
+    """Train once with the audit hook; return scores, membership and the run's bookkeeping.
+
+    The data split, the initial model and the canaries depend on ``settings.seed`` only (a
+    fixed target across the runs of a multi-run audit); sampling and noise on ``run_seed``.
+    ``prepared`` (from ``prepare_run`` with the same settings and membership) skips the setup;
+    the result is the same as without it.
+    """
+    run_seed = settings.seed if run_seed is None else run_seed
+    if prepared is None:
+        prepared = prepare_run(settings, membership)
+    elif membership is not None and not np.array_equal(
+        np.asarray(membership, dtype=bool), prepared.setup.membership
+    ):
+        raise ValueError("membership differs from the membership the run was prepared with")
+    setup = prepared.setup
+    model, scores = copy.deepcopy((prepared.model, prepared.scores))
+    outcome = train_audited(
+        model,
+        setup.train_set,
+        prepared.test,
+        settings.dp,
+        prepared.sample_rate,
+        setup.canaries,
+        scores,
+        params=setup.param_names,
+        seed=run_seed,
+        progress=settings.progress,
+        coordinates=setup.coordinates,
+    )
+    return RunRecord(
+        scores={k: v.tolist() for k, v in outcome.scores.items()},
+        membership=setup.membership.astype(int).tolist(),
+        steps=outcome.steps,
+        sample_rate=outcome.sample_rate,
+        engine_accountants={k: v.to_dict() for k, v in outcome.accountants.items()},
+        test_accuracy=outcome.test_accuracy,
+        canary_info=setup.info,
+        threat_model=prepared.threat,
+        canary_norm=setup.info.get("norm"),
+        train_seconds=outcome.seconds,
+        candidate_scores=None
+        if setup.candidate_scores is None
+        else setup.candidate_scores.tolist(),
+        chosen=None if setup.chosen is None else setup.chosen.tolist(),
+    )
