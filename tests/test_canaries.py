@@ -7,6 +7,7 @@ from scipy.special import ndtr
 from torch import nn
 
 from dpaudit.canaries import (
+    INPUT_SOURCES,
     InputCandidates,
     blank_inputs,
     dirac_canaries,
@@ -133,6 +134,22 @@ def test_candidate_sources():
         dirac_canaries(5, [5], 1.0)
     with pytest.raises(ValueError, match="seed"):
         in_distribution(x, y, num=3, seed=None)
+
+
+def test_input_source_registry():
+    """Every registered source builds candidates from the training data with the audit's
+    caps; only in_distribution's candidates are training rows held out of the data."""
+    x, y, _, _ = _digits_setup()
+    sizes = {"in_distribution": 40, "mislabeled": 40, "blank": 10, "crafted": 40}
+    assert set(INPUT_SOURCES) == set(sizes)
+    for name, source in INPUT_SOURCES.items():
+        cand = source.make(x, y, 10, 40, np.random.default_rng(0), 5.0)
+        assert len(cand) == sizes[name] and set(cand.kind) == {name}
+        assert source.held_out == (name == "in_distribution")
+    held = INPUT_SOURCES["in_distribution"].make(x, y, 10, 10**6, np.random.default_rng(0), 1.0)
+    assert len(held) == len(x) // 2  # at most half the training data is held out
+    crafted = INPUT_SOURCES["crafted"].make(x, y, 10, 10**6, None, 5.0)
+    assert len(crafted) == 64 * 10 and float(crafted.inputs.max()) == 5.0
 
 
 def test_rank_along_trajectory_puts_planted_outlier_first_every_step():

@@ -52,6 +52,18 @@ def test_vision_sets_need_torchvision(monkeypatch):
             load_dataset(name, root="unused")
 
 
+def test_dataset_registry_is_what_settings_accept(monkeypatch):
+    from dpaudit import data
+    from dpaudit.experiment import AuditSettings
+
+    tiny = load_dataset("synthetic", seed=0, n=40, dim=4)
+    monkeypatch.setitem(data.DATASETS, "tiny", lambda seed, *args, **kwargs: tiny)
+    assert load_dataset("tiny", seed=5) is tiny
+    assert AuditSettings.from_mappings(data={"name": "tiny"}).data.load(0) is tiny
+    with pytest.raises(ValueError, match=r"data\.name must be one of \('digits'"):
+        AuditSettings.from_mappings(data={"name": "mnist3d"})
+
+
 def test_bad_names():
     with pytest.raises(ValueError, match="name"):
         load_dataset("mnist3d")

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from dpaudit.experiment import AuditSettings, audit_run, run_audit
+from dpaudit.experiment import settings as settings_module
 from dpaudit.experiment.run import RunRecord, prepare_run
 from dpaudit.experiment.threat import threat_model_for
 from dpaudit.experiment.training import poisson_sample_rate
@@ -84,6 +85,20 @@ def test_input_canary_audit_reports_predicted_leakage(tmp_path):
     assert 0.5 < pred["mean_auc_summed_score"] < 1.0
     assert res["theory"]["threat_model"]["sample_rate"] == pytest.approx(res["sample_rate"])
     assert (tmp_path / "candidates_mahalanobis.png").exists()
+
+
+def test_allowed_names_come_from_the_registries():
+    from dpaudit.canaries import INPUT_SOURCES
+    from dpaudit.data import DATASETS
+    from dpaudit.experiment.scores import SCORES
+
+    assert settings_module.ATTACKS == tuple(SCORES)
+    assert settings_module.INPUT_SOURCES == tuple(INPUT_SOURCES)
+    assert settings_module.DATASETS == tuple(DATASETS)
+    with pytest.raises(ValueError, match=r"canary\.source must be one of \('in_distribution'"):
+        AuditSettings.from_mappings(canary={"source": "nope"})
+    with pytest.raises(AttributeError):
+        settings_module.NO_SUCH_REGISTRY
 
 
 def test_threat_model_built_once_sets_bernoulli_canaries_inclusion():

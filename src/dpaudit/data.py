@@ -9,14 +9,14 @@ torchvision (``pip install dpaudit[vision]``), imported only when asked for.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import TensorDataset
-
-DATASETS = ("digits", "synthetic", "fmnist", "cifar10")
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,8 @@ def _tensors(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...]) -> TensorData
     return TensorDataset(xt, torch.as_tensor(y, dtype=torch.int64))
 
 
-def _digits(seed: int, test_fraction: float, n_train: int | None):
+def _digits(seed: int, test_fraction: float, n_train: int | None, root=None, download=False, **_):
+    """scikit-learn's 8x8 digits (embedded: ``root`` / ``download`` and options unused)."""
     from sklearn.datasets import load_digits
 
     x, y = load_digits(return_X_y=True)
@@ -84,12 +85,15 @@ def _synthetic(
     seed: int,
     test_fraction: float,
     n_train: int | None,
+    root=None,
+    download: bool = False,
     n: int = 2000,
     dim: int = 32,
     num_classes: int = 4,
     separation: float = 2.0,
 ):
-    """Gaussian mixture: class means ~ N(0, separation^2 I / dim) * sqrt(dim), unit noise."""
+    """Gaussian mixture: class means ~ N(0, separation^2 I / dim) * sqrt(dim), unit noise
+    (generated: ``root`` / ``download`` unused)."""
     if n < 2 or dim < 1 or num_classes < 2:
         raise ValueError(f"synthetic: need n >= 2, dim >= 1, num_classes >= 2, got {n, dim}")
     rng = np.random.default_rng(seed)
@@ -113,7 +117,16 @@ def _torchvision():
     return torchvision
 
 
-def _vision(name: str, root: str | Path, download: bool, seed: int, n_train: int | None):
+def _vision(
+    name: str,
+    seed: int,
+    test_fraction: float,
+    n_train: int | None,
+    root: str | Path = "data",
+    download: bool = False,
+    **_,
+):
+    """A torchvision set with its fixed train/test split (``test_fraction`` unused)."""
     tv = _torchvision()
     cls = {"fmnist": tv.datasets.FashionMNIST, "cifar10": tv.datasets.CIFAR10}[name]
     out = []
@@ -132,6 +145,16 @@ def _vision(name: str, root: str | Path, download: bool, seed: int, n_train: int
     return _tensors(xtr, ytr, shape), _tensors(xte, yte, shape), info
 
 
+DATASETS: dict[str, Callable[..., tuple[TensorDataset, TensorDataset, DatasetInfo]]] = {
+    "digits": _digits,
+    "synthetic": _synthetic,
+    "fmnist": functools.partial(_vision, "fmnist"),
+    "cifar10": functools.partial(_vision, "cifar10"),
+}
+"""Name -> loader ``(seed, test_fraction, n_train, root, download, **options)``: a new data set
+is its loader plus one line here (``data.name`` accepts exactly these names)."""
+
+
 def load_dataset(
     name: str = "digits",
     seed: int = 0,
@@ -147,10 +170,6 @@ def load_dataset(
     apply to the torchvision sets (which have a fixed train/test split); ``kwargs`` go to the
     synthetic generator (``n``, ``dim``, ``num_classes``, ``separation``).
     """
-    if name == "digits":
-        return _digits(seed, test_fraction, n_train)
-    if name == "synthetic":
-        return _synthetic(seed, test_fraction, n_train, **kwargs)
-    if name in ("fmnist", "cifar10"):
-        return _vision(name, root, download, seed, n_train)
-    raise ValueError(f"name must be one of {DATASETS}, got {name!r}")
+    if name not in DATASETS:
+        raise ValueError(f"name must be one of {tuple(DATASETS)}, got {name!r}")
+    return DATASETS[name](seed, test_fraction, n_train, root=root, download=download, **kwargs)

@@ -18,6 +18,8 @@ from dpaudit.canaries.ranking import (
     select_canaries,
 )
 from dpaudit.canaries.sources import (
+    INPUT_SOURCES,
+    CandidateSource,
     InputCandidates,
     blank_inputs,
     crafted_inputs,
@@ -30,7 +32,9 @@ from dpaudit.canaries.sources import (
 from dpaudit.canaries.trajectory import TrajectoryRanking, rank_along_trajectory
 
 __all__ = [
+    "INPUT_SOURCES",
     "STRATEGIES",
+    "CandidateSource",
     "InputCandidates",
     "PredictedLeakage",
     "Ranking",

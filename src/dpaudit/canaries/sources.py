@@ -1,15 +1,17 @@
 """Canary candidates (DESIGN 3 step 2, 4.4): input candidates and gradient canaries.
 
-Input candidates are (inputs, targets) pairs: in-distribution examples, mislabeled copies and
-blank inputs. Their gradients are clipped to C by ``per_sample_clipped_grads`` when ranked and
-by Opacus when trained on. Gradient canaries are (K, d) vectors scaled to norm C (Dirac on
-chosen coordinates, random directions): a gradient canary above C would let an audit exceed the
-true epsilon, so ``scale_to_norm`` never returns one.
+Input candidates are (inputs, targets) pairs: in-distribution examples, mislabeled copies,
+blank and crafted inputs; ``INPUT_SOURCES`` names each source an audit's ``canary.source``
+accepts (a new source is its generator plus one line there). Their gradients are clipped to C
+by ``per_sample_clipped_grads`` when ranked and by Opacus when trained on. Gradient canaries
+are (K, d) vectors scaled to norm C (Dirac on chosen coordinates, random directions): a
+gradient canary above C would let an audit exceed the true epsilon, so ``scale_to_norm`` never
+returns one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -185,3 +187,40 @@ def random_direction_canaries(
     gen = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(int(seed))
     v = torch.randn(int(num), int(dim), generator=gen, dtype=torch.float64)
     return scale_to_norm(v, norm).to(device=device, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class CandidateSource:
+    """An input-canary source of the audit: ``make(inputs, targets, num_classes, num, rng,
+    value)`` builds the candidates from the training data (``num``: how many are asked for,
+    each source caps it; ``value``: the crafted feature value). ``held_out``: the candidates
+    are training rows (``source`` holds their indices), which the audit removes from the data.
+    """
+
+    make: Callable[..., InputCandidates]
+    held_out: bool = False
+
+
+def _in_distribution_source(inputs, targets, num_classes, num, rng, value) -> InputCandidates:
+    return in_distribution(inputs, targets, num=min(num, len(inputs) // 2), seed=rng)
+
+
+def _mislabeled_source(inputs, targets, num_classes, num, rng, value) -> InputCandidates:
+    return mislabeled(inputs, targets, num_classes, num=min(num, len(inputs) // 2), seed=rng)
+
+
+def _blank_source(inputs, targets, num_classes, num, rng, value) -> InputCandidates:
+    return blank_inputs(inputs.shape[1:], num_classes, device=inputs.device)
+
+
+def _crafted_source(inputs, targets, num_classes, num, rng, value) -> InputCandidates:
+    num = min(num, inputs[0].numel() * num_classes)
+    return crafted_inputs(inputs, num_classes, num=num, value=value)
+
+
+INPUT_SOURCES: dict[str, CandidateSource] = {
+    "in_distribution": CandidateSource(_in_distribution_source, held_out=True),
+    "mislabeled": CandidateSource(_mislabeled_source),
+    "blank": CandidateSource(_blank_source),
+    "crafted": CandidateSource(_crafted_source),
+}

@@ -25,11 +25,8 @@ from torch import nn
 from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
 
 from dpaudit.canaries import (
+    INPUT_SOURCES,
     InputCandidates,
-    blank_inputs,
-    crafted_inputs,
-    in_distribution,
-    mislabeled,
     random_direction_canaries,
     rank_candidates,
     select_canaries,
@@ -184,28 +181,19 @@ def data_gradient_activity(
     return (total / n).cpu().numpy()
 
 
-def _candidates(c, train_set, info_num_classes, rng, device) -> tuple[InputCandidates, np.ndarray]:
-    """Candidate pool and the training indices it consumed (held out of the base data)."""
-    n = len(train_set)
-    x, y = _tensors(train_set, np.arange(n))
-    if c.source == "blank":
-        return blank_inputs(x.shape[1:], info_num_classes, device=device), np.array([], int)
-    if c.source == "crafted":
-        num = min(c.candidates, x[0].numel() * info_num_classes)
-        cand = crafted_inputs(x, info_num_classes, num=num, value=c.crafted_value)
-        return cand, np.array([], int)
-    num = min(c.candidates, n // 2)
-    if c.source == "mislabeled":
-        cand = mislabeled(x, y, info_num_classes, num=num, seed=rng)
-        return cand, np.array([], int)
-    cand = in_distribution(x, y, num=num, seed=rng)
-    return cand, np.asarray(cand.source)
+def _candidates(c, train_set, num_classes, rng) -> tuple[InputCandidates, np.ndarray]:
+    """Candidate pool of ``canary.source`` (``canaries.INPUT_SOURCES``) and the training
+    indices it consumed (held out of the base data)."""
+    x, y = _tensors(train_set, np.arange(len(train_set)))
+    source = INPUT_SOURCES[c.source]
+    cand = source.make(x, y, num_classes, c.candidates, rng, c.crafted_value)
+    return cand, np.asarray(cand.source) if source.held_out else np.array([], int)
 
 
 def _input(settings, model, train_set, references, params, membership, rng, device, C):
     c = settings.canary
     num_classes = int(model(references[0][:1]).shape[1])
-    cand, held_out = _candidates(c, train_set, num_classes, rng, device)
+    cand, held_out = _candidates(c, train_set, num_classes, rng)
     cand = InputCandidates(cand.inputs.to(device), cand.targets.to(device), cand.kind, cand.source)
     ranking = rank_candidates(
         model,

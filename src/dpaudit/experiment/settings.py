@@ -1,7 +1,11 @@
 """Typed settings of one audit, one dataclass per Hydra config group (data, model, dp, ...).
 
 Hydra passes plain mappings; ``AuditSettings.from_mappings`` turns them into these objects and
-every field is checked here, once, with an error that names the group and the field.
+every field is checked here, once, with an error that names the group and the field. The names
+of data sets, input-canary sources and attack scores come from the registries next to their
+code (``dpaudit.data.DATASETS``, ``dpaudit.canaries.INPUT_SOURCES``,
+``dpaudit.experiment.scores.SCORES``), read when a check needs them so this module stays cheap
+to import; ``settings.DATASETS`` / ``INPUT_SOURCES`` / ``ATTACKS`` give the names as tuples.
 """
 
 from __future__ import annotations
@@ -15,11 +19,27 @@ CANARY_KINDS = ("gradient", "input")
 DIRECTIONS = ("dirac", "random")
 GRADIENT_POLICIES = ("every_step", "bernoulli")
 VIEWS = ("full", "auto")
-INPUT_SOURCES = ("in_distribution", "mislabeled", "blank", "crafted")
 SELECTIONS = ("top", "easy", "medium", "hard", "stratified", "random")
-ATTACKS = ("scalar", "covariance", "mixture_lr", "glir", "batch_size")
 MODES = ("one_run", "multi_run")
 OPTIMIZERS = ("sgd", "adam")
+
+
+def _registry_names(name: str) -> tuple[str, ...]:
+    """The names a registry holds, imported on first use (the registries import torch)."""
+    if name == "DATASETS":
+        from dpaudit.data import DATASETS as registry
+    elif name == "INPUT_SOURCES":
+        from dpaudit.canaries.sources import INPUT_SOURCES as registry
+    else:
+        from dpaudit.experiment.scores import SCORES as registry
+    return tuple(registry)
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    """``DATASETS``, ``INPUT_SOURCES`` and ``ATTACKS``: the allowed names, from the registries."""
+    if name in ("DATASETS", "INPUT_SOURCES", "ATTACKS"):
+        return _registry_names(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _fail(group: str, name: str, expected: str, got: Any) -> None:
@@ -70,9 +90,7 @@ class DataSettings:
         )
 
     def check(self) -> None:
-        from dpaudit.data import DATASETS
-
-        _choice("data", "name", self.name, DATASETS)
+        _choice("data", "name", self.name, _registry_names("DATASETS"))
         if self.n_train is not None:
             _positive("data", "n_train", self.n_train, integer=True)
         _unit("data", "test_fraction", self.test_fraction)
@@ -156,7 +174,7 @@ class CanarySettings:
         _choice("canary", "view", self.view, VIEWS)
         if self.inclusion_prob is not None:
             _unit("canary", "inclusion_prob", self.inclusion_prob, closed_right=True)
-        _choice("canary", "source", self.source, INPUT_SOURCES)
+        _choice("canary", "source", self.source, _registry_names("INPUT_SOURCES"))
         _choice("canary", "selection", self.selection, SELECTIONS)
         _positive("canary", "candidates", self.candidates, integer=True)
         _positive("canary", "n_references", self.n_references, integer=True)
@@ -170,10 +188,11 @@ class AttackSettings:
     n_references: int = 128
 
     def check(self) -> None:
+        attacks = _registry_names("ATTACKS")
         if not self.scores:
-            _fail("attack", "scores", f"a non-empty list from {ATTACKS}", self.scores)
+            _fail("attack", "scores", f"a non-empty list from {attacks}", self.scores)
         for s in self.scores:
-            _choice("attack", "scores", s, ATTACKS)
+            _choice("attack", "scores", s, attacks)
         _positive("attack", "n_references", self.n_references, integer=True)
 
 
