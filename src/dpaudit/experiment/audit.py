@@ -25,7 +25,9 @@ __all__ = ["audit_run", "audit_task", "evaluate", "resolve_device", "run_audit"]
 
 def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None) -> dict:
     """Evidence, theory and verdict for pooled scores (one run, or runs aggregated)."""
-    threat = threat_model_for(settings, run.sample_rate, run.steps, run.canary_norm)
+    threat = run.threat_model or threat_model_for(
+        settings, run.sample_rate, run.steps, run.canary_norm
+    )
     evidence = evaluate_audit(
         settings,
         run.scores,

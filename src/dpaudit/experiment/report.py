@@ -138,14 +138,14 @@ def write_audit_report(
     return path
 
 
-def write_report(result: dict, run: dict, out: Path, settings) -> None:
-    """``write_audit_report`` for an audit run record and its ``AuditSettings``."""
-    split = split_scores({k: np.asarray(v) for k, v in run["scores"].items()}, run["membership"])
+def write_report(result: dict, run, out: Path, settings) -> None:
+    """``write_audit_report`` for an audit's ``RunRecord`` and its ``AuditSettings``."""
+    split = split_scores({k: np.asarray(v) for k, v in run.scores.items()}, run.membership)
     write_audit_report(
         result,
         split,
         out,
-        candidate_scores=run.get("candidate_scores"),
-        chosen=run.get("chosen"),
+        candidate_scores=run.candidate_scores,
+        chosen=run.chosen,
         selection=settings.canary.selection,
     )
