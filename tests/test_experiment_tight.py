@@ -63,17 +63,17 @@ def test_view_auto_equals_full_and_dead_coordinates_warning():
     for view in ("full", "auto"):
         g = dict(groups, canary=dict(groups["canary"], view=view))
         runs[view] = audit_run(AuditSettings.from_mappings(**g))
-    assert runs["auto"]["canary_info"]["view"] == "auto"
-    assert runs["auto"]["canary_info"]["coordinates"] == runs["full"]["canary_info"]["coordinates"]
-    assert runs["auto"]["canary_info"]["zero_gradient_coordinates"] == 30
+    assert runs["auto"].canary_info["view"] == "auto"
+    assert runs["auto"].canary_info["coordinates"] == runs["full"].canary_info["coordinates"]
+    assert runs["auto"].canary_info["zero_gradient_coordinates"] == 30
     for name in ("scalar", "mixture_lr"):
         np.testing.assert_allclose(
-            runs["auto"]["scores"][name], runs["full"]["scores"][name], rtol=1e-5, atol=1e-6
+            runs["auto"].scores[name], runs["full"].scores[name], rtol=1e-5, atol=1e-6
         )
     g = dict(groups, canary=dict(groups["canary"], count=40, view="auto"))
     with pytest.warns(UserWarning, match=r"canary.count=40 exceeds the 30 coordinates"):
         run = audit_run(AuditSettings.from_mappings(**g))
-    assert run["canary_info"]["canaries_on_zero_gradient_coordinates"] == 30
+    assert run.canary_info["canaries_on_zero_gradient_coordinates"] == 30
 
 
 def test_bad_view_setting():

@@ -15,12 +15,11 @@ from pathlib import Path
 from dpaudit.experiment.evaluation import evaluate_audit
 from dpaudit.experiment.multirun import run_multi
 from dpaudit.experiment.report import write_report
-from dpaudit.experiment.run import RunRecord, audit_run, resolve_device
+from dpaudit.experiment.run import RunRecord, audit_run
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.threat import threat_model_for
 
-# audit_run and resolve_device live in dpaudit.experiment.run; re-exported for old imports.
-__all__ = ["audit_run", "audit_task", "evaluate", "resolve_device", "run_audit"]
+__all__ = ["audit_task", "evaluate", "run_audit"]
 
 
 def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None) -> dict:

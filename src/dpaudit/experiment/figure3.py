@@ -33,8 +33,8 @@ from dpaudit.canaries import (
 )
 from dpaudit.capture import InputCanaries, resolve_parameter_names
 from dpaudit.covariance import noise_aware
-from dpaudit.experiment.audit import resolve_device
 from dpaudit.experiment.canary_setup import LOSS
+from dpaudit.experiment.run import resolve_device
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.training import SAMPLINGS, poisson_sample_rate, train_audited
 from dpaudit.models import build_model

@@ -97,16 +97,6 @@ class RunRecord:
                 raise ValueError(f"{where}run record's threat_model: {err}") from err
         return cls(**values)
 
-    def __getitem__(self, key: str) -> Any:
-        """Read a field by its JSON key, for readers written against the former dicts."""
-        if key not in _FIELDS:
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """``record[key]``, or ``default`` for a key that is not a field (like ``dict.get``)."""
-        return getattr(self, key) if key in _FIELDS else default
-
 
 _FIELDS = frozenset(f.name for f in fields(RunRecord))
 _REQUIRED = tuple(f.name for f in fields(RunRecord) if f.default is MISSING)
