@@ -182,4 +182,5 @@ def test_joblib_launcher_runs_jobs_in_parallel_processes(tmp_path):
     assert p.returncode == 0, err
     summary = collect_sweep(tmp_path)
     assert len(summary["jobs"]) == 2 and summary["pending"] == []
-    assert all(r["eps_lower"] <= r["eps_upper"] for r in summary["jobs"])
+    assert all(r["eps_certified"] <= r["eps_claimed"] for r in summary["jobs"])
+    assert {r["status"] for r in summary["jobs"]} <= {"consistent", "estimate_above_claim"}

@@ -65,9 +65,11 @@ def collect_sweep(directory: str | Path) -> dict:
             {
                 "job": job.name,
                 "overrides": _overrides(job),
-                "eps_lower": v.get("best_lower_bound", float("nan")),
-                "eps_upper": v.get("upper_bound", float("nan")),
-                "ratio": v.get("ratio", float("nan")),
+                "status": v.get("status", "privacy_bug" if v.get("privacy_bug") else "?"),
+                "eps_certified": v.get("best_lower_bound", float("nan")),
+                "eps_estimate": v.get("best_estimate", float("nan")),
+                "eps_claimed": v.get("claimed_epsilon", v.get("upper_bound", float("nan"))),
+                "sigma_upper": v.get("sigma_upper", float("nan")),
                 "privacy_bug": "YES" if v.get("privacy_bug") else "no",
             }
         )
