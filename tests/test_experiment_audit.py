@@ -42,6 +42,8 @@ def test_one_run_audit_report(tmp_path):
     assert all(b["confidence"] == pytest.approx(1 - 0.05 / 8) for b in res["bounds"])
     assert res["per_test_confidence"] == pytest.approx(1 - 0.05 / 8)
     saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["schema_version"] == saved["provenance"]["schema_version"]
+    assert saved["provenance"]["device"] == "cpu" and saved["provenance"]["versions"]["opacus"]
     assert saved["verdict"]["best_lower_bound"] == pytest.approx(v["best_lower_bound"])
     for plot in ("roc.png", "score_histograms.png"):
         assert (tmp_path / plot).stat().st_size > 1000

@@ -41,3 +41,31 @@ def test_top_level_names_resolve():
         assert getattr(dpaudit, name) is not None
     with pytest.raises(AttributeError, match="no attribute"):
         dpaudit.nope
+
+
+def test_json_files_follow_the_umask_not_mkstemp(tmp_path):
+    import os
+    import stat
+
+    from dpaudit.report import write_json
+
+    old = os.umask(0o022)
+    try:
+        path = write_json(tmp_path / "r.json", {"a": 1})
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644  # group and others can read
+        os.umask(0o077)
+        private = write_json(tmp_path / "p.json", {"a": 1})
+        assert stat.S_IMODE(private.stat().st_mode) == 0o600  # a strict umask is respected
+    finally:
+        os.umask(old)
+
+
+def test_provenance_describes_the_run():
+    from dpaudit.report.provenance import SCHEMA_VERSION, provenance
+
+    p = provenance("cpu")
+    assert p["schema_version"] == SCHEMA_VERSION and p["device"] == "cpu"
+    assert p["versions"]["torch"] and p["versions"]["opacus"] and p["versions"]["dpaudit"]
+    assert p["timestamp_utc"].endswith("+00:00")
+    rev = p["git_revision"]  # the tests run from a git checkout (CI: a fresh clone)
+    assert rev is not None and len(rev.removesuffix("-dirty")) == 40

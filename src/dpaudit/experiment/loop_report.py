@@ -156,5 +156,8 @@ def audit_report(
         "engine_accountants": training,
     }
     if output_dir is not None:
-        write_audit_report(result, split, output_dir, quiet=quiet)
+        device = None
+        if hook is not None:
+            device = str(next(iter(hook.model.parameters())).device)
+        write_audit_report(result, split, output_dir, quiet=quiet, device=device)
     return result

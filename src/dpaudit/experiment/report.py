@@ -11,8 +11,10 @@ from pathlib import Path
 import numpy as np
 
 from dpaudit.experiment.evaluation import split_scores
+from dpaudit.experiment.run import resolve_device
 from dpaudit.report import format_table, plot_roc, plot_score_histograms, write_json
 from dpaudit.report.plots import theory_fpr
+from dpaudit.report.provenance import provenance
 from dpaudit.stats import gdp_tradeoff
 from dpaudit.threat_model import ThreatModel
 
@@ -85,8 +87,9 @@ def write_audit_report(
     chosen=None,
     selection: str = "",
     quiet: bool = False,
+    device: str | None = None,
 ) -> Path:
-    """Plots, then results.json (written last) in ``out``; prints the console table.
+    """Plots, then results.json (written last, with provenance) in ``out``; prints the table.
 
     Args:
         result: the evaluation result (``evaluate_scores`` plus context).
@@ -94,6 +97,7 @@ def write_audit_report(
         out: output directory.
         candidate_scores, chosen, selection: Algorithm 3's candidates, for the candidate plot.
         quiet: do not print the table.
+        device: the device the audit ran on (recorded in the provenance block).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -131,6 +135,8 @@ def write_audit_report(
         plot_score_distribution(cand, sel, path, title="Algorithm 3: candidates' scores")
         plots["candidates"] = path.name
     result["plots"] = plots
+    result["provenance"] = provenance(device)
+    result["schema_version"] = result["provenance"]["schema_version"]
     path = write_json(out / "results.json", result)
     if not quiet:
         print("\n" + console_table(result))
@@ -148,4 +154,5 @@ def write_report(result: dict, run, out: Path, settings) -> None:
         candidate_scores=run.candidate_scores,
         chosen=run.chosen,
         selection=settings.canary.selection,
+        device=str(resolve_device(settings)),
     )

@@ -15,6 +15,9 @@ from dpaudit._jsonable import to_jsonable
 def write_json(path: str | os.PathLike, obj) -> Path:
     """Write ``obj`` as JSON atomically (temp file + rename): a reader never sees half a file.
 
+    The file gets the permissions an ordinary ``open`` would give (0666 less the umask, e.g.
+    0644), so colleagues on a shared cluster can read results next to the plots.
+
     numpy arrays and scalars, dataclasses with ``to_dict`` and non-finite floats are converted
     (NaN -> "nan", inf -> "inf"; see ``dpaudit._jsonable``).
     """
@@ -22,6 +25,7 @@ def write_json(path: str | os.PathLike, obj) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600: use the user's umask instead
         with os.fdopen(fd, "w") as fh:
             json.dump(to_jsonable(obj), fh, indent=2, allow_nan=False)
             fh.flush()
@@ -32,6 +36,13 @@ def write_json(path: str | os.PathLike, obj) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def _umask() -> int:
+    """The process umask (read by setting and restoring it; there is no getter)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _cell(value, precision: int) -> str:

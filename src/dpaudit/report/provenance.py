@@ -1,0 +1,58 @@
+"""What produced a result: versions, git revision, time, machine and device (results.json).
+
+A result that does not describe itself cannot be reproduced; every results.json carries this
+block and a ``schema_version``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+SCHEMA_VERSION = 2
+_PACKAGES = ("dpaudit", "torch", "opacus", "numpy", "scipy", "hydra-core")
+
+
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def git_revision(start: str | Path | None = None) -> str | None:
+    """The git commit of the source tree dpaudit runs from (None outside a checkout)."""
+    here = Path(start) if start is not None else Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "HEAD"],
+            capture_output=True, text=True, timeout=5, check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    rev = out.stdout.strip()
+    if out.returncode != 0 or not rev:
+        return None
+    dirty = subprocess.run(
+        ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True, text=True, timeout=5, check=False,
+    ).stdout.strip()
+    return rev + ("-dirty" if dirty else "")
+
+
+def provenance(device: str | None = None) -> dict:
+    """Versions, git revision, UTC timestamp, Python, platform and the device used."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "versions": {name: _version(name) for name in _PACKAGES},
+        "git_revision": git_revision(),
+        "timestamp_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
+            timespec="seconds"
+        ),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": device,
+    }
