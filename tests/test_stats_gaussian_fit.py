@@ -62,3 +62,27 @@ def test_bad_input():
         epsilon_lower_bound([1, 2, 3.0], [0, 1, 2.0], delta=1e-5, method="gaussian", check_level=2)
     with pytest.raises(ValueError, match="constant"):
         epsilon_lower_bound([1, 1, 1.0], [1, 1, 1.0], delta=1e-5, method="gaussian")
+
+
+@pytest.mark.parametrize("n_small", [3, 10, 19])
+def test_too_few_scores_for_the_normality_test_is_never_valid(n_small):
+    # Below MIN_NORMALITY = 20 per side the normality test cannot run: the result is still
+    # computed (an estimate) but marked invalid with the reason, never "counted as passed".
+    rng = np.random.default_rng(5)
+    s_in, s_out = rng.standard_normal(n_small) + 3.0, rng.standard_normal(500)
+    with pytest.warns(GaussianAssumptionWarning, match="at least 20"):
+        res = epsilon_lower_bound(s_in, s_out, delta=1e-5, method="gaussian")
+    check = res.details["gaussian_check"]
+    assert not res.valid and not check["passed"] and check["normal_p_in"] is None
+    assert "at least 20" in check["reason"] and f"n_in={n_small}" in check["reason"]
+    assert res.assumption is not None and not res.certified and res.kind == "estimate"
+
+
+def test_twenty_per_side_runs_the_checks():
+    rng = np.random.default_rng(6)
+    s_in, s_out = rng.standard_normal(20) + 1.0, rng.standard_normal(20)
+    res = epsilon_lower_bound(s_in, s_out, delta=1e-5, method="gaussian", check_level=1e-9)
+    check = res.details["gaussian_check"]
+    assert check["normal_p_in"] is not None and check["normal_p_out"] is not None
+    assert res.valid and check["passed"] and "reason" not in check
+    assert res.assumption is not None and res.kind == "estimate"

@@ -12,6 +12,7 @@ from dpaudit.stats import (
     check_orientation,
     fixed_threshold,
     neyman_pearson_threshold,
+    orientation_test,
 )
 
 
@@ -49,3 +50,14 @@ def test_orientation_warns_only_when_flipped():
     with pytest.warns(OrientationWarning, match="flipped"):
         a = check_orientation(-s_in, s_out)
     assert a < 0.5
+
+
+def test_orientation_test_returns_auc_z_and_flag_without_warning():
+    rng = np.random.default_rng(2)
+    s_in, s_out = rng.normal(0.5, 1, 300), rng.normal(0, 1, 300)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        a, z, flipped = orientation_test(-s_in, s_out)
+    assert a < 0.5 and z < -3 and flipped
+    a, z, flipped = orientation_test(s_in, s_out)
+    assert a > 0.5 and z > 0 and not flipped

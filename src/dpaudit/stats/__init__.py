@@ -1,6 +1,6 @@
 """Attack outcomes to numbers: ROC, AUC, TPR at FPR, epsilon lower bounds, GDP algebra."""
 
-from dpaudit.stats.bounds import METHODS, epsilon_lower_bound
+from dpaudit.stats.bounds import METHOD_REGISTRY, METHODS, MethodSpec, epsilon_lower_bound
 from dpaudit.stats.clopper_pearson import cp_upper, eps_from_rates, mu_from_rates
 from dpaudit.stats.density import canonne_tau, histogram_privacy_profile, hockey_stick
 from dpaudit.stats.gaussian_fit import GaussianAssumptionWarning, gaussian_checks
@@ -19,6 +19,15 @@ from dpaudit.stats.one_run import p_value as one_run_p_value
 from dpaudit.stats.pld import histogram_pld_epsilon, histogram_pld_profile
 from dpaudit.stats.result import EpsilonBound
 from dpaudit.stats.roc import auc, roc_curve, tpr_at_fpr
+from dpaudit.stats.threshold_selection import (
+    DEFAULT_SELECTION,
+    Bonferroni,
+    FixedThreshold,
+    Naive,
+    RateBounds,
+    Split,
+    ThresholdStrategy,
+)
 from dpaudit.stats.thresholds import (
     OrientationWarning,
     adaptive_threshold,
@@ -26,13 +35,23 @@ from dpaudit.stats.thresholds import (
     check_orientation,
     fixed_threshold,
     neyman_pearson_threshold,
+    orientation_test,
 )
 
 __all__ = [
+    "DEFAULT_SELECTION",
     "METHODS",
+    "METHOD_REGISTRY",
+    "Bonferroni",
     "EpsilonBound",
+    "FixedThreshold",
     "GaussianAssumptionWarning",
+    "MethodSpec",
+    "Naive",
     "OrientationWarning",
+    "RateBounds",
+    "Split",
+    "ThresholdStrategy",
     "adaptive_threshold",
     "apply_threshold",
     "auc",
@@ -59,6 +78,7 @@ __all__ = [
     "mu_from_rates",
     "neyman_pearson_threshold",
     "one_run_p_value",
+    "orientation_test",
     "roc_curve",
     "tpr_at_fpr",
 ]

@@ -1,37 +1,88 @@
 """``epsilon_lower_bound``: one entry point for every empirical epsilon lower bound (DESIGN 4.5).
 
-Methods and their options (anything else raises ValueError naming the option):
+Methods live in ``METHOD_REGISTRY`` below: name -> (function, allowed options, whether delta = 0
+is allowed, the model an estimate assumes or None). A new method is one module with
+``f(scores_in, scores_out, *, delta, confidence, **options) -> EpsilonBound`` plus one line here.
 
-* ``"clopper_pearson"``, ``"gdp"``: threshold_selection ("bonferroni" | "split" | "naive"),
-  seed (split only), n_candidates (bonferroni only). See ``clopper_pearson``.
-* ``"one_run"``: grid (fractions of m for k+ / k-). See ``one_run``.
-* ``"density"``, ``"density_tv"``: bin_rule ("eq4.2" | "eq4.1"), n_bins, end_quantiles,
-  edges. See ``density``; ``density_tv`` assumes a Gaussian mechanism.
+* ``"clopper_pearson"`` (certified; delta = 0 allowed), ``"gdp"`` (GDP estimate): option
+  ``selection``, a threshold strategy from ``threshold_selection`` (default
+  ``DEFAULT_SELECTION`` = ``Bonferroni()``; ``Split(seed, fraction)``, ``FixedThreshold(value)``,
+  ``Naive()`` for demonstrations only). See ``clopper_pearson``.
+* ``"one_run"`` (certified; delta = 0 allowed): grid. See ``one_run``.
+* ``"density"`` (certified; delta = 0 allowed), ``"density_tv"`` (GDP estimate): bin_rule
+  ("eq4.2" | "eq4.1"), n_bins, end_quantiles, edges. See ``density``.
 * ``"gaussian"``: check_level. Parametric fit assuming Gaussian equal-variance scores
   (checked and reported); see ``gaussian_fit``.
+* ``"fdp_one_run"`` (GDP estimate): guess_fractions, sides. See ``fdp_one_run``.
+
+Orientation: the scores are checked once (``thresholds.orientation_test``: one-sided
+Mann-Whitney, p < 1e-3). When members score significantly LOWER than non-members every method
+returns epsilon 0.0 with ``details["orientation"] = "reversed"``, the AUC and a message, and an
+``OrientationWarning`` is raised: the score is almost surely flipped, and a number computed from
+it would say nothing about the attack that was meant.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import warnings
+from collections.abc import Callable
+from functools import partial
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from dpaudit.stats._validate import check_open_unit, check_scores
 from dpaudit.stats.clopper_pearson import threshold_bound
 from dpaudit.stats.density import density_bound
+from dpaudit.stats.fdp_one_run import ASSUME_FDP_ONE_RUN, fdp_one_run_bound
 from dpaudit.stats.gaussian_fit import gaussian_bound
 from dpaudit.stats.one_run import one_run_bound
-from dpaudit.stats.result import EpsilonBound
+from dpaudit.stats.result import ASSUME_GAUSSIAN_SCORES, ASSUME_GDP, EpsilonBound
+from dpaudit.stats.thresholds import OrientationWarning, orientation_test
+
+
+class MethodSpec(NamedTuple):
+    """One registered method: its function, options, delta = 0 support and assumption."""
+
+    function: Callable[..., EpsilonBound]
+    options: frozenset[str]
+    zero_delta: bool
+    assumption: str | None = None
+
 
 _BIN_OPTIONS = frozenset({"bin_rule", "n_bins", "end_quantiles", "edges"})
-METHOD_OPTIONS: dict[str, frozenset[str]] = {
-    "clopper_pearson": frozenset({"threshold_selection", "seed", "n_candidates"}),
-    "gdp": frozenset({"threshold_selection", "seed", "n_candidates"}),
-    "one_run": frozenset({"grid"}),
-    "density": _BIN_OPTIONS,
-    "density_tv": _BIN_OPTIONS,
-    "gaussian": frozenset({"check_level"}),
+_SELECTION = frozenset({"selection"})
+METHOD_REGISTRY: dict[str, MethodSpec] = {
+    "clopper_pearson": MethodSpec(partial(threshold_bound, "clopper_pearson"), _SELECTION, True),
+    "gdp": MethodSpec(partial(threshold_bound, "gdp"), _SELECTION, False, ASSUME_GDP),
+    "one_run": MethodSpec(one_run_bound, frozenset({"grid"}), True),
+    "density": MethodSpec(density_bound, _BIN_OPTIONS, True),
+    "density_tv": MethodSpec(partial(density_bound, tv_only=True), _BIN_OPTIONS, False, ASSUME_GDP),
+    "gaussian": MethodSpec(
+        gaussian_bound, frozenset({"check_level"}), False, ASSUME_GAUSSIAN_SCORES
+    ),
+    "fdp_one_run": MethodSpec(
+        fdp_one_run_bound, frozenset({"guess_fractions", "sides"}), False, ASSUME_FDP_ONE_RUN
+    ),
 }
-METHODS = tuple(METHOD_OPTIONS)
+METHOD_OPTIONS: dict[str, frozenset[str]] = {k: v.options for k, v in METHOD_REGISTRY.items()}
+METHODS = tuple(METHOD_REGISTRY)
+ORIENTATION_P_VALUE = 1e-3
+
+
+def _check_delta(delta: float, method: str, zero_ok: bool) -> float:
+    d = float(delta)
+    if zero_ok:
+        if not np.isfinite(d) or not 0.0 <= d < 1.0:
+            raise ValueError(f"delta must lie in [0, 1) for method={method!r}, got {delta!r}")
+        return d
+    if not np.isfinite(d) or not 0.0 < d < 1.0:
+        raise ValueError(
+            f"delta must lie in (0, 1) for method={method!r} (it needs delta > 0; pure DP, "
+            f"delta = 0, is supported by {[m for m, s in METHOD_REGISTRY.items() if s.zero_delta]})"
+            f", got {delta!r}"
+        )
+    return d
 
 
 def epsilon_lower_bound(
@@ -43,36 +94,43 @@ def epsilon_lower_bound(
     method: str,
     **options: Any,
 ) -> EpsilonBound:
-    """Certified (at ``confidence``) lower bound on epsilon at ``delta`` from attack scores.
+    """Lower bound (certified, or an estimate under a stated model) on epsilon at ``delta``.
 
     Higher score = "member". ``scores_in``: scores of the targets that were in the training
     set (or canaries included); ``scores_out``: those that were not. Perfect separation is a
-    normal case: the result is the largest epsilon the sample sizes can certify.
+    normal case: the result is the largest epsilon the sample sizes can certify. Reversed
+    scores give epsilon 0.0 (module doc). ``delta = 0`` (pure DP) works for the methods that
+    allow it and raises ValueError naming ``delta`` for the others.
     """
-    if method not in METHOD_OPTIONS:
+    spec = METHOD_REGISTRY.get(method)
+    if spec is None:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    unknown = sorted(set(options) - METHOD_OPTIONS[method])
+    unknown = sorted(set(options) - spec.options)
     if unknown:
         raise ValueError(
             f"option(s) {unknown} do not belong to method={method!r}; "
-            f"allowed: {sorted(METHOD_OPTIONS[method])}"
+            f"allowed: {sorted(spec.options)}"
         )
     s_in = check_scores(scores_in, "scores_in")
     s_out = check_scores(scores_out, "scores_out")
-    delta = check_open_unit(delta, "delta")
+    delta = _check_delta(delta, method, spec.zero_delta)
     confidence = check_open_unit(confidence, "confidence")
-    common = {"delta": delta, "confidence": confidence}
-    if method in ("clopper_pearson", "gdp"):
-        sel = options.get("threshold_selection", "bonferroni")
-        if "seed" in options and sel != "split":
-            raise ValueError("option 'seed' only applies to threshold_selection='split'")
-        if "n_candidates" in options and sel != "bonferroni":
-            raise ValueError(
-                "option 'n_candidates' only applies to threshold_selection='bonferroni'"
-            )
-        return threshold_bound(method, s_in, s_out, **common, **options)
-    if method == "one_run":
-        return one_run_bound(s_in, s_out, **common, **options)
-    if method == "gaussian":
-        return gaussian_bound(s_in, s_out, **common, **options)
-    return density_bound(s_in, s_out, **common, tv_only=method == "density_tv", **options)
+    auc, z, reversed_ = orientation_test(s_in, s_out, p_value=ORIENTATION_P_VALUE)
+    if reversed_:
+        message = (
+            f"AUC = {auc:.4f} is significantly below 0.5 (z = {z:.2f}): members score LOWER "
+            "than non-members; the score looks flipped (higher must mean 'member'), so no "
+            "epsilon is reported"
+        )
+        warnings.warn(message, OrientationWarning, stacklevel=2)
+        return EpsilonBound(
+            epsilon=0.0,
+            method=method,
+            confidence=confidence,
+            delta=delta,
+            n_in=int(s_in.size),
+            n_out=int(s_out.size),
+            details={"orientation": "reversed", "auc": auc, "z": z, "message": message},
+            assumption=spec.assumption,
+        )
+    return spec.function(s_in, s_out, delta=delta, confidence=confidence, **options)

@@ -1,52 +1,38 @@
 """Threshold attacks to (epsilon, delta): Clopper-Pearson bounds and the GDP fit (DESIGN 4.5).
 
-At a threshold t ("member iff score >= t") the false positives among the non-members and the
-false negatives among the members are binomial counts, so one-sided Clopper-Pearson (CP)
-bounds FPR_u, FNR_u hold with confidence 1 - beta each. Two lower bounds follow:
+A threshold strategy (module ``threshold_selection``, default ``Bonferroni()``) gives rows
+whose upper bounds FPR_u, FNR_u on the true error rates hold jointly with probability
+>= 1 - beta.
+Two lower bounds follow:
 
-* ``clopper_pearson``: eps = max(log((1 - delta - FNR_u) / FPR_u), log((1 - delta - FPR_u) / FNR_u))
-  (Jagielski et al. 2020), valid for any mechanism;
-* ``gdp`` (Nasr et al. 2023): mu_lb = z(1 - FPR_u) - z(FNR_u), then eps(delta) of mu_lb-GDP.
-  This assumes the mechanism is (close to) Gaussian: it lower-bounds the GDP parameter.
-
-Choosing t on the same scores invalidates the confidence unless corrected. Selection rules:
-
-* ``"bonferroni"`` (default): a fixed-size candidate set, every CP bound at level
-  beta / (2 m) for m candidates, so all 2m bounds hold jointly. The candidates are order
-  statistics of ONE side each (k-th largest non-member score, j-th smallest member score, at
-  geometrically spaced ranks, plus "just above every non-member" and "the lowest member").
-  At such a threshold the other side's count is exactly binomial, and the own side's true
-  rate is Beta-distributed and stochastically dominated by what CP assumes (exact for
-  continuous scores), so the joint guarantee holds although the thresholds are data-driven.
-* ``"split"``: pick the threshold on a seeded random half, certify on the other half
-  (CP at beta / 2 for each of the two rates).
-* ``"naive"``: max over every ROC threshold with uncorrected CP bounds. INVALID (its
-  confidence is not the stated one); it exists only to show what the correction buys.
+* ``clopper_pearson``: eps = max over rows of
+  max(log((1 - delta - FNR_u) / FPR_u), log((1 - delta - FPR_u) / FNR_u)) (Jagielski et al.
+  2020), valid for any mechanism; delta = 0 (pure DP) is allowed.
+* ``gdp`` (Nasr et al. 2023): a lower bound mu_lb on the GDP parameter, then eps(delta) of
+  mu_lb-GDP. This assumes the mechanism's trade-off curve is GDP-shaped (an estimate). With
+  the default one-sided order-statistic candidates each candidate is tested JOINTLY against the
+  mu-GDP curve (``joint_gdp_mu``): the own side's true rate has an exact Beta law and the other
+  side's count is binomial, so the two sources of noise are combined instead of each paying
+  for half the error budget. Other strategies use mu_lb = max over rows of z(1 - FPR_u) -
+  z(FNR_u).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import betaincinv, ndtri
+from scipy.special import bdtr, betaincinv, ndtr, ndtri
 
 from dpaudit.stats.gdp import gdp_epsilon
 from dpaudit.stats.result import ASSUME_GDP, EpsilonBound
-from dpaudit.stats.roc import count_at_or_above
+from dpaudit.stats.threshold_selection import (
+    DEFAULT_SELECTION,
+    Bonferroni,
+    OneSidedCandidates,
+    check_selection,
+    cp_upper,
+)
 
-SELECTIONS = ("bonferroni", "split", "naive")
-
-
-def cp_upper(k, n, alpha):
-    """One-sided Clopper-Pearson upper bound on a binomial rate: P(rate <= bound) >= 1 - alpha.
-
-    ``k`` successes out of ``n`` (arrays broadcast); the bound is 1 when ``k == n``.
-    """
-    k = np.asarray(k, dtype=np.float64)
-    n = np.asarray(n, dtype=np.float64)
-    full = k >= n
-    out = betaincinv(k + 1.0, np.where(full, 1.0, n - k), 1.0 - alpha)
-    out = np.where(full, 1.0, out)
-    return float(out) if out.ndim == 0 else out
+__all__ = ["cp_upper", "eps_from_rates", "joint_gdp_mu", "mu_from_rates", "threshold_bound"]
 
 
 def eps_from_rates(fpr, fnr, delta: float):
@@ -74,52 +60,65 @@ def mu_from_rates(fpr, fnr):
     return float(out) if out.ndim == 0 else out
 
 
-def candidate_thresholds(s_in: np.ndarray, s_out: np.ndarray, n_candidates: int) -> np.ndarray:
-    """Data-driven but Bonferroni-safe thresholds: one-sided order statistics (module doc).
+# Quadrature on the probability scale of the own side's Beta law (right end points, widths).
+_TAIL = np.geomspace(1e-14, 1e-3, 120)
+_Q = np.unique(np.concatenate([np.linspace(0.0, 1.0, 4097), _TAIL, 1.0 - _TAIL]))
+_Q_RIGHT, _Q_WIDTH = _Q[1:], np.diff(_Q)
+_MU_CAP = 200.0
 
-    ``s_in`` and ``s_out`` must be sorted ascending. About ``n_candidates / 2`` per side.
+
+def _joint_p(z_own: np.ndarray, cross: int, n_other: int, mu: float) -> float:
+    """Upper bound on E_W[P(Bin(n_other, G_mu(W)) <= cross)] (see ``joint_gdp_mu``)."""
+    b = ndtr(z_own - mu)  # G_mu(w) = Phi(Phi^-1(1 - w) - mu) at the grid's right end points
+    return float(np.dot(_Q_WIDTH, bdtr(cross, n_other, b)))
+
+
+def _joint_mu(rank: int, n_own: int, cross: int, n_other: int, level: float, floor: float):
+    """sup{mu >= floor : p(mu) <= level} or None when p(floor) > level."""
+    w = betaincinv(rank + 1.0, n_own - rank, _Q_RIGHT)  # own-side rate quantiles (Beta law)
+    with np.errstate(divide="ignore"):
+        z_own = ndtri(1.0 - w)
+    if _joint_p(z_own, cross, n_other, floor) > level:
+        return None
+    lo, hi = floor, max(2.0 * floor, 1.0)
+    while _joint_p(z_own, cross, n_other, hi) <= level:
+        lo, hi = hi, 2.0 * hi
+        if hi > _MU_CAP:
+            return lo
+    while hi - lo > 1e-9 * max(1.0, lo):
+        mid = 0.5 * (lo + hi)
+        if _joint_p(z_own, cross, n_other, mid) <= level:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def joint_gdp_mu(cands: OneSidedCandidates, level: float) -> tuple[float, int | None]:
+    """Largest mu rejected by a joint test at some candidate: (mu_lb, index) or (0.0, None).
+
+    At an "out" candidate of rank k the true FPR is <= W ~ Beta(k+1, n_out - k) (exactly, see
+    ``threshold_selection``) and, given the threshold, the false negatives are Binomial(n_in,
+    FNR). If the mechanism is mu-GDP, FNR >= G_mu(FPR) >= G_mu(W) with G_mu(a) =
+    Phi(Phi^-1(1 - a) - mu), so fn is stochastically larger than the mixture X* of
+    Binomial(n_in, G_mu(W)) over W and p(mu) = P(X* <= fn_observed) is a valid p-value
+    ("in" candidates: the same with the roles swapped, G_mu being its own inverse). It grows
+    with mu; mu_lb is the largest mu with p(mu) <= ``level`` (bisection). The expectation over W
+    is an upper Riemann sum on a fixed grid of Beta quantiles (the integrand increases with W),
+    so the computed p-value is never smaller than the true one. With ``level`` = beta / m a
+    union bound over the m candidates makes max mu_lb a level-beta bound.
     """
-    per_side = max(int(n_candidates) // 2, 2)
-    n_out, n_in = s_out.size, s_in.size
-    # k = number of non-members at or above the threshold (k = 0: just above the maximum).
-    k = np.unique(np.round(np.geomspace(1, n_out + 1, per_side)).astype(np.int64) - 1)
-    k = k[k < n_out]
-    from_out = np.where(k == 0, np.nextafter(s_out[-1], np.inf), s_out[n_out - np.maximum(k, 1)])
-    # j = number of members strictly below the threshold (threshold = (j+1)-th smallest member).
-    j = np.unique(np.round(np.geomspace(1, n_in, per_side)).astype(np.int64) - 1)
-    from_in = s_in[j]
-    return np.unique(np.concatenate([from_out, from_in]))
-
-
-def _rates_at(s_in: np.ndarray, s_out: np.ndarray, thresholds: np.ndarray):
-    """False-positive and false-negative counts at each threshold (sorted inputs)."""
-    fp = count_at_or_above(s_out, thresholds)
-    fn = s_in.size - count_at_or_above(s_in, thresholds)
-    return fp, fn
-
-
-def _objective(kind: str, fpr_u, fnr_u, delta: float):
-    """Per-threshold value to maximise: eps (clopper_pearson) or mu_lb (gdp)."""
-    if kind == "clopper_pearson":
-        return eps_from_rates(fpr_u, fnr_u, delta)
-    return mu_from_rates(fpr_u, fnr_u)
-
-
-def _best(kind, s_in, s_out, thresholds, level, delta):
-    """Evaluate all thresholds at CP level ``level`` and return the best one's numbers."""
-    fp, fn = _rates_at(s_in, s_out, thresholds)
-    fpr_u = cp_upper(fp, s_out.size, level)
-    fnr_u = cp_upper(fn, s_in.size, level)
-    values = np.atleast_1d(_objective(kind, fpr_u, fnr_u, delta))
-    i = int(np.argmax(values))
-    return {
-        "threshold": float(thresholds[i]),
-        "value": float(values[i]),
-        "fp": int(np.atleast_1d(fp)[i]),
-        "fn": int(np.atleast_1d(fn)[i]),
-        "fpr_upper": float(np.atleast_1d(fpr_u)[i]),
-        "fnr_upper": float(np.atleast_1d(fnr_u)[i]),
-    }
+    best, index = 0.0, None
+    for i in range(cands.thresholds.size):
+        out = cands.side[i] == "out"
+        n_own, n_other = (cands.n_out, cands.n_in) if out else (cands.n_in, cands.n_out)
+        rank, cross = int(cands.rank[i]), int(cands.cross[i])
+        if cross >= n_other:
+            continue
+        mu = _joint_mu(rank, n_own, cross, n_other, level, best)
+        if mu is not None and (index is None or mu > best):
+            best, index = mu, i
+    return best, index
 
 
 def threshold_bound(
@@ -129,54 +128,48 @@ def threshold_bound(
     *,
     delta: float,
     confidence: float,
-    threshold_selection: str = "bonferroni",
-    seed: int | np.random.Generator | None = 0,
-    n_candidates: int = 100,
+    selection=DEFAULT_SELECTION,
 ) -> EpsilonBound:
-    """The ``clopper_pearson`` or ``gdp`` bound (``kind``) with a threshold selection rule.
+    """The ``clopper_pearson`` or ``gdp`` bound (``kind``) with a threshold strategy.
 
-    Inputs are validated 1-d float arrays. Returns an ``EpsilonBound`` whose ``details``
-    record the counts at the chosen threshold, the CP level used and the candidate count.
+    Inputs are validated 1-d float arrays. ``details`` record the strategy, the counts at the
+    chosen threshold, the per-bound CP level and the number of rows.
     """
-    if threshold_selection not in SELECTIONS:
-        raise ValueError(
-            f"threshold_selection must be one of {SELECTIONS}, got {threshold_selection!r}"
-        )
-    if int(n_candidates) < 2:
-        raise ValueError(f"n_candidates must be an integer >= 2, got {n_candidates!r}")
+    selection = check_selection(selection)
     beta = 1.0 - confidence
     s_in, s_out = np.sort(scores_in), np.sort(scores_out)
-    details: dict = {"threshold_selection": threshold_selection}
-    if threshold_selection == "bonferroni":
-        cands = candidate_thresholds(s_in, s_out, n_candidates)
-        level = beta / (2 * cands.size)
-        best = _best(kind, s_in, s_out, cands, level, delta)
-        details.update(n_thresholds=int(cands.size), n_eval_in=s_in.size, n_eval_out=s_out.size)
-    elif threshold_selection == "naive":
-        cands = np.unique(np.concatenate([s_in, s_out, [np.nextafter(s_out[-1], np.inf)]]))
-        level = beta / 2
-        best = _best(kind, s_in, s_out, cands, level, delta)
-        details.update(n_thresholds=int(cands.size), warning="uncorrected: confidence invalid")
-    else:  # split
-        if s_in.size < 2 or s_out.size < 2:
-            raise ValueError("threshold_selection='split' needs at least 2 scores on each side")
-        rng = np.random.default_rng(seed)
-        p_in, p_out = rng.permutation(scores_in), rng.permutation(scores_out)
-        h_in, h_out = s_in.size // 2, s_out.size // 2
-        sel_in, sel_out = np.sort(p_in[:h_in]), np.sort(p_out[:h_out])
-        ev_in, ev_out = np.sort(p_in[h_in:]), np.sort(p_out[h_out:])
-        cands = np.unique(np.concatenate([sel_in, sel_out, [np.nextafter(sel_out[-1], np.inf)]]))
-        chosen = _best(kind, sel_in, sel_out, cands, beta / 2, delta)["threshold"]
-        level = beta / 2
-        best = _best(kind, ev_in, ev_out, np.array([chosen]), level, delta)
-        details.update(n_thresholds=1, n_eval_in=ev_in.size, n_eval_out=ev_out.size)
-    details.update(fp=best["fp"], fn=best["fn"], cp_level=level)
+    if kind == "clopper_pearson":
+
+        def objective(f, g):
+            return eps_from_rates(f, g, delta)
+    else:
+        objective = mu_from_rates
+    rb = selection.rate_bounds(s_in, s_out, beta, objective)
+    rows = np.atleast_1d(objective(rb.fpr_upper, rb.fnr_upper))
+    i = int(np.argmax(rows))
+    details: dict = {
+        "selection": rb.strategy,
+        "n_thresholds": int(rb.thresholds.size),
+        "cp_level": rb.level,
+        "n_eval_in": rb.n_in,
+        "n_eval_out": rb.n_out,
+    }
+    if not selection.valid:
+        details["warning"] = "uncorrected threshold choice: the confidence is not valid"
     mu_lower = None
     if kind == "clopper_pearson":
-        eps = max(best["value"], 0.0)
-    else:
-        mu_lower = max(best["value"], 0.0)
+        eps = max(float(rows[i]), 0.0)
+    elif isinstance(selection, Bonferroni):
+        mu, j = joint_gdp_mu(selection.candidates(s_in, s_out), 2.0 * rb.level)
+        details.update(test="joint (own-side Beta law x binomial)", mu_rows=float(max(rows[i], 0)))
+        if j is not None:
+            i = j
+        mu_lower = mu
         eps = gdp_epsilon(mu_lower, delta) if mu_lower > 0 else 0.0
+    else:
+        mu_lower = max(float(rows[i]), 0.0)
+        eps = gdp_epsilon(mu_lower, delta) if mu_lower > 0 else 0.0
+    details.update(fp=int(rb.fp[i]), fn=int(rb.fn[i]))
     return EpsilonBound(
         epsilon=float(eps),
         method=kind,
@@ -184,11 +177,11 @@ def threshold_bound(
         delta=delta,
         n_in=int(s_in.size),
         n_out=int(s_out.size),
-        threshold=best["threshold"],
-        fpr_upper=best["fpr_upper"],
-        fnr_upper=best["fnr_upper"],
+        threshold=float(rb.thresholds[i]),
+        fpr_upper=float(rb.fpr_upper[i]),
+        fnr_upper=float(rb.fnr_upper[i]),
         mu_lower=mu_lower,
-        valid=threshold_selection != "naive",
+        valid=bool(selection.valid),
         details=details,
         assumption=ASSUME_GDP if kind == "gdp" else None,
     )

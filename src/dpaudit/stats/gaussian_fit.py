@@ -9,12 +9,17 @@ Bound (all parts jointly at level 1 - beta by a union bound): Welch lower bound 
 m_in - m_out at level beta/2, chi-square upper bounds on each side's standard deviation at
 beta/4 each, mu_lb = max(0, diff_lb) / max(sd_upper), eps = eps_GDP(mu_lb, delta).
 
-Validity rests on the Gaussian, equal-variance model; it is checked, not assumed silently:
-D'Agostino-Pearson normality tests on each side and a two-sided F test of the variance
-ratio. Their p-values go into ``details["gaussian_check"]``; when any is below
-``check_level / 3`` (family-wise level ``check_level``) the result is marked
+It stays an estimate (``assumption`` = ``ASSUME_GAUSSIAN_SCORES``) whatever the checks say.
+The model is checked, not assumed silently: D'Agostino-Pearson normality tests on each side and
+a two-sided F test of the variance ratio. Their p-values go into ``details["gaussian_check"]``;
+when any is below ``check_level / 3`` (family-wise level ``check_level``) the result is marked
 ``valid=False`` and a ``GaussianAssumptionWarning`` is raised, so a report can say the
 parametric number should not be trusted.
+
+Minimum sizes: at least ``MIN_FIT`` = 3 scores per side to compute anything (ValueError
+below), and at least ``MIN_NORMALITY`` = 20 per side for the normality test (its kurtosis part
+is not valid below 20). With fewer, the checks could not run: the result is ``valid=False``
+with the reason in ``details["gaussian_check"]["reason"]``, never counted as passed.
 """
 
 from __future__ import annotations
@@ -27,16 +32,24 @@ from scipy import stats as st
 from dpaudit.stats.gdp import gdp_epsilon
 from dpaudit.stats.result import ASSUME_GAUSSIAN_SCORES, EpsilonBound
 
+MIN_FIT = 3
+MIN_NORMALITY = 20
+
 
 class GaussianAssumptionWarning(UserWarning):
     """The scores fail a normality or equal-variance check: the Gaussian fit is not trusted."""
 
 
 def gaussian_checks(s_in: np.ndarray, s_out: np.ndarray) -> dict:
-    """p-values of normality (each side) and equal variance (F test, two-sided)."""
+    """p-values of normality (each side) and equal variance (F test, two-sided).
+
+    A side with fewer than ``MIN_NORMALITY`` scores gets ``None`` (test not run).
+    """
     out = {}
     for name, s in (("in", s_in), ("out", s_out)):
-        out[f"normal_p_{name}"] = float(st.normaltest(s).pvalue) if s.size >= 20 else None
+        out[f"normal_p_{name}"] = (
+            float(st.normaltest(s).pvalue) if s.size >= MIN_NORMALITY else None
+        )
     f = np.var(s_in, ddof=1) / np.var(s_out, ddof=1)
     cdf = st.f.cdf(f, s_in.size - 1, s_out.size - 1)
     out["variance_ratio"] = float(f)
@@ -52,9 +65,9 @@ def gaussian_bound(
     confidence: float,
     check_level: float = 0.01,
 ) -> EpsilonBound:
-    """Certified epsilon under the Gaussian equal-variance model (see module docstring)."""
-    if s_in.size < 3 or s_out.size < 3:
-        raise ValueError("method='gaussian' needs at least 3 scores on each side")
+    """Epsilon estimate under the Gaussian equal-variance model (see module docstring)."""
+    if s_in.size < MIN_FIT or s_out.size < MIN_FIT:
+        raise ValueError(f"method='gaussian' needs at least {MIN_FIT} scores on each side")
     if not 0.0 < float(check_level) < 1.0:
         raise ValueError(f"check_level must lie in (0, 1), got {check_level!r}")
     beta = 1.0 - confidence
@@ -72,13 +85,21 @@ def gaussian_bound(
     mu_lb = max(0.0, diff_lb) / sd_ub
     checks = gaussian_checks(s_in, s_out)
     pvals = [p for k, p in checks.items() if k.endswith("_p") or "_p_" in k]
-    passed = all(p is None or p >= check_level / len(pvals) for p in pvals)
     checks["check_level"] = check_level
+    if min(n1, n0) < MIN_NORMALITY:
+        passed = False
+        checks["reason"] = (
+            f"the normality test needs at least {MIN_NORMALITY} scores per side "
+            f"(got n_in={n1}, n_out={n0}): the Gaussian model could not be checked"
+        )
+    else:
+        passed = all(p >= check_level / len(pvals) for p in pvals)
+        if not passed:
+            checks["reason"] = f"a normality or equal-variance test rejects at {check_level}"
     checks["passed"] = passed
     if not passed:
         warnings.warn(
-            f"scores fail the Gaussian/equal-variance check at level {check_level} "
-            f"({checks}); the 'gaussian' bound is not trustworthy here",
+            f"{checks['reason']} ({checks}); the 'gaussian' estimate is not trustworthy here",
             GaussianAssumptionWarning,
             stacklevel=3,
         )

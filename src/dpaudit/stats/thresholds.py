@@ -66,19 +66,28 @@ def apply_threshold(scores, threshold: float) -> np.ndarray:
     return check_scores(scores, "scores") >= float(threshold)
 
 
-def check_orientation(scores_in, scores_out, *, p_value: float = 1e-3) -> float:
-    """Return the AUC; warn ``OrientationWarning`` if it is significantly below 1/2.
+def orientation_test(scores_in, scores_out, *, p_value: float = 1e-3) -> tuple[float, float, bool]:
+    """(AUC, z, reversed): one-sided Mann-Whitney test of AUC < 1/2, no warning.
 
-    Test: z = (AUC - 1/2) / sqrt((n_in + n_out + 1) / (12 n_in n_out)) (Mann-Whitney null
-    variance, no tie correction); warn when Phi(z) < ``p_value``.
+    z = (AUC - 1/2) / sqrt((n_in + n_out + 1) / (12 n_in n_out)) (null variance, no tie
+    correction); ``reversed`` is Phi(z) < ``p_value``.
     """
     s_in = check_scores(scores_in, "scores_in")
     s_out = check_scores(scores_out, "scores_out")
     p_value = check_open_unit(p_value, "p_value")
     a = _auc(s_in, s_out)
     n1, n2 = s_in.size, s_out.size
-    z = (a - 0.5) / np.sqrt((n1 + n2 + 1) / (12.0 * n1 * n2))
-    if ndtr(z) < p_value:
+    z = float((a - 0.5) / np.sqrt((n1 + n2 + 1) / (12.0 * n1 * n2)))
+    return a, z, bool(ndtr(z) < p_value)
+
+
+def check_orientation(scores_in, scores_out, *, p_value: float = 1e-3) -> float:
+    """Return the AUC; warn ``OrientationWarning`` if it is significantly below 1/2.
+
+    The test is ``orientation_test``'s; ``epsilon_lower_bound`` runs it on every call.
+    """
+    a, z, flipped = orientation_test(scores_in, scores_out, p_value=p_value)
+    if flipped:
         warnings.warn(
             f"AUC = {a:.4f} is significantly below 0.5 (z = {z:.2f}): members score LOWER than "
             "non-members; the score is probably flipped (higher must mean 'member')",
