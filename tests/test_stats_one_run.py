@@ -79,3 +79,20 @@ def test_one_run_bound_details_and_grid_validation():
     assert d["significance_per_pair"] == pytest.approx(0.05 / d["n_pairs"])
     with pytest.raises(ValueError, match="grid"):
         epsilon_lower_bound(sc[inc], sc[~inc], delta=1e-5, method="one_run", grid=[0.0])
+
+
+def test_one_run_pure_dp_delta_zero():
+    # delta = 0: Steinke et al.'s bound without the delta term, P[Bin(r, q) >= v] alone.
+    rng = np.random.default_rng(2)
+    inc = rng.random(2000) < 0.5
+    sc = np.where(inc, rng.normal(3, 1, 2000), rng.normal(0, 1, 2000))
+    res = epsilon_lower_bound(sc[inc], sc[~inc], delta=0.0, method="one_run")
+    d = res.details
+    assert res.delta == 0.0 and res.epsilon > 0
+    direct = epsilon_from_guesses(
+        d["m"], d["guesses"], d["correct"], delta=0.0, significance=d["significance_per_pair"]
+    )
+    assert res.epsilon == pytest.approx(direct)
+    assert (
+        res.epsilon >= epsilon_lower_bound(sc[inc], sc[~inc], delta=1e-5, method="one_run").epsilon
+    )
