@@ -35,6 +35,7 @@ from scipy.special import ndtri
 
 from dpaudit._jsonable import to_jsonable
 from dpaudit.stats._validate import check_open_unit, check_scores
+from dpaudit.stats.threshold_selection import DEFAULT_SELECTION
 from dpaudit.stats.thresholds import OrientationWarning, check_orientation
 
 Curve = Callable[[np.ndarray], np.ndarray]
@@ -77,11 +78,6 @@ def rate_bounds(scores_in, scores_out, *, confidence: float, selection=None, obj
     Returns the strategy's ``RateBounds`` (``dpaudit.stats.threshold_selection``); with prob
     >= ``confidence`` every row's true rates lie below its bounds simultaneously.
     """
-    try:
-        from dpaudit.stats.threshold_selection import DEFAULT_SELECTION
-    except ImportError:  # TEMPORARY until threshold_selection lands (same rule as before)
-        DEFAULT_SELECTION = _LegacyBonferroni()
-
     s_in = np.sort(check_scores(scores_in, "scores_in"))
     s_out = np.sort(check_scores(scores_out, "scores_out"))
     beta = 1.0 - check_open_unit(confidence, "confidence")
@@ -251,19 +247,3 @@ def noise_upper_bound(
             lo = mid
     return hi
 
-
-class _LegacyBonferroni:  # TEMPORARY: the pre-strategy candidate set, as RateBounds-like rows
-    def rate_bounds(self, s_in, s_out, beta, objective=None):
-        from types import SimpleNamespace
-
-        from dpaudit.stats.clopper_pearson import _rates_at, candidate_thresholds, cp_upper
-
-        c = candidate_thresholds(s_in, s_out, 100)
-        level = beta / (2 * c.size)
-        fp, fn = _rates_at(s_in, s_out, c)
-        return SimpleNamespace(
-            thresholds=c, fp=fp, fn=fn, n_out=s_out.size, n_in=s_in.size,
-            fpr_upper=np.atleast_1d(cp_upper(fp, s_out.size, level)),
-            fnr_upper=np.atleast_1d(cp_upper(fn, s_in.size, level)),
-            level=level, strategy="bonferroni (legacy candidates)",
-        )
