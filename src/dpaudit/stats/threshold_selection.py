@@ -134,6 +134,23 @@ def _counts(s_in: np.ndarray, s_out: np.ndarray, thresholds: np.ndarray):
     return fp.astype(np.int64), fn.astype(np.int64)
 
 
+def _cp_rows(s_in: np.ndarray, s_out: np.ndarray, thresholds, level: float, strategy: str):
+    """``RateBounds`` with plain CP bounds at ``level`` at each threshold (sorted inputs)."""
+    t = np.atleast_1d(np.asarray(thresholds, dtype=np.float64))
+    fp, fn = _counts(s_in, s_out, t)
+    return RateBounds(
+        thresholds=t,
+        fp=fp,
+        fn=fn,
+        n_out=int(s_out.size),
+        n_in=int(s_in.size),
+        fpr_upper=np.atleast_1d(np.asarray(cp_upper(fp, s_out.size, level), dtype=np.float64)),
+        fnr_upper=np.atleast_1d(np.asarray(cp_upper(fn, s_in.size, level), dtype=np.float64)),
+        level=level,
+        strategy=strategy,
+    )
+
+
 def default_ranks(n: int) -> np.ndarray:
     """Own-side ranks of the default candidates for a side of ``n`` scores (module doc)."""
     top = max(n / 4.0, 1.0)
@@ -263,19 +280,9 @@ class Split:
         proj_fpr = cp_upper(fp * (ev_out.size / sel_out.size), ev_out.size, level)
         proj_fnr = cp_upper(fn * (ev_in.size / sel_in.size), ev_in.size, level)
         values = np.nan_to_num(np.asarray(objective(proj_fpr, proj_fnr), float), nan=-np.inf)
-        chosen = np.array([cands[int(np.argmax(values))]])
-        fp, fn = _counts(ev_in, ev_out, chosen)
-        return RateBounds(
-            thresholds=chosen,
-            fp=fp,
-            fn=fn,
-            n_out=int(ev_out.size),
-            n_in=int(ev_in.size),
-            fpr_upper=np.atleast_1d(cp_upper(fp, ev_out.size, level)),
-            fnr_upper=np.atleast_1d(cp_upper(fn, ev_in.size, level)),
-            level=level,
-            strategy=f"split (seed={self.seed}, fraction={self.fraction} chooses)",
-        )
+        chosen = cands[int(np.argmax(values))]
+        name = f"split (seed={self.seed}, fraction={self.fraction} chooses)"
+        return _cp_rows(ev_in, ev_out, chosen, level, name)
 
 
 @dataclass(frozen=True)
@@ -291,20 +298,8 @@ class FixedThreshold:
 
     def rate_bounds(self, s_in, s_out, beta, objective=None) -> RateBounds:
         beta = _check_beta(beta)
-        t = np.array([float(self.value)])
-        fp, fn = _counts(s_in, s_out, t)
-        level = beta / 2
-        return RateBounds(
-            thresholds=t,
-            fp=fp,
-            fn=fn,
-            n_out=int(s_out.size),
-            n_in=int(s_in.size),
-            fpr_upper=np.atleast_1d(cp_upper(fp, s_out.size, level)),
-            fnr_upper=np.atleast_1d(cp_upper(fn, s_in.size, level)),
-            level=level,
-            strategy=f"fixed threshold {float(self.value):g}",
-        )
+        name = f"fixed threshold {float(self.value):g}"
+        return _cp_rows(s_in, s_out, float(self.value), beta / 2, name)
 
 
 @dataclass(frozen=True)
@@ -320,19 +315,8 @@ class Naive:
     def rate_bounds(self, s_in, s_out, beta, objective=None) -> RateBounds:
         beta = _check_beta(beta)
         t = np.unique(np.concatenate([s_in, s_out, [np.nextafter(s_out[-1], np.inf)]]))
-        fp, fn = _counts(s_in, s_out, t)
-        level = beta / 2
-        return RateBounds(
-            thresholds=t,
-            fp=fp,
-            fn=fn,
-            n_out=int(s_out.size),
-            n_in=int(s_in.size),
-            fpr_upper=np.asarray(cp_upper(fp, s_out.size, level), dtype=np.float64),
-            fnr_upper=np.asarray(cp_upper(fn, s_in.size, level), dtype=np.float64),
-            level=level,
-            strategy="naive (INVALID: uncorrected over every threshold)",
-        )
+        name = "naive (INVALID: uncorrected over every threshold)"
+        return _cp_rows(s_in, s_out, t, beta / 2, name)
 
 
 DEFAULT_SELECTION = Bonferroni()
