@@ -18,10 +18,19 @@ def test_stats_demo_writes_sound_bounds(tmp_path):
     assert "true_eps" in proc.stdout  # the console table
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert [r["mu"] for r in rows] == [1.0, 2.0]
+    kinds = json.loads((tmp_path / "results.json").read_text())["kinds"]
+    assert kinds == {"gdp": "estimate", "clopper_pearson": "certified", "one_run": "certified",
+                     "density": "certified", "density_tv": "estimate"}
     for row in rows:
-        for method in ("gdp", "clopper_pearson", "one_run", "density", "density_tv"):
-            assert 0.0 <= row[method] <= row["true_eps"], (method, row)
-        assert row["gdp"] >= 0.5 * row["true_eps"]
+        # Certified bounds: conservative enough that one seed above the truth would be a bug.
+        # The gdp estimate's mu_lower has nearly exact 95% coverage (measured 4.5% of 200
+        # repetitions above mu = 1 at this size), so one seed says nothing about its
+        # validity: that is the validity suite's job (tests/test_validity.py).
+        for method, kind in kinds.items():
+            assert row[method] >= 0.0
+            if kind == "certified":
+                assert row[method] <= row["true_eps"], (method, row)
+        assert 0.5 * row["true_eps"] <= row["gdp"] <= 1.1 * row["true_eps"]
 
 
 @pytest.mark.parametrize(

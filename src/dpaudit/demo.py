@@ -28,7 +28,7 @@ def stats_demo(
 ) -> dict:
     """Bound epsilon from n + n synthetic mu-GDP scores for each mu; print and save a table."""
     rng = np.random.default_rng(seed)
-    rows = []
+    rows, kinds = [], {}
     for mu in mus:
         scores_out = rng.standard_normal(n)
         scores_in = rng.standard_normal(n) + mu
@@ -42,10 +42,14 @@ def stats_demo(
                 scores_in, scores_out, delta=delta, confidence=confidence, method=method
             )
             row[method] = res.epsilon
+            kinds[method] = res.kind
         rows.append(row)
     print(
-        f"\nEpsilon lower bounds at delta={delta:g}, {confidence:.0%} confidence, "
-        f"{n} in + {n} out synthetic mu-GDP scores"
+        f"\nEpsilon at delta={delta:g}, {confidence:.0%} confidence, {n} in + {n} out "
+        "synthetic mu-GDP scores; certified: "
+        + ", ".join(m for m in methods if kinds[m] == "certified")
+        + "; estimates (under a model): "
+        + ", ".join(m for m in methods if kinds[m] != "certified")
     )
     print(format_table(rows, ["mu", "true_eps", "auc", *methods]))
     result = {
@@ -54,6 +58,7 @@ def stats_demo(
         "delta": delta,
         "confidence": confidence,
         "seed": seed,
+        "kinds": kinds,
         "rows": rows,
     }
     if output_dir is not None:
