@@ -44,7 +44,9 @@ def test_every_step_dirac_audit_is_tight():
     v = r["verdict"]
     assert v["status"] == "consistent", v["message"]
     assert v["best_lower_bound"] <= r["theory"]["gaussian_epsilon"]  # certified
-    assert v["estimate_ratio"] >= 0.7 and v["estimate_method"] == "gaussian"
+    truth = r["theory"]["gaussian_epsilon"]
+    assert v["estimate_ratio"] >= 0.7 and v["estimate_method"] in ("gaussian", "gdp")
+    assert gauss["epsilon"] >= 0.7 * truth  # the Gaussian fit alone (model holds here)
     assert r["independent_canaries"] and r["claim"]["scalar"]["certified"]
     # The certified effective-noise bound holds: the configured sigma is below it.
     assert r["claim"]["scalar"]["sigma_upper"] >= sigma
