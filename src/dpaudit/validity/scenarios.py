@@ -128,7 +128,7 @@ class Scenario(ABC):
     def tradeoff_reverse(self, alpha) -> np.ndarray:
         """Trade-off curve of the pair in the other order (Q against P), rounded down."""
         if not self.symmetric:  # pragma: no cover - asymmetric subclasses override
-            raise NotImplementedError
+            raise TypeError(f"{type(self).__name__} is asymmetric and must define its reverse")
         return self.tradeoff(alpha)
 
     def hockey_stick(self, epsilon, *, reverse: bool = False) -> np.ndarray:
@@ -182,9 +182,9 @@ class Scenario(ABC):
                 break
         return float(hi)
 
+    @abstractmethod
     def llr(self, x) -> np.ndarray:
         """log p(x)/q(x), the Neyman-Pearson statistic (used by the tests' simulated tests)."""
-        raise NotImplementedError
 
 
 # ---------------------------------------------------------------------------------------------
