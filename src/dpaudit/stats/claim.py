@@ -36,7 +36,7 @@ from scipy.special import ndtri
 from dpaudit._jsonable import to_jsonable
 from dpaudit.stats._validate import check_open_unit, check_scores
 from dpaudit.stats.threshold_selection import DEFAULT_SELECTION
-from dpaudit.stats.thresholds import OrientationWarning, check_orientation
+from dpaudit.stats.thresholds import OrientationWarning, orientation_test
 
 Curve = Callable[[np.ndarray], np.ndarray]
 
@@ -95,14 +95,12 @@ def _margins(rows, tradeoff: Curve, tradeoff_reverse: Curve):
 
 def _reversed(scores_in, scores_out) -> bool:
     """True (and an ``OrientationWarning``) when members score significantly lower."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        check_orientation(scores_in, scores_out)
-    flipped = any(issubclass(w.category, OrientationWarning) for w in caught)
+    auc, z, flipped = orientation_test(scores_in, scores_out)
     if flipped:
         warnings.warn(
-            "members score significantly lower than non-members: the score looks flipped, "
-            "so the claim test finds no evidence (higher score must mean 'member')",
+            f"AUC = {auc:.4f} is significantly below 0.5 (z = {z:.2f}): members score lower "
+            "than non-members, the score looks flipped, so the claim test finds no evidence "
+            "(higher score must mean 'member')",
             OrientationWarning,
             stacklevel=3,
         )
