@@ -25,17 +25,18 @@ def data(n=64, d=6):
     return TensorDataset(torch.randn(n, d, generator=g), torch.randint(0, 2, (n,), generator=g))
 
 
-def make(**opts):
+def make(model=None, **opts):
+    """(model, optimizer, loader) from Opacus' make_private with the options under test."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 2))
-    out = PrivacyEngine().make_private(
+    if model is None:
+        model = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 2))
+    return PrivacyEngine().make_private(
         module=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         data_loader=DataLoader(data(), batch_size=16),
         noise_multiplier=1.0,
         **{"max_grad_norm": 1.0, **opts},
     )
-    return out[0], out[1]
 
 
 def dirac(model):
@@ -57,7 +58,7 @@ def dirac(model):
     ],
 )
 def test_unsupported_clipping_is_refused_by_name(opts, needle):
-    model, opt = make(**opts)
+    model, opt = make(**opts)[:2]
     with pytest.raises(ValueError, match=needle):
         AuditHook(opt, model, dirac(model))
 
@@ -74,13 +75,7 @@ def test_distributed_training_is_refused():
     try:
         torch.manual_seed(0)
         model = DPDDP(nn.Sequential(nn.Linear(6, 2)))
-        _, opt, _ = PrivacyEngine().make_private(
-            module=model,
-            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-            data_loader=DataLoader(data(), batch_size=16),
-            noise_multiplier=1.0,
-            max_grad_norm=1.0,
-        )
+        opt = make(model)[1]
         assert "Distributed" in type(opt).__name__
         with pytest.raises(ValueError, match="distributed DP training"):
             AuditHook(opt, model, dirac(model))
@@ -100,14 +95,7 @@ class TwoInputs(nn.Module):
 @pytest.mark.parametrize("input_pass", ["auto", "separate"])
 def test_keyword_forward_with_input_canaries_is_refused_at_the_first_step(input_pass):
     torch.manual_seed(0)
-    model = TwoInputs()
-    model, opt, loader = PrivacyEngine().make_private(
-        module=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        data_loader=DataLoader(data(), batch_size=16),
-        noise_multiplier=1.0,
-        max_grad_norm=1.0,
-    )
+    model, opt, loader = make(TwoInputs())
     x, y = data().tensors
     hook = AuditHook(opt, model, InputCanaries(x[:3], y[:3]), input_pass=input_pass)
     xb, yb = next(iter(loader))
@@ -119,7 +107,7 @@ def test_keyword_forward_with_input_canaries_is_refused_at_the_first_step(input_
 
 
 def test_plain_forward_with_input_canaries_still_runs():
-    model, opt = make()
+    model, opt = make()[:2]
     x, y = data().tensors
     hook = AuditHook(opt, model, InputCanaries(x[:3], y[:3]))
     with hook:
