@@ -269,7 +269,7 @@ def test_detach_restores_forward_hooks_and_clip():
     hooks_before = (dict(model._forward_pre_hooks), dict(model._forward_hooks))
     with AuditHook(opt, model, InputCanaries(X[:2], Y[:2])):
         assert "clip_and_accumulate" in opt.__dict__
-        # the fold's pre-hook and the forward watcher's (support.ForwardWatcher)
+        # the fold's pre-hook and the forward watcher's (forward_watch.ForwardWatcher)
         assert len(model._forward_pre_hooks) == len(hooks_before[0]) + 2
     assert "clip_and_accumulate" not in opt.__dict__
     assert (dict(model._forward_pre_hooks), dict(model._forward_hooks)) == hooks_before

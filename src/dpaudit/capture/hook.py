@@ -53,9 +53,10 @@ from dpaudit.capture.canaries import (
     as_canary_list,
 )
 from dpaudit.capture.fold import BatchFold
+from dpaudit.capture.forward_watch import ForwardWatcher
 from dpaudit.capture.persample import per_sample_clipped_grads, unwrap_model
 from dpaudit.capture.selection import resolve_parameter_names
-from dpaudit.capture.support import ForwardWatcher, check_optimizer_supported
+from dpaudit.capture.support import check_optimizer_supported
 from dpaudit.capture.trace import Trace
 
 _NORM_SLACK = 1e-6  # relative float slack on the ||g*|| <= C check
