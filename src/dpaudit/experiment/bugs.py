@@ -25,9 +25,15 @@ import torch
 from opacus.optimizers import DPOptimizer
 from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 
+from dpaudit.capture.patching import InstancePatch
 from dpaudit.capture.persample import clip_factor
 
 BUGS = ("none", "halved_noise", "scaled_noise", "unclipped_example", "realised_batch_size")
+
+
+def _patch(opt: DPOptimizer, name: str, replacement: Callable) -> Callable[[], None]:
+    """Install ``replacement`` as ``opt.<name>`` and return the exact restore."""
+    return InstancePatch(opt, name, replacement, owner="plant_bug").apply().restore
 
 
 def _scaled_noise(opt: DPOptimizer, factor: float) -> Callable[[], None]:
@@ -41,8 +47,7 @@ def _scaled_noise(opt: DPOptimizer, factor: float) -> Callable[[], None]:
         finally:
             opt.noise_multiplier = nominal
 
-    opt.add_noise = add_noise
-    return lambda: opt.__dict__.pop("add_noise", None)
+    return _patch(opt, "add_noise", add_noise)
 
 
 def _unclipped_example(opt: DPOptimizer) -> Callable[[], None]:
@@ -62,8 +67,7 @@ def _unclipped_example(opt: DPOptimizer) -> Callable[[], None]:
             p.summed_grad = grad if p.summed_grad is None else p.summed_grad + grad
             _mark_as_processed(p.grad_sample)
 
-    opt.clip_and_accumulate = clip_and_accumulate
-    return lambda: opt.__dict__.pop("clip_and_accumulate", None)
+    return _patch(opt, "clip_and_accumulate", clip_and_accumulate)
 
 
 def _realised_batch_size(opt: DPOptimizer) -> Callable[[], None]:
@@ -75,8 +79,7 @@ def _realised_batch_size(opt: DPOptimizer) -> Callable[[], None]:
         for p in opt.params:
             p.grad /= realised
 
-    opt.scale_grad = scale_grad
-    return lambda: opt.__dict__.pop("scale_grad", None)
+    return _patch(opt, "scale_grad", scale_grad)
 
 
 _PLANTERS = {

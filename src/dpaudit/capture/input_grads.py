@@ -1,0 +1,180 @@
+"""Input-canary gradients: the clipped per-example gradients of input canaries at theta_t.
+
+At every real optimizer step the hook needs, for each ``InputCanaries`` set (and the reference
+points, if any), the clipped gradients at the parameters the batch gradient was computed at,
+clipped with Opacus' flat rule at C, in the hook's coordinates (selection, then view). Two ways:
+
+* folded into the training batch's own forward/backward (``fold.BatchFold``; ``input_pass``
+  ``"auto"`` when the model is a batch-first ``GradSampleModule``, or ``"batch"``, which
+  requires it);
+* one separate batched ``per_sample_clipped_grads`` call per set per step (``"separate"``, and the
+  automatic fallback when no forward was folded in the step).
+
+``InputGradients`` owns both, plus the ``ForwardWatcher`` that refuses training forwards the
+canaries cannot be replayed for. Interface used by the hook: ``attach()`` / ``detach()``,
+``start(view, dtype)`` at the first step, then once per real step ``compute(step)`` ->
+(per-set gradients in canary order, reference gradients or None), and ``folded_steps``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from opacus.optimizers import DPOptimizer
+from torch import nn
+
+from dpaudit.capture.fold import BatchFold
+from dpaudit.capture.forward_watch import ForwardWatcher
+from dpaudit.capture.input_canaries import InputCanaries
+from dpaudit.capture.persample import per_sample_clipped_grads
+from dpaudit.capture.view import CoordinateView
+
+INPUT_PASSES = ("auto", "batch", "separate")
+
+
+def all_finite(x: torch.Tensor) -> bool:
+    """Whether every entry is finite, from the row sums: a NaN or infinity makes its row's sum
+    non-finite, and one reduction is ~20x cheaper than ``isfinite`` on a (K, d) tensor."""
+    return bool(torch.isfinite(x.sum(dim=-1)).all())
+
+
+def check_reference(reference: tuple | None) -> InputCanaries | None:
+    """``reference=(inputs, targets[, loss_fn])`` as an ``InputCanaries``, or None."""
+    if reference is None:
+        return None
+    if not isinstance(reference, tuple | list) or len(reference) not in (2, 3):
+        raise ValueError("reference must be (inputs, targets) or (inputs, targets, loss_fn)")
+    return InputCanaries(*reference)
+
+
+class InputGradients:
+    """Clipped gradients of the input canary sets (and references) at each real step.
+
+    Args:
+        model: the model the optimizer trains (usually Opacus' ``GradSampleModule``).
+        optimizer: the ``DPOptimizer`` (the fold wraps its ``clip_and_accumulate``).
+        sets: the ``InputCanaries`` sets, in canary order.
+        reference: reference points (``InputCanaries``) or None; returned apart.
+        param_names: the hook's parameter selection (names in the unwrapped model).
+        max_grad_norm: the flat clip bound C.
+        input_pass: ``"auto"``, ``"batch"`` or ``"separate"`` (module doc).
+        check_finite: raise ValueError on a non-finite canary gradient.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: DPOptimizer,
+        sets: Sequence[InputCanaries],
+        reference: InputCanaries | None,
+        param_names: Sequence[str],
+        max_grad_norm: float,
+        input_pass: str = "auto",
+        check_finite: bool = True,
+    ) -> None:
+        if input_pass not in INPUT_PASSES:
+            raise ValueError(f"input_pass must be one of {INPUT_PASSES}, got {input_pass!r}")
+        self.model = model
+        self.optimizer = optimizer
+        self.sets = list(sets)
+        self.reference = reference
+        self.param_names = list(param_names)
+        self.max_grad_norm = float(max_grad_norm)
+        self.input_pass = input_pass
+        self.check_finite = bool(check_finite)
+        self.fold = self._make_fold()
+        active = self.sets + ([reference] if reference is not None else [])
+        self.watcher = ForwardWatcher(model) if active else None
+        self.folded_steps = 0
+        self._view: CoordinateView | None = None
+        self._dtype: torch.dtype | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether there is anything to compute (input canaries or references)."""
+        return bool(self.sets) or self.reference is not None
+
+    def _make_fold(self) -> BatchFold | None:
+        sets = self.sets + ([self.reference] if self.reference is not None else [])
+        if self.input_pass == "separate" or not sets:
+            return None
+        if not BatchFold.possible(self.model):
+            if self.input_pass == "batch":
+                raise ValueError(
+                    "input_pass='batch' needs the batch-first Opacus GradSampleModule that "
+                    f"make_private returns as model, got {type(self.model).__name__}"
+                )
+            return None
+        return BatchFold(self.model, self.optimizer, sets, self.param_names, self.max_grad_norm)
+
+    def attach(self) -> None:
+        """Attach the fold (forward hooks, ``clip_and_accumulate``) and the forward watcher."""
+        if self.fold is not None:
+            self.fold.attach()
+        if self.watcher is not None:
+            self.watcher.attach()
+
+    def detach(self) -> None:
+        """Undo ``attach`` exactly."""
+        if self.fold is not None:
+            self.fold.detach()
+        if self.watcher is not None:
+            self.watcher.detach()
+
+    def start(self, view: CoordinateView, dtype: torch.dtype) -> None:
+        """Fix the coordinate view (on the model's device) and the dtype of the results."""
+        self._view, self._dtype = view, dtype
+
+    def separate_pass(self, spec: InputCanaries, t: int) -> torch.Tensor:
+        """Clipped gradients of ``spec`` at theta_t from one extra per-sample pass."""
+        grads = per_sample_clipped_grads(
+            self.model,
+            spec.inputs,
+            spec.targets,
+            spec.loss_fn,
+            self.max_grad_norm,
+            param_names=self.param_names,
+        )
+        grads = self._view.gather(grads).to(self._dtype)
+        if self.check_finite and not all_finite(grads):
+            raise ValueError(f"non-finite canary gradient at optimizer step {t}")
+        return grads
+
+    def folded(self, t: int) -> list[torch.Tensor] | None:
+        """This step's folded rows split per set (reference last), or None (no fold)."""
+        if self.fold is None:
+            return None
+        taken = self.fold.take()
+        if taken is None:
+            if self.input_pass == "batch":
+                raise RuntimeError(
+                    f"input_pass='batch': no training forward was folded before optimizer step "
+                    f"{t} (folding needs one grad-enabled training-mode call model(x) with one "
+                    "tensor argument shaped like the canaries)"
+                )
+            return None
+        rows, norms = taken
+        self.folded_steps += 1
+        if self.check_finite and not bool(torch.isfinite(norms).all()):
+            raise ValueError(f"non-finite canary gradient at optimizer step {t}")
+        rows = self._view.gather(rows)
+        rows = rows if rows.dtype == self._dtype else rows.to(self._dtype)
+        sets = self.fold.sets
+        return [rows] if len(sets) == 1 else list(rows.split([len(s) for s in sets]))
+
+    def check_forward(self, t: int) -> None:
+        """Raise if a training forward of this step cannot be replayed for the canaries."""
+        if self.watcher is not None:
+            self.watcher.check(t)
+
+    def compute(self, t: int) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """(clipped gradients of each set, in order; reference gradients or None) at step t."""
+        folded = self.folded(t)
+        if folded is not None:
+            per_set = folded[: len(self.sets)]
+            ref = folded[-1] if self.reference is not None else None
+            return per_set, ref
+        per_set = [self.separate_pass(s, t) for s in self.sets]
+        ref = None if self.reference is None else self.separate_pass(self.reference, t)
+        return per_set, ref
