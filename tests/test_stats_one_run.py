@@ -96,3 +96,63 @@ def test_one_run_pure_dp_delta_zero():
     assert (
         res.epsilon >= epsilon_lower_bound(sc[inc], sc[~inc], delta=1e-5, method="one_run").epsilon
     )
+
+
+def _p_value_full_scan(m, r, v, eps, delta):
+    """The previous implementation: the max over the whole window, one bdtr per i (O(W))."""
+    from scipy.special import bdtr, bdtrc, expit
+
+    from dpaudit.stats.one_run import _WINDOW_MAX, _WINDOW_SD
+
+    q = float(expit(eps))
+    tail = 1.0 if v == 0 else float(bdtrc(v - 1, r, q))
+    if delta == 0.0 or v == 0:
+        return min(tail, 1.0)
+    sd = np.sqrt(r * q * (1.0 - q))
+    lowest = max(int(np.floor(r * q - _WINDOW_SD * sd)), 0)
+    w = int(min(v, max(v - lowest, 1), _WINDOW_MAX))
+    i = np.arange(1, w + 1, dtype=np.float64)
+    below_v = float(bdtr(v - 1, r, q))
+    sums = below_v - np.where(v - i - 1 >= 0, bdtr(np.maximum(v - i - 1, 0), r, q), 0.0)
+    alpha = float(np.max(sums / i))
+    if w < v:
+        alpha = max(alpha, (sums[-1] + float(bdtr(v - w - 1, r, q))) / (w + 1))
+    return min(tail + alpha * delta * 2.0 * m, 1.0)
+
+
+def test_p_value_bracketing_search_equals_full_scan():
+    # random (m, r, v, eps, delta) up to m = 3e6, half with v near the top of r
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        m = int(10 ** rng.uniform(1, 6.5))
+        r = int(rng.integers(1, m + 1))
+        v = int(rng.integers(0, r + 1))
+        if rng.random() < 0.5:
+            v = int(min(r, round(r * rng.uniform(0.5, 1.0))))
+        eps, delta = float(rng.uniform(0, 8)), float(10 ** rng.uniform(-9, -2))
+        got = one_run_p_value(m, r, v, eps, delta)
+        assert got == pytest.approx(_p_value_full_scan(m, r, v, eps, delta), rel=0, abs=1e-12)
+
+
+def test_one_run_not_applicable_when_m_delta_is_large():
+    # m = 4000, delta = 2.5e-3: 2 m delta = 20. The scores separate well (delta = 0 certifies
+    # > 1), so the 0 comes from the delta term: "not applicable", never evidence.
+    rng = np.random.default_rng(3)
+    inc = rng.random(4000) < 0.5
+    sc = np.where(inc, rng.normal(1.0, 1, 4000), rng.normal(0, 1, 4000))
+    assert epsilon_lower_bound(sc[inc], sc[~inc], delta=0.0, method="one_run").epsilon > 0.5
+    res = epsilon_lower_bound(sc[inc], sc[~inc], delta=2.5e-3, method="one_run")
+    assert res.epsilon == 0.0 and not res.applicable and not res.certified
+    assert res.kind == "not applicable" and "m*delta = 10" in res.note
+    assert res.details["m_delta"] == pytest.approx(10.0)
+    d = res.to_dict()
+    assert d["applicable"] is False and d["kind"] == "not applicable"
+    # no signal at all: a plain 0 (nothing certified), applicable
+    null = epsilon_lower_bound(sc[inc] * 0, sc[~inc] * 0, delta=1e-6, method="one_run")
+    assert null.epsilon == 0.0 and null.applicable and null.note is None
+    # the audit's table row: not applicable, epsilon nan, not counted by the verdict
+    from dpaudit.experiment.evaluation import _best, bound_rows
+
+    rows = bound_rows({"a": (sc[inc], sc[~inc])}, ["one_run"], 2.5e-3, 0.95)
+    assert rows[0]["kind"] == "not applicable" and np.isnan(rows[0]["epsilon"])
+    assert rows[0]["error"].startswith("not applicable") and _best(rows, "certified") is None

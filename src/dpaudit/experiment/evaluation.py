@@ -188,6 +188,8 @@ def bound_rows(
                     assumption=assumption,
                     result=res.to_dict(),
                 )
+                if not res.applicable:  # e.g. one_run with m*delta not << 1: not evidence
+                    row.update(epsilon=float("nan"), kind="not applicable", error=res.note)
             except ValueError as err:
                 row.update(
                     epsilon=float("nan"), valid=False, kind="not applicable", error=str(err)

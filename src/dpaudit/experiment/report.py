@@ -46,7 +46,7 @@ def console_table(result: dict) -> str:
             "attack": b["attack"],
             "method": b["method"],
             "kind": b.get("kind", ""),
-            "epsilon": b["epsilon"],
+            "epsilon": "n/a" if b.get("kind") == "not applicable" else b["epsilon"],
             "valid": "yes" if b["valid"] else "no",
             "assumes": _short(b.get("assumption") or b.get("error") or ""),
         }

@@ -38,10 +38,11 @@ _WINDOW_MAX = 50_000
 def p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
     """Upper bound on P[>= v correct of r guesses] under (epsilon, delta)-DP (m canaries).
 
-    The max over i is evaluated exactly on a window of i that covers the binomial mass down to
-    40 sd below the mean (at most 50,000 terms); beyond it sum_i / i is bounded by
+    The max over i is taken on a window of i that covers the binomial mass down to 40 sd
+    below the mean (at most 50,000 values of i); beyond it sum_i / i is bounded by
     (sum_W + P[Bin < v - W]) / (W + 1). That only increases the p-value, so the derived
-    epsilon can only get smaller (never invalid).
+    epsilon can only get smaller (never invalid). Inside the window the max is found by a
+    bracketing search (``_window_max``) in O(log W) binomial evaluations, not W.
     """
     if not 0 <= v <= r <= m:
         raise ValueError(f"need 0 <= v <= r <= m, got m={m}, r={r}, v={v}")
@@ -52,15 +53,42 @@ def p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
     sd = np.sqrt(r * q * (1.0 - q))
     lowest = max(int(np.floor(r * q - _WINDOW_SD * sd)), 0)
     w = int(min(v, max(v - lowest, 1), _WINDOW_MAX))
-    i = np.arange(1, w + 1, dtype=np.float64)
     below_v = float(bdtr(v - 1, r, q))  # P[Bin <= v - 1]
-    lower = np.where(v - i - 1 >= 0, bdtr(np.maximum(v - i - 1, 0), r, q), 0.0)
-    sums = below_v - lower  # P[v - i <= Bin <= v - 1]
-    alpha = float(np.max(sums / i))
+    alpha, sum_w = _window_max(r, v, q, w, below_v)
     if w < v:
         rest = float(bdtr(v - w - 1, r, q))  # mass not yet summed
-        alpha = max(alpha, (sums[-1] + rest) / (w + 1))
+        alpha = max(alpha, (sum_w + rest) / (w + 1))
     return min(tail + alpha * delta * 2.0 * m, 1.0)
+
+
+_SEARCH_POINTS = 33  # grid size of one bracketing round in ``_window_max``
+
+
+def _window_sums(r: int, v: int, q: float, i: np.ndarray, below_v: float) -> np.ndarray:
+    """S(i) = P[v - i <= Bin(r, q) <= v - 1] for an integer array i >= 1."""
+    lower = np.where(v - i - 1 >= 0, bdtr(np.maximum(v - i - 1, 0), r, q), 0.0)
+    return below_v - lower
+
+
+def _window_max(r: int, v: int, q: float, w: int, below_v: float) -> tuple[float, float]:
+    """(max_{1<=i<=w} S(i)/i, S(w)) with S(i) = P[v - i <= Bin(r, q) <= v - 1].
+
+    S(i)/i is the running mean of the pmf read downwards from v - 1; the binomial pmf is
+    unimodal (log-concave), so that running mean rises while the next pmf value exceeds it and
+    falls after: it is unimodal in i. Each round evaluates it on a grid of 33 points and keeps
+    the two grid cells around the grid's argmax, which contain the maximiser; the last <= 64
+    values are evaluated exhaustively. The maximum is the same number as a full scan's.
+    """
+    lo, hi = 1, w
+    while hi - lo + 1 > 2 * _SEARCH_POINTS:
+        grid = np.unique(np.linspace(lo, hi, _SEARCH_POINTS).round().astype(np.int64))
+        means = _window_sums(r, v, q, grid, below_v) / grid
+        j = int(np.argmax(means))
+        lo, hi = int(grid[max(j - 1, 0)]), int(grid[min(j + 1, grid.size - 1)])
+    i = np.arange(lo, hi + 1, dtype=np.int64)
+    best = float(np.max(_window_sums(r, v, q, i, below_v) / i))
+    sum_w = float(_window_sums(r, v, q, np.array([w]), below_v)[0])
+    return best, sum_w
 
 
 def _bracket(m: int, r: int, v: int, delta: float, significance: float, tol: float):
@@ -122,6 +150,11 @@ def one_run_bound(
     ``scores_in`` are the canaries that were included, ``scores_out`` those excluded; each
     canary must have been included independently with probability 1/2 (module doc).
     ``grid``: fractions of m for k+ and k- (pairs with k+ + k- <= m, not both 0).
+
+    The bound needs m * delta << 1. When its result is 0 only because of the 2 m delta term
+    (the same guesses would reject epsilon = 0 at delta = 0), the result is marked
+    ``applicable=False`` with the reason in ``note`` instead of reporting a bare 0; an
+    applicable result with m * delta >= 0.1 carries a looseness caveat in ``note``.
     """
     fracs = np.asarray(grid, dtype=np.float64)
     if fracs.ndim != 1 or fracs.size == 0 or np.any((fracs < 0) | (fracs > 1)):
@@ -152,12 +185,34 @@ def one_run_bound(
         eps = epsilon_from_guesses(m, r, v, delta=delta, significance=significance)
         if eps > best[0] or best[1] is None:
             best = (eps, (a, b, r, v, tp, tm))
-    details: dict = {"m": m, "n_pairs": len(pairs), "significance_per_pair": significance}
+    details: dict = {
+        "m": m,
+        "n_pairs": len(pairs),
+        "significance_per_pair": significance,
+        "m_delta": m * delta,
+    }
     threshold = None
     if best[1] is not None:
         a, b, r, v, tp, tm = best[1]
         details.update(k_plus=a, k_minus=b, guesses=r, correct=v, t_plus=tp, t_minus=tm)
         threshold = tp
+    applicable, note = True, None
+    if best[0] == 0.0 and delta > 0.0:
+        blocked = [row for row in rows if p_value(m, row[3], row[4], 0.0, 0.0) < significance]
+        if blocked:
+            # the guesses reject eps = 0 without the delta term: the 0 is the delta term's
+            applicable = False
+            note = (
+                f"not applicable: m*delta = {m * delta:.3g} is not << 1 (the bound's 2 m delta "
+                f"term is {2 * m * delta:.3g}); without it these guesses would reject epsilon "
+                "= 0, so the 0 comes from m*delta, not from the scores (Steinke et al. need "
+                "m*delta << 1: use fewer canaries or a smaller delta)"
+            )
+    elif m * delta >= 0.1:
+        note = (
+            f"m*delta = {m * delta:.3g} is not << 1: the bound holds but its delta term "
+            "(2 m delta) makes it loose"
+        )
     return EpsilonBound(
         epsilon=float(best[0]),
         method="one_run",
@@ -167,4 +222,6 @@ def one_run_bound(
         n_out=int(s_out.size),
         threshold=threshold,
         details=details,
+        applicable=applicable,
+        note=note,
     )

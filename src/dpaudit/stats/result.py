@@ -24,6 +24,11 @@ class EpsilonBound:
     *certified*: it holds at ``confidence`` whatever the mechanism's score distribution.
     Otherwise ``assumption`` names the model the number is computed under (e.g. a GDP-shaped
     trade-off curve): an *estimate*, tight when the model holds, never a bound.
+
+    ``applicable=False`` marks a method whose bound degenerates on this input for a reason
+    other than the scores (e.g. ``one_run`` when m * delta is not << 1): ``epsilon`` is then
+    the trivial 0.0, ``kind`` is ``"not applicable"``, it is not evidence, and ``note`` says
+    why. ``note`` may also carry a caveat on an applicable result.
     """
 
     epsilon: float
@@ -39,15 +44,19 @@ class EpsilonBound:
     valid: bool = True
     details: dict[str, Any] = field(default_factory=dict)
     assumption: str | None = None
+    applicable: bool = True
+    note: str | None = None
 
     @property
     def certified(self) -> bool:
         """True when the number holds without a distributional assumption (and is valid)."""
-        return self.assumption is None and self.valid
+        return self.assumption is None and self.valid and self.applicable
 
     @property
     def kind(self) -> str:
-        """``"certified"`` or ``"estimate"`` (see the class docstring)."""
+        """``"certified"``, ``"estimate"`` or ``"not applicable"`` (class docstring)."""
+        if not self.applicable:
+            return "not applicable"
         return "certified" if self.assumption is None else "estimate"
 
     def to_dict(self) -> dict[str, Any]:
@@ -67,6 +76,8 @@ class EpsilonBound:
                 "valid": self.valid,
                 "kind": self.kind,
                 "assumption": self.assumption,
+                "applicable": self.applicable,
+                "note": self.note,
                 "details": dict(self.details),
             }
         )
