@@ -240,3 +240,63 @@ def test_covariance_score_checks_dimension():
     op = estimate_precision(torch.randn(20, 5, generator=torch.Generator().manual_seed(0)))
     with pytest.raises(ValueError, match="d=5"):
         CovarianceScore(op).start(2, 6, torch.device("cpu"))
+
+
+def _woodbury_case(d=12, n=30, k=4, seed=11, dtype=torch.float64):
+    rng = np.random.default_rng(seed)
+    refs = torch.tensor(rng.normal(size=(n, d)) * np.linspace(0.3, 2.0, d) + 0.5, dtype=dtype)
+    g_star = torch.tensor(rng.normal(size=(k, d)) * 2.0, dtype=dtype)
+    released = torch.tensor(rng.normal(size=(6, d)), dtype=dtype)
+    return refs, g_star, released
+
+
+def test_woodbury_covariance_and_glir_scores_match_dense_formula():
+    """Scores through one projection per vector equal the d x d formulas (float64, 1e-9)."""
+    from scipy.stats import ncx2
+
+    refs, g_star, released = _woodbury_case()
+    b, sigma = 8.0, 0.5
+    op = noise_aware(estimate_precision(refs, "woodbury", rel_ridge=0.05), sigma, 1.0, b)
+    p = op.dense().numpy()
+    # dense reference: the covariance of the references + ridge, inverted in float64
+    x = refs.numpy() - refs.numpy().mean(0)
+    p_ref = np.linalg.inv(x.T @ x / x.shape[0] + op.ridge * np.eye(x.shape[1]))
+    np.testing.assert_allclose(p, p_ref, rtol=1e-8)
+    mu = refs.numpy().mean(0)
+    cov, glir = CovarianceScore(op), GLiRScore(op)
+    for g in released:
+        a, c = g_star.numpy() - mu, g.numpy() - mu
+        llr = a @ p @ c - np.einsum("kd,de,ke->k", a, p, a) / (2 * b)
+        np.testing.assert_allclose(cov.step(g_star, g, _ctx(b)).numpy(), llr, rtol=1e-9)
+        diff = c - a
+        s = b * np.einsum("kd,de,ke->k", diff, p, diff)
+        nc = b * np.einsum("kd,de,ke->k", a, p, a)
+        expected = -ncx2.logcdf(s, x.shape[1], nc)
+        np.testing.assert_allclose(glir.step(g_star, g, _ctx(b)).numpy(), expected, rtol=1e-7)
+
+
+def test_fixed_canary_cache_reuses_projections_and_sees_in_place_changes():
+    refs, g_star, released = _woodbury_case()
+    op = estimate_precision(refs, "woodbury", rel_ridge=0.05)
+    cached, fresh = CovarianceScore(op), CovarianceScore(op)
+    first = cached.step(g_star, released[0], _ctx(4.0))
+    prep = cached._cache[2]
+    second = cached.step(g_star, released[1], _ctx(4.0))
+    assert cached._cache[2] is prep  # same tensor, unmodified: projections reused
+    torch.testing.assert_close(second, fresh.step(g_star.clone(), released[1], _ctx(4.0)))
+    g_star.mul_(2.0)  # in place: the version changes, the cache must not be used
+    third = cached.step(g_star, released[1], _ctx(4.0))
+    assert cached._cache[2] is not prep
+    torch.testing.assert_close(third, fresh.step(g_star.clone(), released[1], _ctx(4.0)))
+    assert not torch.allclose(first, third)
+
+
+def test_woodbury_score_float32_close_to_float64_at_moderate_d():
+    """float32 references and gradients (d = 3000, noise-aware): within 1e-4 of float64."""
+    refs, g_star, released = _woodbury_case(d=3000, n=64, k=8)
+    b = 64.0
+    out = []
+    for dtype in (torch.float64, torch.float32):
+        op = noise_aware(estimate_precision(refs.to(dtype), "woodbury", rel_ridge=0.1), 1, 1, b)
+        out.append(covariance_llr(g_star.to(dtype), released[0].to(dtype), op.mean, op, b))
+    np.testing.assert_allclose(out[1].numpy(), out[0].numpy(), rtol=1e-4, atol=1e-4)

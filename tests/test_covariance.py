@@ -170,3 +170,51 @@ def test_apply_rejects_wrong_shape():
         op.apply(torch.zeros(2, 5, dtype=torch.float64))
     with pytest.raises(ValueError, match="shape"):
         op.mahalanobis(torch.zeros(2, 2, 12, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("centred", [True, False])
+@pytest.mark.parametrize("n", [8, 40])  # implicit (through G) and explicit basis
+@pytest.mark.parametrize("frac", [None, 0.9])
+def test_woodbury_quadratic_forms_match_dense_formula(centred, n, frac):
+    """One-projection forms a'Pc, a'Pa, c'Pc equal the d x d float64 formula (1e-9)."""
+    g = _refs(n=n, d=12, seed=n)
+    gen = torch.Generator().manual_seed(8)
+    g_star = torch.randn(5, 12, generator=gen, dtype=torch.float64)
+    released = torch.randn(12, generator=gen, dtype=torch.float64)
+    op = woodbury_precision(g, ridge=0.05, centred=centred, explained_variance=frac)
+    cov = _cov_np(g, centred)
+    evals, evecs = np.linalg.eigh(cov)
+    r = op.rank_kept
+    top = evecs[:, ::-1][:, :r]
+    p = np.linalg.inv(top @ np.diag(evals[::-1][:r]) @ top.T + 0.05 * np.eye(12))
+    mu = g.numpy().mean(0)
+    a, c = g_star.numpy() - mu, released.numpy() - mu
+    apc, apa, cpc = op.quadratic_forms(g_star, released)
+    np.testing.assert_allclose(apc.numpy(), a @ p @ c, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(apa.numpy(), np.einsum("kd,de,ke->k", a, p, a), rtol=1e-9)
+    assert float(cpc) == pytest.approx(c @ p @ c, rel=1e-9)
+
+
+def test_woodbury_explained_variance_truncation_is_reported():
+    g = _refs(n=40, d=12)
+    evals = np.sort(np.linalg.eigvalsh(_cov_np(g, True)))[::-1]
+    frac = np.cumsum(evals) / evals.sum()
+    for target in (0.5, 0.9, 0.99):
+        op = woodbury_precision(g, ridge=0.2, explained_variance=target)
+        r = int(np.searchsorted(frac, target)) + 1  # fewest components reaching the target
+        assert op.rank_kept == r
+        assert op.explained_variance_kept == pytest.approx(frac[r - 1], rel=1e-10)
+        s = op.summary()
+        assert s["rank"] == r and s["explained_variance_requested"] == target
+        assert s["n_refs"] == 40
+        assert noise_aware(op, 1.0, 1.0, 4.0).rank_kept == r  # kept by with_ridge
+    with pytest.raises(ValueError, match="explained_variance"):
+        woodbury_precision(g, ridge=0.2, explained_variance=1.5)
+    with pytest.raises(ValueError, match="woodbury"):
+        estimate_precision(g, "ledoit_wolf", explained_variance=0.9)
+
+
+def test_woodbury_keeps_the_references_without_a_centred_copy():
+    g = _refs(n=40, d=12).float()
+    op = woodbury_precision(g, rel_ridge=0.1)
+    assert op.factor.data_ptr() == g.data_ptr() and op.offset is not None

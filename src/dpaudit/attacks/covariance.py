@@ -8,6 +8,7 @@ theta_t)/eta, which has the opposite sign; we receive g_t directly, so no flip i
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -24,16 +25,15 @@ def covariance_llr(
     precision: PrecisionOperator,
     batch_size: float,
 ) -> torch.Tensor:
-    """(K,) values of (g* - mu)^T P (g - mu) - ||g* - mu||_P^2 / (2b), one P application."""
+    """(K,) values of (g* - mu)^T P (g - mu) - ||g* - mu||_P^2 / (2b).
+
+    One projection per vector (``precision.quadratic_forms``): the K canaries and the
+    released gradient each go through P's low-rank part once; the result is in the canary
+    gradients' dtype.
+    """
     b = check_positive(batch_size, "batch_size")
-    diff = canary_grads - mean.to(canary_grads.dtype)
-    pdiff = precision.apply(diff)
-    return _llr(diff, pdiff, released, mean, b)
-
-
-def _llr(diff, pdiff, released, mean, b):
-    centred = (released - mean.to(released.dtype)).to(pdiff.dtype)
-    return pdiff @ centred - (pdiff * diff).sum(1) / (2.0 * b)
+    apc, apa, _ = precision.quadratic_forms(canary_grads, released, mean)
+    return (apc - apa / (2.0 * b)).to(canary_grads.dtype)
 
 
 class FixedPrecisionScore(StepScore):
@@ -48,10 +48,28 @@ class FixedPrecisionScore(StepScore):
             raise ValueError("precision must be a dpaudit.covariance PrecisionOperator")
         self.precision = precision
         self.batch_size = None if batch_size is None else check_positive(batch_size, "batch_size")
+        self._cache: tuple | None = None  # (weakref to g*, its version, prepare(g*))
 
     def start(self, num_canaries: int, dim: int, device: torch.device) -> None:
         if dim != self.precision.dim:
             raise ValueError(f"precision has d={self.precision.dim} but the canaries have d={dim}")
+
+    def forms(
+        self, canary_grads: torch.Tensor, released: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(a^T P c, a^T P a, c^T P c), a = g* - mu_0, c = g - mu_0: one projection each.
+
+        When the canary gradients are the previous step's tensor, unmodified (fixed gradient
+        canaries), a's projections are reused, so the step costs one projection (of g) plus
+        O(K d); no copy of the canary gradients is kept.
+        """
+        cache = self._cache
+        if cache is not None and cache[0]() is canary_grads and cache[1] == canary_grads._version:
+            prep = cache[2]
+        else:
+            prep = self.precision.prepare(canary_grads)
+            self._cache = (weakref.ref(canary_grads), canary_grads._version, prep)
+        return self.precision.forms(prep, canary_grads, released)
 
     def step_batch_size(self, ctx: StepContext) -> float:
         """b for this step: the fixed one, or the step's expected batch size."""
@@ -64,30 +82,21 @@ class CovarianceScore(FixedPrecisionScore):
     ``precision`` is any ``dpaudit.covariance`` operator built from references at theta_0
     (its ``mean`` is mu_0); a noise-aware one (``noise_aware(op, sigma, C, b)``) matches
     DP-SGD. ``batch_size`` defaults to the step's expected batch size. When the canary
-    gradients are the same as at the previous step (gradient canaries), P (g* - mu_0) is reused,
-    so the step costs O(K d) instead of O(K n_r d).
+    gradients are the previous step's tensor (gradient canaries), their projections are reused,
+    so the step costs one projection of the released gradient plus O(K d). Otherwise each
+    step projects each canary and the released gradient once onto the reference span
+    (``PrecisionOperator.quadratic_forms``): (K + 1) projections, no (K, d) lift.
     """
 
     name = "covariance"
     aggregate = "sum"
 
-    def __init__(self, precision: PrecisionOperator, batch_size: float | None = None):
-        super().__init__(precision, batch_size)
-        self._cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-
     def step(
         self, canary_grads: torch.Tensor, released: torch.Tensor, ctx: StepContext
     ) -> torch.Tensor:
         b = self.step_batch_size(ctx)
-        mean = self.precision.mean
-        c = self._cache
-        if c is not None and c[0].shape == canary_grads.shape and torch.equal(c[0], canary_grads):
-            diff, pdiff = c[1], c[2]
-        else:
-            diff = canary_grads - mean.to(canary_grads.dtype)
-            pdiff = self.precision.apply(diff)
-            self._cache = (canary_grads.clone(), diff, pdiff)
-        return _llr(diff, pdiff, released, mean, b)
+        apc, apa, _ = self.forms(canary_grads, released)
+        return (apc - apa / (2.0 * b)).to(canary_grads.dtype)
 
 
 class PerStepCovarianceScore(StepScore):

@@ -45,7 +45,10 @@ def ncx2_logcdf(x: np.ndarray, df: float, nc: np.ndarray) -> np.ndarray:
 
 
 class GLiRScore(FixedPrecisionScore):
-    """Per-step GLiR score -log F_{chi2_d(b K^2)}(S) with a fixed (mu_0, P), summed."""
+    """Per-step GLiR score -log F_{chi2_d(b K^2)}(S) with a fixed (mu_0, P), summed.
+
+    S and K^2 come from ``FixedPrecisionScore.forms``: one projection per vector per step.
+    """
 
     name = "glir"
     aggregate = "sum"
@@ -55,9 +58,11 @@ class GLiRScore(FixedPrecisionScore):
     ) -> torch.Tensor:
         b = self.step_batch_size(ctx)
         op = self.precision
-        s = b * op.mahalanobis(released.to(canary_grads.dtype) - canary_grads)
-        k2 = op.mahalanobis(canary_grads - op.mean.to(canary_grads.dtype))
-        x = s.detach().to(torch.float64).cpu().numpy()
-        nc = b * k2.detach().to(torch.float64).cpu().numpy()
+        # S = b ||c - a||_P^2 = b (c'Pc - 2 a'Pc + a'Pa), a = g* - mu, c = g - mu: the same
+        # one projection per vector as the covariance score (shared cache for fixed canaries)
+        apc, apa, cpc = self.forms(canary_grads, released)
+        s = b * (cpc - 2.0 * apc + apa).clamp_min(0.0)
+        x = s.detach().cpu().numpy()
+        nc = b * apa.detach().clamp_min(0.0).cpu().numpy()
         logcdf = ncx2_logcdf(x, float(op.dim), nc)
         return torch.as_tensor(-logcdf, device=canary_grads.device).to(canary_grads.dtype)

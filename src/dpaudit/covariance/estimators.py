@@ -17,6 +17,7 @@ from dpaudit.covariance.operators import (
     DiagonalPrecision,
     LowRankPrecision,
     PrecisionOperator,
+    _check_fraction,
     _top_eigen,
     gram64,
 )
@@ -30,22 +31,41 @@ def _check_refs(g: torch.Tensor) -> torch.Tensor:
         raise ValueError("reference gradients must be a 2-d tensor (n_r, d)")
     if g.shape[0] < 2:
         raise ValueError(f"need at least 2 reference gradients, got n_r={g.shape[0]}")
-    if not bool(torch.isfinite(g).all()):
-        raise ValueError("reference gradients contain NaN or inf")
+    for block in _column_chunks(g):  # no n x d boolean temporary
+        if not bool(torch.isfinite(block).all()):
+            raise ValueError("reference gradients contain NaN or inf")
     return g
+
+
+def _column_chunks(g: torch.Tensor, chunk_elems: int = 1 << 22):
+    """Views of G's columns in chunks of <= 2^22 elements (temporaries stay small)."""
+    step = max(1, chunk_elems // max(g.shape[0], 1))
+    for j in range(0, g.shape[1], step):
+        yield g[:, j : j + step]
+
+
+def _mean64(g: torch.Tensor) -> torch.Tensor:
+    """Row mean in float64, accumulated chunk by chunk (no n x d float64 copy)."""
+    return torch.cat([b.sum(0, dtype=torch.float64) for b in _column_chunks(g)]) / g.shape[0]
 
 
 def reference_mean(g: torch.Tensor) -> torch.Tensor:
     """Mean of the rows of G, accumulated in float64, returned in G's dtype."""
     _check_refs(g)
-    return (g.sum(0, dtype=torch.float64) / g.shape[0]).to(g.dtype)
+    return _mean64(g).to(g.dtype)
 
 
 def _factor(g: torch.Tensor, centred: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean, X) with X = G - mean (centred) or G itself (uncentred second moment)."""
-    mean64 = g.sum(0, dtype=torch.float64) / g.shape[0]
+    mean64 = _mean64(g)
     x = g - mean64.to(g.dtype) if centred else g  # one rounding; no n x d float64 copy
     return mean64.to(g.dtype), x
+
+
+def _implicit_factor(g: torch.Tensor, centred: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(mean, offset): the low-rank operators centre G implicitly (offset = mean), no copy."""
+    mean = _mean64(g).to(g.dtype)
+    return mean, (mean if centred else None)
 
 
 def _ridge(ridge: float, rel_ridge: float, avg_var: float) -> float:
@@ -98,26 +118,47 @@ def woodbury_precision(
     rel_ridge: float = 0.0,
     centred: bool = True,
     rank: int | None = None,
+    explained_variance: float | None = None,
 ) -> LowRankPrecision:
     """(C + rho I)^{-1} with C the (rank-truncated) empirical covariance, by Woodbury.
 
-    Memory O(n_r d) (the factor is kept in G's dtype), set-up O(n_r^2 d), each application
-    O(K n_r d). rho = ridge + rel_ridge * tr(C)/d must be positive.
+    Args:
+        g: reference gradients (n_r, d); kept by reference (centred implicitly, not copied).
+        ridge, rel_ridge: rho = ridge + rel_ridge * tr(C)/d, which must be positive.
+        centred: empirical covariance (True) or uncentred second moment (False).
+        rank: keep at most this many top eigen-components of C.
+        explained_variance: keep the fewest top components whose eigenvalues sum to at least
+            this fraction (in (0, 1]) of tr(C); the operator's ``rank_kept`` and
+            ``explained_variance_kept`` (and ``summary()``) report the choice. None: all.
+
+    Memory: G itself plus, when the kept rank r <= n_r / 2, an r x d basis; no other n_r x d
+    temporary. Set-up O(n_r^2 d); a projection costs min(r, n_r) d per vector.
     """
     _check_refs(g)
     n, d = g.shape
     if rank is not None and (int(rank) != rank or rank < 1):
         raise ValueError(f"rank must be a positive integer or None, got {rank!r}")
-    mean, x = _factor(g, centred)
-    gram = gram64(x)
+    explained_variance = _check_fraction(explained_variance)
+    mean, offset = _implicit_factor(g, centred)
+    gram = gram64(g, offset=offset)
     rho = _ridge(ridge, rel_ridge, float(torch.trace(gram)) / (n * d))
     if rho <= 0.0:
         raise ValueError(
             "woodbury estimator needs a positive ridge (ridge > 0 or rel_ridge > 0): "
             f"the covariance of n_r={n} references in d={d} is singular without it"
         )
-    eig = _top_eigen(gram / n, rank)
-    return LowRankPrecision(mean, x, 1.0 / n, rho, rank, _eig=eig)
+    eig = _top_eigen(gram / n, rank, explained_variance)
+    return LowRankPrecision(
+        mean,
+        g,
+        1.0 / n,
+        rho,
+        rank,
+        _eig=eig,
+        offset=offset,
+        explained_variance=explained_variance,
+        _total_variance=float(torch.trace(gram)) / n,
+    )
 
 
 def _shrinkage_stats(gram: torch.Tensor, n: int, d: int) -> tuple[float, float, float]:
@@ -134,8 +175,8 @@ def ledoit_wolf_intensity(g: torch.Tensor, centred: bool = True) -> float:
     n, d = g.shape
     if d == 1:
         return 0.0
-    _, x = _factor(g, centred)
-    mu, frob2, fourth = _shrinkage_stats(gram64(x), n, d)
+    _, offset = _implicit_factor(g, centred)
+    mu, frob2, fourth = _shrinkage_stats(gram64(g, offset=offset), n, d)
     beta = (fourth / n - frob2) / (d * n)
     delta = (frob2 - 2.0 * mu * mu * d + d * mu * mu) / d  # ||S - mu I||_F^2 / d
     beta = min(beta, delta)
@@ -148,8 +189,8 @@ def oas_intensity(g: torch.Tensor, centred: bool = True) -> float:
     n, d = g.shape
     if d == 1:
         return 0.0
-    _, x = _factor(g, centred)
-    mu, frob2, _ = _shrinkage_stats(gram64(x), n, d)
+    _, offset = _implicit_factor(g, centred)
+    mu, frob2, _ = _shrinkage_stats(gram64(g, offset=offset), n, d)
     alpha = frob2 / (d * d)
     num = alpha + mu * mu
     den = (n + 1) * (alpha - mu * mu / d)
@@ -178,8 +219,8 @@ def shrinkage_precision(
         alpha = float(intensity)
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"intensity must lie in [0, 1], got {intensity!r}")
-    mean, x = _factor(g, centred)
-    gram = gram64(x)
+    mean, offset = _implicit_factor(g, centred)
+    gram = gram64(g, offset=offset)
     nu = float(torch.trace(gram)) / (n * d)
     rho = alpha * nu + check_nonnegative(ridge, "ridge")
     if rho <= 0.0:
@@ -189,7 +230,16 @@ def shrinkage_precision(
         )
     scale = (1.0 - alpha) / n
     eig = _top_eigen(gram * scale, None)
-    op = LowRankPrecision(mean, x, scale, rho, None, _eig=eig)
+    op = LowRankPrecision(
+        mean,
+        g,
+        scale,
+        rho,
+        None,
+        _eig=eig,
+        offset=offset,
+        _total_variance=float(gram.trace()) * scale,
+    )
     op.intensity = alpha
     return op
 
@@ -215,8 +265,16 @@ def estimate_precision(
     ridge: float = 0.0,
     rel_ridge: float = 0.0,
     rank: int | None = None,
+    explained_variance: float | None = None,
 ) -> PrecisionOperator:
-    """Dispatch by name: "dense", "diagonal", "ledoit_wolf", "oas" or "woodbury"."""
+    """Dispatch by name: "dense", "diagonal", "ledoit_wolf", "oas" or "woodbury".
+
+    ``rank`` and ``explained_variance`` (truncation of the reference span) are woodbury's.
+    """
+    if method != "woodbury" and (rank is not None or explained_variance is not None):
+        raise ValueError(
+            f"rank / explained_variance truncate the woodbury estimator only, got method={method!r}"
+        )
     if method == "dense":
         return dense_precision(g, centred, ridge, rel_ridge)
     if method == "diagonal":
@@ -226,5 +284,5 @@ def estimate_precision(
             raise ValueError("rel_ridge is not used by shrinkage estimators: pass ridge")
         return shrinkage_precision(g, method, centred, ridge)
     if method == "woodbury":
-        return woodbury_precision(g, ridge, rel_ridge, centred, rank)
+        return woodbury_precision(g, ridge, rel_ridge, centred, rank, explained_variance)
     raise ValueError(f"method must be one of {METHODS}, got {method!r}")

@@ -76,6 +76,33 @@ class PrecisionOperator(abc.ABC):
         eye = torch.eye(self.dim, dtype=torch.float64, device=self.device)
         return self._apply(eye).to(torch.float64)
 
+    def quadratic_forms(
+        self, g_star: torch.Tensor, g: torch.Tensor, mean: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(a_k^T P c, a_k^T P a_k, c^T P c) in float64, a = g*_k - mean, c = g - mean.
+
+        ``g_star`` is (K, d), ``g`` (d,), ``mean`` defaults to the operator's. What the
+        covariance and GLiR scores need; ``prepare(g_star)`` once and ``forms(prep, g_star,
+        g)`` per step when g* does not change (fixed gradient canaries).
+        """
+        return self.forms(self.prepare(g_star, mean), g_star, g, mean)
+
+    def prepare(self, g_star: torch.Tensor, mean: torch.Tensor | None = None) -> dict:
+        """The per-canary work that ``forms`` reuses: here P a and a^T P a (a = g* - mean)."""
+        g_star, _ = _as_batch(g_star, self.dim, "g_star")
+        a = g_star - (self.mean if mean is None else mean).to(g_star.dtype)
+        pa = self._apply(a).to(torch.float64)
+        return {"pa": pa, "apa": (pa * a.to(torch.float64)).sum(1)}
+
+    def forms(
+        self, prep: dict, g_star: torch.Tensor, g: torch.Tensor, mean: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(a^T P c, a^T P a, c^T P c) from ``prepare(g_star, mean)`` and g (d,)."""
+        c = g.to(torch.float64) - (self.mean if mean is None else mean).to(torch.float64)
+        apc = prep["pa"] @ c
+        cpc = self._mahalanobis(c.unsqueeze(0)).to(torch.float64)[0]
+        return apc, prep["apa"], cpc
+
     @abc.abstractmethod
     def covariance_apply(self, v: torch.Tensor) -> torch.Tensor:
         """(C + rho I) v for v of shape (K, d): the modelled covariance, for checks."""
@@ -178,10 +205,20 @@ class DensePrecision(PrecisionOperator):
 class LowRankPrecision(PrecisionOperator):
     """P = (scale X^T X + rho I)^{-1} via the Woodbury identity; never forms d x d.
 
-    ``factor`` X is (n, d) (the centred or raw reference gradients, in their dtype and device),
-    ``scale`` multiplies X^T X (1/n for the empirical covariance, (1 - alpha)/n for shrinkage).
-    The eigen-decomposition of the n x n matrix scale X X^T (float64, accumulated in column
-    chunks) gives C's non-zero spectrum; ``rank`` keeps only the top components.
+    ``factor`` (n, d) holds the reference gradients in their dtype and device; ``offset`` (d,),
+    when given, is subtracted from every row *implicitly* (X = factor - 1 offset^T), so the
+    centred covariance needs no n x d copy of the references (the operator keeps a reference to
+    ``factor``, not a copy: do not modify it in place afterwards). ``scale`` multiplies X^T X
+    (1/n for the empirical covariance, (1 - alpha)/n for shrinkage). The eigen-decomposition
+    of the n x n matrix scale X X^T (float64, accumulated in column chunks) gives C's
+    non-zero spectrum; ``rank`` keeps at most that many top components and
+    ``explained_variance`` (in (0, 1]) the fewest whose eigenvalues sum to at least that
+    fraction of tr(C) (the dropped variance is then modelled by the ridge alone).
+    ``explained_variance_kept`` and ``rank_kept`` report what was kept.
+
+    When the kept rank r is at most half of n, the orthonormal basis W (r x d, in the factor's
+    dtype) is formed once (one matrix product, no other n x d temporary) and a projection
+    costs r d; otherwise W^T v = coef^T (X v) goes through the references (n d per vector).
     ``intensity`` is the shrinkage intensity alpha when built by a shrinkage estimator.
     """
 
@@ -195,6 +232,11 @@ class LowRankPrecision(PrecisionOperator):
         ridge: float,
         rank: int | None = None,
         _eig: tuple[torch.Tensor, torch.Tensor] | None = None,
+        *,
+        offset: torch.Tensor | None = None,
+        explained_variance: float | None = None,
+        _basis: torch.Tensor | None = None,
+        _total_variance: float | None = None,
     ):
         if not ridge > 0:
             raise ValueError(
@@ -202,23 +244,58 @@ class LowRankPrecision(PrecisionOperator):
             )
         self.mean = mean
         self.factor = factor
+        self.offset = offset
         self.scale = float(scale)
         self.ridge = float(ridge)
         self.rank = rank
+        self.explained_variance = _check_fraction(explained_variance)
         if _eig is None:
-            _eig = _top_eigen(gram64(factor) * self.scale, rank)
+            gram = gram64(factor, offset=offset) * self.scale
+            _total_variance = float(torch.trace(gram))
+            _eig = _top_eigen(gram, rank, self.explained_variance)
         self.eigenvalues, self._v = _eig
+        lam_sum = float(self.eigenvalues.sum())
+        self.total_variance = lam_sum if _total_variance is None else float(_total_variance)
+        self.rank_kept = int(self.eigenvalues.numel())
+        self.explained_variance_kept = (
+            lam_sum / self.total_variance if self.total_variance > 0 else 1.0
+        )
         # W = X^T V diag(sqrt(scale / lambda)): orthonormal columns spanning C's range.
         self._coef = self._v * torch.sqrt(self.scale / self.eigenvalues).unsqueeze(0)
+        if _basis is None and 2 * self.rank_kept <= factor.shape[0]:
+            _basis = self._lift(torch.eye(self.rank_kept, dtype=torch.float64, device=mean.device))
+        self._basis = _basis  # W^T (r, d) in the factor's dtype, or None (go through X)
+
+    def summary(self) -> dict:
+        """What the operator kept: n references, rank, explained variance, ridge, basis form."""
+        return {
+            "n_refs": int(self.factor.shape[0]),
+            "rank": self.rank_kept,
+            "explained_variance_requested": self.explained_variance,
+            "explained_variance_kept": self.explained_variance_kept,
+            "ridge": self.ridge,
+            "basis": "explicit (r x d)" if self._basis is not None else "through references",
+        }
 
     def _project(self, v: torch.Tensor) -> torch.Tensor:
-        """c = W^T v, (K, r) in float64."""
-        xv = v.to(self.factor.dtype) @ self.factor.T
+        """c = W^T v, (K, r) in float64: one product with the basis or the references."""
+        vv = v.to(self.factor.dtype)
+        if self._basis is not None:
+            return (vv @ self._basis.T).to(torch.float64)
+        xv = vv @ self.factor.T
+        if self.offset is not None:
+            xv = xv - (vv @ self.offset.to(vv.dtype)).unsqueeze(1)
         return xv.to(torch.float64) @ self._coef
 
     def _lift(self, c: torch.Tensor) -> torch.Tensor:
         """W c, (K, d) in the factor's dtype."""
-        return (c @ self._coef.T).to(self.factor.dtype) @ self.factor
+        if getattr(self, "_basis", None) is not None:
+            return c.to(self.factor.dtype) @ self._basis
+        u = c @ self._coef.T  # (K, n) float64
+        out = u.to(self.factor.dtype) @ self.factor
+        if self.offset is not None:  # in place: no second (K, d) temporary
+            out.addr_(u.sum(1).to(out.dtype), self.offset.to(out.dtype), alpha=-1)
+        return out
 
     def _apply(self, v):
         c = self._project(v)
@@ -234,38 +311,126 @@ class LowRankPrecision(PrecisionOperator):
         r2 = (resid.to(torch.float64) ** 2).sum(1)
         return r2 / self.ridge + (c * c / (self.eigenvalues + self.ridge)).sum(1)
 
+    def _mean_projection(self, mean: torch.Tensor) -> torch.Tensor:
+        """W^T mean (r,), cached for the operator's own mean."""
+        if mean is self.mean:
+            if getattr(self, "_proj_mean", None) is None:
+                self._proj_mean = self._project(mean.unsqueeze(0))[0]
+            return self._proj_mean
+        return self._project(mean.unsqueeze(0))[0]
+
+    def prepare(self, g_star: torch.Tensor, mean: torch.Tensor | None = None) -> dict:
+        """Projections W^T a (K, r) and ||a||^2 of a = g* - mean: ONE projection per canary.
+
+        W^T a = W^T g* - W^T mean (linear), so no (K, d) centred copy is formed; ||a||^2 is
+        accumulated in float64 over column chunks of g* - mean.
+        """
+        g_star, _ = _as_batch(g_star, self.dim, "g_star")
+        mean = self.mean if mean is None else mean
+        proj = self._project(g_star) - self._mean_projection(mean)
+        aa, _ = _centred_products(g_star, mean, None)
+        return {"proj": proj, "aa": aa}
+
+    def forms(
+        self, prep: dict, g_star: torch.Tensor, g: torch.Tensor, mean: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(a^T P c, a^T P a, c^T P c) with one projection of c = g - mean and no lift.
+
+        P = I / rho - W diag(lambda / (rho (lambda + rho))) W^T, so every form is a Euclidean
+        product over rho minus a product of r-dimensional projections: g costs one projection
+        plus O(K d). The Euclidean products are accumulated in float64; the projections are
+        products in the factor's dtype (for float32: relative error ~1e-7 lambda_max / rho
+        per form, small for DP-SGD's noise-aware precision, rho >= sigma^2 C^2 / b).
+        """
+        g_star, _ = _as_batch(g_star, self.dim, "g_star")
+        mean = self.mean if mean is None else mean
+        c = g.to(g_star.dtype) - mean.to(g_star.dtype)
+        pa = prep["proj"]
+        pc = self._project(c.unsqueeze(0))[0]
+        _, dot = _centred_products(g_star, mean, c)
+        cc = (c.to(torch.float64) ** 2).sum()
+        lam = self.eigenvalues
+        w = lam / (self.ridge * (lam + self.ridge))
+        apc = dot / self.ridge - (pa * w) @ pc
+        apa = prep["aa"] / self.ridge - (pa * pa * w).sum(1)
+        cpc = cc / self.ridge - (pc * pc * w).sum()
+        return apc, apa, cpc
+
     def covariance_apply(self, v):
         c = self._project(v)
         return self._lift(c * self.eigenvalues).to(torch.float64) + self.ridge * v.to(torch.float64)
 
     def with_ridge(self, extra):
-        return LowRankPrecision(
+        op = LowRankPrecision(
             self.mean,
             self.factor,
             self.scale,
             self.ridge + _check_extra(extra),
             self.rank,
             _eig=(self.eigenvalues, self._v),
+            offset=self.offset,
+            explained_variance=self.explained_variance,
+            _basis=self._basis,
+            _total_variance=self.total_variance,
         )
+        op.intensity = self.intensity
+        return op
 
 
-def gram64(x: torch.Tensor, chunk_elems: int = 1 << 22) -> torch.Tensor:
+def _centred_products(
+    g_star: torch.Tensor, mean: torch.Tensor, c: torch.Tensor | None, chunk_elems: int = 1 << 22
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(||g*_k - mean||^2, (g*_k - mean) . c) in float64, by column chunks (small temporaries)."""
+    k, d = g_star.shape
+    aa = torch.zeros(k, dtype=torch.float64, device=g_star.device)
+    dot = None if c is None else torch.zeros_like(aa)
+    step = max(1, chunk_elems // max(k, 1))
+    for j in range(0, d, step):
+        block = (g_star[:, j : j + step] - mean[j : j + step].to(g_star.dtype)).to(torch.float64)
+        aa += (block * block).sum(1)
+        if c is not None:
+            dot += block @ c[j : j + step].to(torch.float64)
+    return aa, dot
+
+
+def _check_fraction(value: float | None) -> float | None:
+    if value is None:
+        return None
+    v = float(value)
+    if not 0.0 < v <= 1.0:
+        raise ValueError(f"explained_variance must lie in (0, 1] or be None, got {value!r}")
+    return v
+
+
+def gram64(
+    x: torch.Tensor, chunk_elems: int = 1 << 22, offset: torch.Tensor | None = None
+) -> torch.Tensor:
     """X X^T (n x n): per column chunk in X's dtype, accumulated across chunks in float64.
 
     Exact float64 for float64 input; for float32 input each chunk (<= 2^22 / n columns) is a
     float32 product, so rounding does not grow with d, and no n x d float64 copy is made.
+    ``offset`` (d,) is subtracted from every row chunk by chunk (the centred Gram matrix
+    without an n x d centred copy).
     """
     n, d = x.shape
     out = torch.zeros(n, n, dtype=torch.float64, device=x.device)
     step = max(1, chunk_elems // max(n, 1))
     for j in range(0, d, step):
         block = x[:, j : j + step]
+        if offset is not None:
+            block = block - offset[j : j + step].to(x.dtype)
         out += (block @ block.T).to(torch.float64)
     return out
 
 
-def _top_eigen(gram: torch.Tensor, rank: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Non-negligible eigenpairs of a symmetric PSD n x n matrix, largest first."""
+def _top_eigen(
+    gram: torch.Tensor, rank: int | None, explained_variance: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Non-negligible eigenpairs of a symmetric PSD n x n matrix, largest first.
+
+    ``rank`` keeps at most that many; ``explained_variance`` the fewest whose eigenvalues sum
+    to at least that fraction of the trace.
+    """
     evals, evecs = torch.linalg.eigh(gram)
     evals, evecs = evals.flip(0), evecs.flip(1)
     top = float(evals[0]) if evals.numel() else 0.0
@@ -273,4 +438,9 @@ def _top_eigen(gram: torch.Tensor, rank: int | None) -> tuple[torch.Tensor, torc
     keep = evals > tol
     if rank is not None:
         keep &= torch.arange(evals.numel(), device=evals.device) < rank
+    if explained_variance is not None and explained_variance < 1.0:
+        total = float(torch.trace(gram))
+        cum = torch.cumsum(evals.clamp_min(0.0), 0)
+        needed = int(torch.searchsorted(cum, explained_variance * total * (1 - 1e-12)))
+        keep &= torch.arange(evals.numel(), device=evals.device) <= needed
     return evals[keep], evecs[:, keep]
