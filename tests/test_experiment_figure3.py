@@ -92,7 +92,7 @@ def test_shuffle_sampling_makes_one_pass_per_epoch():
     n, b = 100, 32
     g = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g))
-    dp = DPSettings(noise_multiplier=1.0, batch_size=b, epochs=2.0, lr=0.1)
+    dp = DPSettings(noise_multiplier=1.0, batch_size=b, epochs=2.0, steps=None, lr=0.1)
     model = nn.Sequential(nn.Linear(4, 2))
     canary = InputCanaries(data.tensors[0][:1], data.tensors[1][:1])
     kw = {"canaries": canary, "scores": [ScalarProduct()], "progress": False}

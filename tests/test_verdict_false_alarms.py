@@ -24,24 +24,28 @@ import torch
 from dpaudit.experiment import run_audit
 
 DIRAC = {
+    "model": {"name": "logreg"},
     "dp": {"noise_multiplier": 2.0, "steps": 10},
     "canary": {"kind": "gradient", "direction": "dirac", "count": 30, "view": "auto"},
     "attack": {"scores": ["scalar"]},
     "audit": {"methods": ["clopper_pearson", "one_run", "gdp", "gaussian"]},
 }
 FEW = {
+    "model": {"name": "logreg"},
     "dp": {"noise_multiplier": 1.0, "steps": 10},
     "canary": {"kind": "gradient", "direction": "dirac", "count": 8, "view": "auto"},
     "attack": {"scores": ["scalar"]},
     "audit": {"methods": ["clopper_pearson", "one_run", "gdp", "gaussian"]},
 }
 MULTI = {
+    "model": {"name": "logreg"},
     "dp": {"noise_multiplier": 1.0, "steps": 5},
     "canary": {"kind": "gradient", "direction": "dirac", "count": 1, "view": "auto"},
     "attack": {"scores": ["scalar"]},
     "audit": {"mode": "multi_run", "runs": 20, "methods": ["clopper_pearson", "gdp", "gaussian"]},
 }
 INPUT = {
+    "model": {"name": "logreg"},
     "dp": {"noise_multiplier": 1.0, "steps": 10},
     "canary": {"kind": "input", "count": 20, "source": "mislabeled", "candidates": 60},
     "attack": {"scores": ["scalar"]},

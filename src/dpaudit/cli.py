@@ -2,22 +2,63 @@
 
 Every experiment preset sets ``task`` to a Hydra-callable config (``_target_`` plus keyword
 arguments). The CLI adds ``output_dir`` (Hydra's run directory) and calls it; the task writes
-its JSON and plots there and returns its results. Nothing else happens here, except the exit
-status: an audit whose verdict is a PRIVACY BUG (certified evidence against the claim) exits
-with status 3, so an audit can gate CI; ``fail_on_bug=false`` turns that off. In a sweep
-(``-m``) every job runs and the status stays 0; read the jobs' verdicts with
-``dpaudit-aggregate``.
+its JSON and plots there and returns its results. Around that call the CLI
+
+* refuses overrides of settings the preset's task never reads (``experiment=stats_demo
+  dp.noise_multiplier=2`` would otherwise be silently ignored), naming the keys it does read;
+* points to the ``launchers`` extra when ``hydra/launcher=...`` names a plugin that is not
+  installed (before Hydra's bare "Could not load" error);
+* keeps the console quiet: Opacus' "Secure RNG turned off" and RDP "optimal order" warnings
+  are shown once per job, every warning goes to the job's log file (``<run dir>/cli.log``),
+  which also records the config, the output directory, the time taken and the verdict;
+* ends by printing where the outputs are.
+
+An audit whose verdict is a PRIVACY BUG (certified evidence against the claim) exits with
+status 3, so an audit can gate CI; ``fail_on_bug=false`` turns that off. In a sweep (``-m``)
+every job runs and the status stays 0; read the jobs' verdicts with ``dpaudit-aggregate``.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import logging
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from hydra.utils import call
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+
+import dpaudit.conf  # noqa: F401  (registers the config schema and the --help text)
+from dpaudit.conf import task_references
+from dpaudit.experiment.settings import AuditSettings
 
 EXIT_PRIVACY_BUG = 3
+EXIT_USAGE = 2
+
+# hydra/launcher option -> (plugin module, pip package)
+_JOBLIB = ("hydra_plugins.hydra_joblib_launcher", "hydra-joblib-launcher")
+_SUBMITIT = ("hydra_plugins.hydra_submitit_launcher", "hydra-submitit-launcher")
+LAUNCHER_PLUGINS = {
+    "joblib": _JOBLIB,
+    "cpu_parallel": _JOBLIB,
+    "submitit_slurm": _SUBMITIT,
+    "submitit_local": _SUBMITIT,
+    "slurm_gpu": _SUBMITIT,
+}
+
+# Third-party warnings that repeat on every training run: shown once per job, then logged.
+ONCE = ("Secure RNG turned off", "Optimal order is the")
+
+_SETTINGS = frozenset(f for f in AuditSettings.__dataclass_fields__)
+
+log = logging.getLogger("dpaudit.cli")
 
 
 def privacy_bug(result) -> bool:
@@ -25,10 +66,146 @@ def privacy_bug(result) -> bool:
     return isinstance(result, dict) and bool(result.get("verdict", {}).get("privacy_bug"))
 
 
+def missing_launcher(argv: list[str]) -> str | None:
+    """A hint when ``hydra/launcher=NAME`` in ``argv`` needs a plugin that is not installed."""
+    for arg in argv:
+        if not arg.startswith("hydra/launcher="):
+            continue
+        name = arg.split("=", 1)[1]
+        if name not in LAUNCHER_PLUGINS:
+            continue
+        module, package = LAUNCHER_PLUGINS[name]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ImportError:
+            found = False
+        if not found:
+            return (
+                f"hydra/launcher={name} needs the Hydra launcher plugin {package}, which is not "
+                "installed: pip install 'dpaudit[launchers]' (or pip install " + package + ")"
+            )
+    return None
+
+
+def unused_overrides(task, overrides: list[str]) -> list[str]:
+    """The command-line overrides of audit settings that ``task`` (a preset's task config,
+    unresolved) never reads; ``task.*``, ``hydra*``, ``experiment`` and ``fail_on_bug`` are
+    always used."""
+    refs = task_references(task)
+    unused = []
+    for item in overrides:
+        key = item.split("=", 1)[0].lstrip("+~")
+        top = key.split(".", 1)[0]
+        if top not in _SETTINGS:
+            continue
+        used = top in refs or key in refs or any(r.startswith(key + ".") for r in refs)
+        if not used:
+            unused.append(item)
+    return unused
+
+
+def _check_overrides(cfg: DictConfig, hc) -> None:
+    task = OmegaConf.to_container(cfg.task, resolve=False) if cfg.task is not None else {}
+    unused = unused_overrides(task, list(hc.overrides.task))
+    if unused:
+        preset = hc.runtime.choices.get("experiment", "?")
+        reads = sorted(task_references(task)) or ["no audit settings"]
+        params = sorted(k for k in task if not str(k).startswith("_"))
+        raise ValueError(
+            f"experiment={preset} does not use {', '.join(unused)}: its task "
+            f"({task.get('_target_', '?')}) reads only {', '.join(reads)}, so the override "
+            f"would be silently ignored. Set the task's own arguments instead (task.KEY=VALUE; "
+            f"its keys: {', '.join(params)})."
+        )
+
+
+def _file_logger() -> logging.Logger:
+    """A logger that writes only to the job's log file(s) set up by Hydra (none: silent)."""
+    out = logging.getLogger("dpaudit.job")
+    out.handlers = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    out.propagate = False
+    out.setLevel(logging.INFO)
+    return out
+
+
+class _WarningRouter:
+    """``warnings.showwarning`` for one job: every warning to the log file; the repeating
+    third-party ones (``ONCE``) to the console only the first time."""
+
+    def __init__(self, file_log: logging.Logger, log_path: str | None):
+        self.file_log, self.log_path = file_log, log_path
+        self.seen: set[str] = set()
+        self.show = warnings.showwarning
+
+    def __call__(self, message, category, filename, lineno, file=None, line=None):
+        text = str(message)
+        self.file_log.warning("%s: %s (%s:%s)", category.__name__, text, filename, lineno)
+        key = next((k for k in ONCE if k in text), None)
+        if key is None:
+            return self.show(message, category, filename, lineno, file, line)
+        if key not in self.seen:
+            self.seen.add(key)
+            self.show(message, category, filename, lineno, file, line)
+            where = f" ({self.log_path})" if self.log_path else ""
+            print(f"(later '{key}...' warnings go to the log{where})", file=sys.stderr)
+
+
+def _log_path(file_log: logging.Logger) -> str | None:
+    for h in file_log.handlers:
+        return getattr(h, "baseFilename", None)
+    return None
+
+
+def _outputs(out: Path, since: float) -> list[str]:
+    """Files the task wrote under ``out`` (not Hydra's own .hydra/ and log files)."""
+    if not out.is_dir():
+        return []
+    files = []
+    for p in sorted(out.rglob("*")):
+        rel = p.relative_to(out)
+        if p.is_file() and rel.parts[0] != ".hydra" and p.suffix != ".log":
+            if p.stat().st_mtime >= since - 1:
+                files.append(str(rel))
+    return files
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def _hydra_main(cfg: DictConfig):
     hc = HydraConfig.get()
-    result = call(cfg.task, output_dir=hc.runtime.output_dir)
+    out = Path(hc.runtime.output_dir)
+    file_log = _file_logger()
+    preset = hc.runtime.choices.get("experiment", "?")
+    file_log.info("dpaudit experiment=%s, overrides: %s", preset, list(hc.overrides.task))
+    file_log.info("output directory: %s", out)
+    cfg_text = OmegaConf.to_yaml({k: v for k, v in cfg.items() if k != "task"}, resolve=True)
+    file_log.info("settings:\n%s", cfg_text)
+    router = _WarningRouter(file_log, _log_path(file_log))
+    start, wall = time.time(), time.perf_counter()
+    try:
+        _check_overrides(cfg, hc)
+        with warnings.catch_warnings():
+            warnings.showwarning = router
+            result = call(cfg.task, output_dir=str(out))
+    except (ValueError, InstantiationException) as exc:  # a bad setting: one line
+        err = exc.__cause__ if isinstance(exc, InstantiationException) else exc
+        if not isinstance(err, ValueError):
+            raise
+        file_log.error("error: %s", err)
+        if hc.mode != RunMode.RUN or os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(f"dpaudit: error: {err}\n(HYDRA_FULL_ERROR=1 shows the traceback)",
+              file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+    seconds = time.perf_counter() - wall
+    file_log.info("task %s finished in %.1f s", cfg.task.get("_target_"), seconds)
+    if isinstance(result, dict) and isinstance(result.get("verdict"), dict):
+        v = result["verdict"]
+        file_log.info("verdict: %s (%s)", v.get("status"), v.get("message"))
+    files = _outputs(out, start)
+    file_log.info("outputs in %s: %s", out, ", ".join(files) or "none")
+    print(f"\noutputs ({seconds:.1f} s): {out}/" + "".join(f"\n  {f}" for f in files))
+    if _log_path(file_log):
+        print(f"log: {_log_path(file_log)}")
     if privacy_bug(result) and cfg.get("fail_on_bug", True) and hc.mode == RunMode.RUN:
         raise SystemExit(EXIT_PRIVACY_BUG)
     return result
@@ -36,6 +213,10 @@ def _hydra_main(cfg: DictConfig):
 
 def main() -> None:
     """Console-script entry point."""
+    hint = missing_launcher(sys.argv[1:])
+    if hint:
+        print(f"dpaudit: {hint}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
     _hydra_main()
 
 

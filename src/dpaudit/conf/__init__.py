@@ -1,0 +1,170 @@
+"""The `dpaudit` CLI's Hydra configs, and their schema.
+
+Importing this package registers, in Hydra's ConfigStore:
+
+* ``dpaudit_schema``: the structured-config schema of the top-level config, i.e. the settings
+  dataclasses of ``dpaudit.experiment.settings`` (``AuditSettings`` and its groups) plus
+  ``fail_on_bug`` and the preset's ``task``. ``config.yaml`` lists it first, so the dataclass
+  defaults are the defaults, every group file lists only what differs from them, and a typo or
+  a value of the wrong type is refused by Hydra with the key's name;
+* ``hydra/help/dpaudit``: the ``--help`` text, generated when it is shown from the
+  dataclasses' field metadata (one-line help, allowed values) and from the first sentence of
+  each preset's / group option's leading comment.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import yaml
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from dpaudit.experiment.settings import GROUPS, AuditSettings, describe_settings
+
+SCHEMA_NAME = "dpaudit_schema"
+
+
+@dataclass
+class DpauditConfig(AuditSettings):
+    """The top-level config of the CLI: the audit's settings, plus ``fail_on_bug`` and the
+    preset's ``task`` (a Hydra ``_target_`` callable and its arguments)."""
+
+    fail_on_bug: bool = True
+    task: Any = None
+
+
+def _conf_dir():
+    return resources.files(__name__)
+
+
+def preset_names(group: str) -> list[str]:
+    """The options of a config group (``experiment`` lists the presets)."""
+    return sorted(p.name[:-5] for p in (_conf_dir() / group).iterdir() if p.name.endswith(".yaml"))
+
+
+def option_text(group: str, name: str) -> str:
+    return (_conf_dir() / group / f"{name}.yaml").read_text()
+
+
+def summary(text: str, width: int = 96) -> str:
+    """The first sentence of a YAML file's leading comment block (``@package`` lines skipped)."""
+    words = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        line = line.lstrip("#").strip()
+        if line.startswith("@package"):
+            continue
+        words.append(line)
+    first = re.split(r"(?<=[.!?])\s+(?=[A-Z(`])", " ".join(words), maxsplit=1)[0].strip()
+    return first if len(first) <= width else first[: width - 3].rstrip() + "..."
+
+
+def task_references(task: Any) -> set[str]:
+    """Top-level keys and dotted keys (``dp``, ``dp.delta``) a preset's task interpolates."""
+    refs: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+        elif isinstance(node, str):
+            refs.update(m.group(1) for m in re.finditer(r"\$\{([A-Za-z_][\w.]*)\}", node))
+
+    walk(task)
+    return refs
+
+
+def preset_groups(name: str) -> list[str]:
+    """The settings groups / keys a preset's task reads (e.g. ``['dp.delta', 'seed']``)."""
+    task = (yaml.safe_load(option_text("experiment", name)) or {}).get("task") or {}
+    return sorted(task_references(task))
+
+
+def task_keys(name: str) -> list[str]:
+    """A preset's own task arguments that are not interpolated from the audit settings."""
+    task = (yaml.safe_load(option_text("experiment", name)) or {}).get("task") or {}
+    return [k for k, v in task.items() if not k.startswith("_") and not
+            (isinstance(v, str) and v.startswith("${"))]
+
+
+def _defaults() -> dict[str, str]:
+    cfg = yaml.safe_load((_conf_dir() / "config.yaml").read_text())
+    out = {}
+    for item in cfg.get("defaults", []):
+        if isinstance(item, dict):
+            out.update({str(k): str(v) for k, v in item.items()})
+    return out
+
+
+def help_text() -> str:
+    """The body of ``dpaudit --help``: usage, presets, config groups, every setting."""
+    chosen = _defaults()
+    lines = [
+        "dpaudit: audit DP-SGD (Opacus) for privacy bugs. Membership attacks on canaries give",
+        "lower bounds on epsilon (certified, and estimates under a stated model), tested",
+        "against the accountant's claim for the same threat model.",
+        "",
+        "Usage:",
+        "  dpaudit                                   the default audit (AuditSettings())",
+        "  dpaudit experiment=PRESET                 a preset (below)",
+        "  dpaudit GROUP=OPTION KEY=VALUE ...        e.g. canary=input dp.noise_multiplier=2",
+        "  dpaudit -m dp.noise_multiplier=2,4        a sweep (hydra/launcher=cpu_parallel or",
+        "                                            slurm_gpu: pip install 'dpaudit[launchers]')",
+        "  dpaudit --cfg job [overrides]             print the composed config, run nothing",
+        "Outputs go to Hydra's run directory (hydra.run.dir=DIR), log in <dir>/cli.log.",
+        "Exit status 3: the verdict is a PRIVACY BUG (fail_on_bug=false: 0).",
+        "",
+        "== Presets (experiment=NAME) ==",
+    ]
+    for name in preset_names("experiment"):
+        mark = " (default)" if chosen.get("experiment") == name else ""
+        lines.append(f"  {name}{mark}: {summary(option_text('experiment', name))}")
+        uses = preset_groups(name)
+        lines.append(f"      reads: {', '.join(uses) if uses else 'nothing'}"
+                     " (overrides of other settings are refused)")
+        own = task_keys(name)
+        if own:
+            lines.append(f"      task.KEY=VALUE: {', '.join(own)}")
+    lines += ["", "== Config groups (GROUP=OPTION; each option overrides some defaults) =="]
+    for group in GROUPS:
+        lines.append(f"{group}:")
+        for name in preset_names(group):
+            mark = " (default)" if chosen.get(group) == name else ""
+            lines.append(f"  {name}{mark}: {summary(option_text(group, name))}")
+    lines += [
+        "hydra/launcher: cpu_parallel (joblib) | slurm_gpu (submitit); needs the launchers extra",
+        "",
+        "== Settings (KEY=VALUE; defaults of the settings dataclasses) ==",
+        describe_settings(),
+        "  fail_on_bug                    bool = true",
+        "                                 exit with status 3 when the verdict is a PRIVACY BUG",
+        "",
+        "Hydra's own options: dpaudit --hydra-help",
+    ]
+    return "\n".join(lines).replace("$", "$$")
+
+
+def register() -> None:
+    """Store the schema and the help config in Hydra's ConfigStore (idempotent)."""
+    cs = ConfigStore.instance()
+    cs.store(name=SCHEMA_NAME, node=DpauditConfig)
+    if not OmegaConf.has_resolver("dpaudit_help"):
+        OmegaConf.register_new_resolver("dpaudit_help", help_text)
+    cs.store(
+        group="hydra/help",
+        name="dpaudit",
+        node={"app_name": "dpaudit", "header": "", "footer": "", "template": "${dpaudit_help:}"},
+    )
+
+
+register()
+
+__all__ = ["DpauditConfig", "help_text", "preset_groups", "register", "task_references"]

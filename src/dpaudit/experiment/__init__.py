@@ -5,12 +5,34 @@ audit={...})`` is the Python entry point; the ``dpaudit`` CLI calls the same fun
 ``audit_report(hook, privacy_engine=...)`` gives the same report for your own training loop.
 """
 
-from dpaudit.experiment.audit import audit_task, evaluate, run_audit
-from dpaudit.experiment.bugs import BUGS, plant_bug
-from dpaudit.experiment.loop_report import audit_report
-from dpaudit.experiment.multirun import aggregate, run_multi
-from dpaudit.experiment.run import RunRecord, audit_run
-from dpaudit.experiment.settings import AuditSettings
+import importlib
+
+# Imported on first use, so that ``dpaudit.experiment.settings`` (the CLI's config schema)
+# stays free of torch.
+_LAZY = {
+    "audit_task": "dpaudit.experiment.audit",
+    "evaluate": "dpaudit.experiment.audit",
+    "run_audit": "dpaudit.experiment.audit",
+    "BUGS": "dpaudit.experiment.bugs",
+    "plant_bug": "dpaudit.experiment.bugs",
+    "audit_report": "dpaudit.experiment.loop_report",
+    "aggregate": "dpaudit.experiment.multirun",
+    "run_multi": "dpaudit.experiment.multirun",
+    "RunRecord": "dpaudit.experiment.run",
+    "audit_run": "dpaudit.experiment.run",
+    "AuditSettings": "dpaudit.experiment.settings",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'dpaudit.experiment' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "BUGS",

@@ -10,6 +10,7 @@ or for runs pooled by ``multirun.aggregate``.
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
@@ -21,7 +22,7 @@ from torch.utils.data import Dataset
 from dpaudit.attacks import StepScore
 from dpaudit.canaries import predicted_leakage
 from dpaudit.capture import per_sample_clipped_grads
-from dpaudit.experiment.canary_setup import CanarySetup, setup_canaries
+from dpaudit.experiment.canary_setup import CanarySetup, draw_membership, setup_canaries
 from dpaudit.experiment.scores import build_scores
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.threat import threat_model_for
@@ -30,11 +31,114 @@ from dpaudit.models import build_model
 from dpaudit.threat_model import ThreatModel
 
 
+def available_devices() -> list[str]:
+    """The torch devices this build and machine can use (``cpu``, ``cuda:N``, ``mps``)."""
+    out = ["cpu"]
+    if torch.cuda.is_available():
+        out += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        out.append("mps")
+    return out
+
+
 def resolve_device(settings: AuditSettings) -> torch.device:
-    """``settings.device``, or CUDA when available, else CPU."""
-    if settings.device:
-        return torch.device(settings.device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """``settings.device``, or CUDA when available, else CPU.
+
+    A device this torch build or machine cannot use is a ValueError naming ``device`` and the
+    devices that are available (before any data is loaded or model trained).
+    """
+    name = settings.device
+    if not name:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    have = ", ".join(available_devices())
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError) as err:
+        msg = f"device={name!r} is not a torch device ({err}); available: {have}"
+        raise ValueError(msg) from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"device={name!r}, but CUDA is not available to this torch build "
+                f"(torch {torch.__version__}, torch.cuda.is_available() is False); available: "
+                f"{have} (device=null picks CUDA when there is one, else CPU)"
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device={name!r}: there is no such GPU; available: {have}")
+    elif dev.type != "cpu" and dev.type not in {d.split(":")[0] for d in available_devices()}:
+        raise ValueError(f"device={name!r} is not available here; available: {have}")
+    return dev
+
+
+def membership_counts(settings: AuditSettings) -> tuple[int, int]:
+    """(members, non-members) among the scores the audit will pool, from the seeded draws
+    alone (no training). An audit without both is refused: a ValueError says why."""
+    a, c = settings.audit, settings.canary
+    if a.mode == "multi_run":
+        from dpaudit.experiment.multirun import run_bit
+
+        with_canary = sum(run_bit(settings, r) for r in range(a.runs))
+        if with_canary in (0, a.runs):
+            raise ValueError(
+                f"audit.runs={a.runs} with audit.inclusion={a.inclusion} (seed {settings.seed}) "
+                f"draws {with_canary} runs with the canary and {a.runs - with_canary} without: a "
+                "bound compares both; raise audit.runs or bring audit.inclusion toward 0.5"
+            )
+        return with_canary * c.count, (a.runs - with_canary) * c.count
+    members = int(draw_membership(c.count, a.inclusion, settings.seed).sum())
+    if members in (0, c.count):
+        raise ValueError(
+            f"canary.count={c.count} with audit.inclusion={a.inclusion} (seed {settings.seed}) "
+            f"draws {members} members and {c.count - members} non-members: a bound compares "
+            "both; raise canary.count or bring audit.inclusion toward 0.5"
+        )
+    return members, c.count - members
+
+
+def expected_certified_bound(
+    n_in: int, n_out: int, mu: float | None, confidence: float, delta: float, seed: int = 0
+) -> float:
+    """The Clopper-Pearson epsilon bound of n_in member / n_out non-member scores drawn as
+    N(mu, 1) / N(0, 1) (mu None: perfectly separated scores, the most any certified rate
+    bound can give with these counts). Used to say before training what an audit can show."""
+    from dpaudit.stats import epsilon_lower_bound
+
+    if mu is None:
+        s_in, s_out = np.ones(n_in), np.zeros(n_out)
+    else:
+        rng = np.random.default_rng([seed, 0xB0B])
+        s_in, s_out = rng.standard_normal(n_in) + mu, rng.standard_normal(n_out)
+    res = epsilon_lower_bound(
+        s_in, s_out, delta=delta, confidence=confidence, method="clopper_pearson"
+    )
+    return float(res.epsilon)
+
+
+def warn_if_bounds_vanish(settings: AuditSettings, counts, threat: ThreatModel, info: dict):
+    """Warn, naming canary.count, when this audit's certified bounds are expected to be 0:
+    too few canaries for the leakage they carry (the exact mu of every-step gradient canaries,
+    seed 001's predicted mu of input canaries, or perfect separation otherwise)."""
+    mu, source = None, "perfectly separated scores"
+    pred = info.get("predicted_leakage")
+    if pred is not None:
+        mu = float(np.mean(pred["mu_composed"]))
+        source = f"seed 001's predicted mean mu={mu:.3g} of these input canaries"
+    elif settings.canary.kind == "gradient" and threat.mu() is not None:
+        mu = float(threat.mu())
+        source = f"the exact mu={mu:.3g} of every-step gradient canaries"
+    n_in, n_out = counts
+    a = settings.audit
+    expected = expected_certified_bound(n_in, n_out, mu, a.confidence, threat.delta, settings.seed)
+    if expected <= 0:
+        more = "audit.runs" if a.mode == "multi_run" else "canary.count"
+        warnings.warn(
+            f"expect epsilon bounds of 0: canary.count={settings.canary.count} gives {n_in} "
+            f"member and {n_out} non-member scores, too few to certify a positive epsilon at "
+            f"{a.confidence:.0%} confidence for {source} (a simulated Clopper-Pearson bound is "
+            f"0); raise {more} or use canaries that leak more",
+            stacklevel=3,
+        )
 
 
 @dataclass
@@ -130,10 +234,13 @@ def prepare_run(settings: AuditSettings, membership: np.ndarray | None = None) -
 
     The data's sample rate q is computed on the training data without the canaries (input
     canaries drawn from the training data are held out of it first), so it is the same in
-    every run of an audit.
+    every run of an audit. Refused before anything is loaded: a device that is not available
+    (``resolve_device``) and an audit without members or non-members (``membership_counts``);
+    a warning names canary.count when the bounds are expected to be 0.
     """
     seed, dp = settings.seed, settings.dp
     device = resolve_device(settings)
+    counts = membership_counts(settings)  # refuses an audit without members or non-members
     train, test, info = settings.data.load(seed)
     m = settings.model
     model = build_model(m.name, info.input_shape, info.num_classes, m.width, seed=seed)
@@ -149,6 +256,7 @@ def prepare_run(settings: AuditSettings, membership: np.ndarray | None = None) -
         setup.info["predicted_leakage"] = predict_input_leakage(
             settings, model, setup, sample_rate, expected_b
         )
+    warn_if_bounds_vanish(settings, counts, threat, setup.info)
     return PreparedRun(model, test, setup, sample_rate, scores, threat)
 
 

@@ -1,38 +1,51 @@
 """Typed settings of one audit, one dataclass per Hydra config group (data, model, dp, ...).
 
+These dataclasses are the one source of defaults: ``AuditSettings()`` is the audit that
+``dpaudit`` runs with no arguments, and the CLI registers them as Hydra's structured-config
+schema (``dpaudit.conf``), so the YAML group files list only what differs. Each field carries a
+one-line ``help`` (and, where the values are a closed set, ``choices``) in its metadata; the
+CLI's ``--help`` and ``describe_settings()`` are generated from them.
+
 Hydra passes plain mappings; ``AuditSettings.from_mappings`` turns them into these objects and
 every field is checked here, once, with an error that names the group and the field. The names
-of data sets, input-canary sources and attack scores come from the registries next to their
-code (``dpaudit.data.DATASETS``, ``dpaudit.canaries.INPUT_SOURCES``,
-``dpaudit.experiment.scores.SCORES``), read when a check needs them so this module stays cheap
-to import; ``settings.DATASETS`` / ``INPUT_SOURCES`` / ``ATTACKS`` give the names as tuples.
+of data sets, models, input-canary sources, attack scores, bound methods, planted bugs and
+covariance estimators come from the registries next to their code, read when a check needs
+them so this module stays cheap to import (no torch); ``settings.DATASETS`` /
+``INPUT_SOURCES`` / ``ATTACKS`` give the names as tuples.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+import math
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
-
-from dpaudit.experiment.bugs import BUGS
 
 CANARY_KINDS = ("gradient", "input")
 DIRECTIONS = ("dirac", "random")
+PLACEMENTS = ("least_active", "random_live")
 GRADIENT_POLICIES = ("every_step", "bernoulli")
 VIEWS = ("full", "auto")
 SELECTIONS = ("top", "easy", "medium", "hard", "stratified", "random")
 MODES = ("one_run", "multi_run")
 OPTIMIZERS = ("sgd", "adam")
 
+_REGISTRIES = {
+    "DATASETS": ("dpaudit.data", "DATASETS"),
+    "MODELS": ("dpaudit.models", "MODELS"),
+    "INPUT_SOURCES": ("dpaudit.canaries.sources", "INPUT_SOURCES"),
+    "ATTACKS": ("dpaudit.experiment.scores", "SCORES"),
+    "METHODS": ("dpaudit.stats", "METHODS"),
+    "BUGS": ("dpaudit.experiment.bugs", "BUGS"),
+    "ESTIMATORS": ("dpaudit.covariance.estimators", "METHODS"),
+}
+
 
 def _registry_names(name: str) -> tuple[str, ...]:
-    """The names a registry holds, imported on first use (the registries import torch)."""
-    if name == "DATASETS":
-        from dpaudit.data import DATASETS as registry
-    elif name == "INPUT_SOURCES":
-        from dpaudit.canaries.sources import INPUT_SOURCES as registry
-    else:
-        from dpaudit.experiment.scores import SCORES as registry
-    return tuple(registry)
+    """The names a registry holds, imported on first use (most registries import torch)."""
+    import importlib
+
+    module, attr = _REGISTRIES[name]
+    return tuple(getattr(importlib.import_module(module), attr))
 
 
 def __getattr__(name: str) -> tuple[str, ...]:
@@ -42,16 +55,38 @@ def __getattr__(name: str) -> tuple[str, ...]:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _opt(default: Any = MISSING, help: str = "", choices: Any = None, factory: Any = None):
+    """A dataclass field with its one-line ``help`` and allowed values (``choices``: a tuple, or
+    the name of a registry in ``_REGISTRIES``) in the metadata the CLI's help is built from."""
+    meta = {"help": help, "choices": choices}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def choices_of(f) -> tuple[str, ...] | None:
+    """The allowed values of a settings field (``dataclasses.Field``), or None if open."""
+    ch = f.metadata.get("choices")
+    if isinstance(ch, str):
+        return _registry_names(ch)
+    return None if ch is None else tuple(ch)
+
+
 def _fail(group: str, name: str, expected: str, got: Any) -> None:
-    raise ValueError(f"{group}.{name} must be {expected}, got {got!r}")
+    key = f"{group}.{name}" if group else name
+    raise ValueError(f"{key} must be {expected}, got {got!r}")
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _positive(group, name, v, integer=False):
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+    ok = _number(v) and v > 0
     if integer:
         ok = ok and int(v) == v
     if not ok:
-        _fail(group, name, "a positive " + ("integer" if integer else "number"), v)
+        _fail(group, name, "a positive finite " + ("integer" if integer else "number"), v)
 
 
 def _choice(group, name, v, options):
@@ -60,20 +95,23 @@ def _choice(group, name, v, options):
 
 
 def _unit(group, name, v, closed_right=False):
-    num = isinstance(v, (int, float)) and not isinstance(v, bool)
-    ok = num and (0 < v < 1 or (closed_right and v == 1))
+    ok = _number(v) and (0 < v < 1 or (closed_right and v == 1))
     if not ok:
         _fail(group, name, "in (0, 1]" if closed_right else "in (0, 1)", v)
 
 
 @dataclass
 class DataSettings:
-    name: str = "digits"
-    n_train: int | None = None
-    test_fraction: float = 0.25
-    root: str = "data"
-    download: bool = False
-    options: dict = field(default_factory=dict)  # synthetic generator options
+    """The training data (``data`` group): a registered data set and its split."""
+
+    name: str = _opt("digits", "data set (digits ships with the package)", "DATASETS")
+    n_train: int | None = _opt(None, "use only this many training examples (null: all)")
+    test_fraction: float = _opt(0.25, "fraction held out for test accuracy, in (0, 1)")
+    root: str = _opt("data", "directory of downloaded data sets")
+    download: bool = _opt(False, "download the data set into root if missing")
+    options: dict = _opt(  # noqa: RUF009 (_opt returns a dataclasses.field)
+        help="generator options of data=synthetic (n, dim, num_classes)", factory=dict
+    )
 
     def load(self, seed: int):
         """``(train, test, info)`` of this data set for ``seed`` (``dpaudit.data.load_dataset``)."""
@@ -98,30 +136,35 @@ class DataSettings:
 
 @dataclass
 class ModelSettings:
-    name: str = "logreg"
-    width: int = 16
+    """The model trained with DP-SGD (``model`` group)."""
+
+    name: str = _opt("mlp", "architecture", "MODELS")
+    width: int = _opt(400, "hidden width (mlp) / channels per conv layer (cnn); unused by logreg")
 
     def check(self) -> None:
-        from dpaudit.models import MODELS
-
-        _choice("model", "name", self.name, MODELS)
+        _choice("model", "name", self.name, _registry_names("MODELS"))
         _positive("model", "width", self.width, integer=True)
 
 
 @dataclass
 class DPSettings:
-    noise_multiplier: float = 1.0
-    max_grad_norm: float = 1.0
-    batch_size: int = 64  # expected Poisson batch size: sample_rate = batch_size / n_train
-    epochs: float = 1.0
-    steps: int | None = None  # overrides epochs when set
-    lr: float = 0.5
-    optimizer: str = "sgd"
-    momentum: float = 0.0
-    delta: float = 1e-5
-    max_physical_batch_size: int | None = None  # BatchMemoryManager when set
-    bug: str = "none"
-    bug_factor: float = 0.5  # bug=scaled_noise: the noise is bug_factor x sigma
+    """DP-SGD with Poisson sampling (``dp`` group): sample rate = batch_size / n_train."""
+
+    noise_multiplier: float = _opt(6.0, "sigma: noise std / clip norm, > 0")
+    max_grad_norm: float = _opt(1.0, "clip norm C, > 0")
+    batch_size: int = _opt(64, "expected Poisson batch size (sample rate = batch_size / n_train)")
+    epochs: float = _opt(1.0, "training length in epochs (ignored when steps is set)")
+    steps: int | None = _opt(100, "number of steps T; overrides epochs (null: use epochs)")
+    lr: float = _opt(0.5, "learning rate, > 0")
+    optimizer: str = _opt("sgd", "optimizer wrapped by Opacus", OPTIMIZERS)
+    momentum: float = _opt(0.0, "SGD momentum, in [0, 1)")
+    delta: float = _opt(1e-5, "delta of the (epsilon, delta) claim, in (0, 1)")
+    max_physical_batch_size: int | None = _opt(
+        None, "split logical batches for memory (Opacus BatchMemoryManager); null: off"
+    )
+    bug: str = _opt("none", "plant a known privacy bug in the optimizer (none: correct DP-SGD)",
+                    "BUGS")
+    bug_factor: float = _opt(0.5, "bug=scaled_noise: the noise is bug_factor x sigma, in (0, 1]")
 
     def check(self) -> None:
         _positive("dp", "noise_multiplier", self.noise_multiplier)
@@ -132,42 +175,53 @@ class DPSettings:
             _positive("dp", "steps", self.steps, integer=True)
         _positive("dp", "lr", self.lr)
         _choice("dp", "optimizer", self.optimizer, OPTIMIZERS)
-        if not 0 <= self.momentum < 1:
+        if not (_number(self.momentum) and 0 <= self.momentum < 1):
             _fail("dp", "momentum", "in [0, 1)", self.momentum)
         _unit("dp", "delta", self.delta)
         if self.max_physical_batch_size is not None:
             _positive("dp", "max_physical_batch_size", self.max_physical_batch_size, integer=True)
-        _choice("dp", "bug", self.bug, BUGS)
-        if not (isinstance(self.bug_factor, (int, float)) and 0 < self.bug_factor <= 1):
+        _choice("dp", "bug", self.bug, _registry_names("BUGS"))
+        if not (_number(self.bug_factor) and 0 < self.bug_factor <= 1):
             _fail("dp", "bug_factor", "in (0, 1]", self.bug_factor)
 
 
 @dataclass
 class CanarySettings:
-    kind: str = "gradient"
-    count: int = 500
-    # gradient canaries
-    direction: str = "dirac"
-    norm: float | None = None  # default: the clip norm C; must be <= C
-    policy: str = "every_step"
-    inclusion_prob: float | None = None  # q_c for policy=bernoulli; default: the sample rate
-    params: list[str] | None = None  # parameter / module names the canaries live in
-    # "auto": Dirac canaries are recorded and scored in the coordinate view of their own
-    # coordinates (AuditHook(coordinates=...)), O(K^2) per step instead of O(K d)
-    view: str = "full"
-    # input canaries (Algorithm 3)
-    source: str = "mislabeled"
-    selection: str = "top"
-    candidates: int = 200
-    n_references: int = 128
-    estimator: str = "ledoit_wolf"
-    # source=crafted: value of the one non-zero input feature (gradient norm grows with it)
-    crafted_value: float = 100.0
+    """The canaries (``canary`` group): gradient canaries inserted by the audit hook, or input
+    canaries (seed 001 Algorithm 3) added to the training data."""
+
+    kind: str = _opt("gradient", "gradient canaries (hook) or input canaries (data)",
+                     CANARY_KINDS)
+    count: int = _opt(1000, "number of canaries K; each a member with prob. audit.inclusion")
+    direction: str = _opt("dirac", "gradient: Dirac on the least-used coordinates, or random",
+                          DIRECTIONS)
+    placement: str = _opt("least_active", "gradient Dirac: the least data-used coordinates, or "
+                          "random coordinates the data use", PLACEMENTS)
+    norm: float | None = _opt(None, "gradient: canary norm, <= dp.max_grad_norm (null: C)")
+    policy: str = _opt("every_step", "gradient: members inserted every step, or w.p. q_c per "
+                       "step", GRADIENT_POLICIES)
+    inclusion_prob: float | None = _opt(None, "gradient, policy=bernoulli: q_c (null: the "
+                                        "data's sample rate)")
+    params: list[str] | None = _opt(  # noqa: RUF009
+        None, "parameter / module names the canaries live in (null: all)"
+    )
+    view: str = _opt("auto", "gradient Dirac: auto records and scores only their own "
+                     "coordinates (O(K^2) per step), full the whole gradient", VIEWS)
+    source: str = _opt("mislabeled", "input: candidate pool", "INPUT_SOURCES")
+    selection: str = _opt("top", "input: which ranked candidates (easy/medium/hard need 3 x "
+                          "count candidates)", SELECTIONS)
+    candidates: int = _opt(200, "input: size of the candidate pool, >= count")
+    n_references: int = _opt(128, "reference points for Algorithm 3's covariance")
+    estimator: str = _opt("ledoit_wolf", "input: Algorithm 3's covariance estimator",
+                          "ESTIMATORS")
+    crafted_value: float = _opt(100.0, "input, source=crafted: value of the one non-zero "
+                                "feature")
 
     def check(self) -> None:
         _choice("canary", "kind", self.kind, CANARY_KINDS)
         _positive("canary", "count", self.count, integer=True)
         _choice("canary", "direction", self.direction, DIRECTIONS)
+        _choice("canary", "placement", self.placement, PLACEMENTS)
         if self.norm is not None:
             _positive("canary", "norm", self.norm)
         _choice("canary", "policy", self.policy, GRADIENT_POLICIES)
@@ -178,14 +232,20 @@ class CanarySettings:
         _choice("canary", "selection", self.selection, SELECTIONS)
         _positive("canary", "candidates", self.candidates, integer=True)
         _positive("canary", "n_references", self.n_references, integer=True)
+        _choice("canary", "estimator", self.estimator, _registry_names("ESTIMATORS"))
         _positive("canary", "crafted_value", self.crafted_value)
 
 
 @dataclass
 class AttackSettings:
-    scores: list[str] = field(default_factory=lambda: ["scalar"])
-    estimator: str = "ledoit_wolf"  # covariance / glir precision estimator
-    n_references: int = 128
+    """The membership scores computed from the released gradients (``attack`` group)."""
+
+    scores: list[str] = _opt(  # noqa: RUF009
+        help="scores to compute, each a separate attack", choices="ATTACKS",
+        factory=lambda: ["scalar"],
+    )
+    estimator: str = _opt("ledoit_wolf", "covariance / glir precision estimator", "ESTIMATORS")
+    n_references: int = _opt(128, "reference points for the covariance / glir precision")
 
     def check(self) -> None:
         attacks = _registry_names("ATTACKS")
@@ -193,39 +253,69 @@ class AttackSettings:
             _fail("attack", "scores", f"a non-empty list from {attacks}", self.scores)
         for s in self.scores:
             _choice("attack", "scores", s, attacks)
+        _choice("attack", "estimator", self.estimator, _registry_names("ESTIMATORS"))
         _positive("attack", "n_references", self.n_references, integer=True)
 
 
 @dataclass
 class AuditModeSettings:
-    mode: str = "one_run"
-    runs: int = 1  # multi_run: number of training runs (one membership bit each)
-    methods: list[str] = field(default_factory=lambda: ["gdp", "gaussian", "clopper_pearson"])
-    confidence: float = 0.95
-    inclusion: float = 0.5  # probability that a canary is a member
+    """How membership is drawn and how the scores are turned into bounds (``audit`` group)."""
+
+    mode: str = _opt("one_run", "one_run: K canaries in one training; multi_run: `runs` "
+                     "trainings, one membership bit each", MODES)
+    runs: int = _opt(1, "multi_run: number of trainings (>= 2)")
+    methods: list[str] = _opt(  # noqa: RUF009
+        help="epsilon lower-bound methods (certified and estimates)",
+        choices="METHODS",
+        factory=lambda: ["clopper_pearson", "one_run", "gdp", "gaussian", "fdp_one_run"],
+    )
+    confidence: float = _opt(0.95, "confidence of all statements together, in (0, 1)")
+    inclusion: float = _opt(0.5, "probability that a canary (multi_run: a run) is a member")
 
     def check(self) -> None:
-        from dpaudit.stats import METHODS
-
         _choice("audit", "mode", self.mode, MODES)
         _positive("audit", "runs", self.runs, integer=True)
+        if self.mode == "multi_run" and self.runs < 2:
+            _fail("audit", "runs", "at least 2 with audit.mode=multi_run (one membership bit "
+                  "per run: a bound needs runs with and runs without the canary)", self.runs)
+        methods = _registry_names("METHODS")
+        if not self.methods:
+            _fail("audit", "methods", f"a non-empty list from {methods}", self.methods)
         for m in self.methods:
-            _choice("audit", "methods", m, METHODS)
+            _choice("audit", "methods", m, methods)
         _unit("audit", "confidence", self.confidence)
         _unit("audit", "inclusion", self.inclusion)
 
 
 @dataclass
 class AuditSettings:
+    """Everything that defines one audit; ``AuditSettings()`` is the default audit.
+
+    The default (what ``dpaudit`` runs): DP-SGD with Opacus on digits, an MLP of width 400,
+    sigma = 6, T = 100 steps, 1000 Dirac gradient canaries on first-layer weights no data
+    gradient touches, each a member with probability 1/2 and inserted at every step (threat
+    model q = 1), the scalar-product attack, every certified method and the estimates.
+
+    Attributes:
+        data, model, dp, canary, attack, audit: the groups (``DataSettings``,
+            ``ModelSettings``, ``DPSettings``, ``CanarySettings``, ``AttackSettings``,
+            ``AuditModeSettings``); ``describe_settings()`` lists every field with its
+            one-line help and allowed values.
+        seed: seed of the data split, the initial model, the canaries and the training.
+        device: torch device ("cpu", "cuda", "cuda:1", ...); None: CUDA when available.
+        progress: show progress bars.
+    """
+
     data: DataSettings = field(default_factory=DataSettings)
     model: ModelSettings = field(default_factory=ModelSettings)
     dp: DPSettings = field(default_factory=DPSettings)
     canary: CanarySettings = field(default_factory=CanarySettings)
     attack: AttackSettings = field(default_factory=AttackSettings)
     audit: AuditModeSettings = field(default_factory=AuditModeSettings)
-    seed: int = 0
-    device: str | None = None  # default: CUDA when available, else CPU
-    progress: bool = True
+    seed: int = _opt(0, "seed of the data split, model, canaries and training noise")
+    device: str | None = _opt(None, "torch device: cpu, cuda, cuda:N (null: CUDA when "
+                              "available, else CPU)")
+    progress: bool = _opt(True, "show progress bars")
 
     @classmethod
     def from_mappings(cls, **groups: Any) -> AuditSettings:
@@ -245,8 +335,13 @@ class AuditSettings:
         return out
 
     def check(self) -> None:
+        """Check every field; a ValueError names the first bad one and what was expected."""
         for part in (self.data, self.model, self.dp, self.canary, self.attack, self.audit):
             part.check()
+        if not (isinstance(self.seed, int) and not isinstance(self.seed, bool)):
+            _fail("", "seed", "an integer", self.seed)
+        if self.device is not None and not (isinstance(self.device, str) and self.device):
+            _fail("", "device", "null or a torch device string (cpu, cuda, cuda:N)", self.device)
         if self.dp.bug == "realised_batch_size" and self.dp.max_physical_batch_size:
             _fail("dp", "max_physical_batch_size", "unset with bug=realised_batch_size", 1)
         c = self.canary
@@ -261,7 +356,58 @@ class AuditSettings:
                 )
 
     def to_dict(self) -> dict:
+        """The settings as plain JSON-ready dicts (what ``from_mappings`` reads back)."""
         return asdict(self)
+
+
+GROUPS = {
+    "data": DataSettings,
+    "model": ModelSettings,
+    "dp": DPSettings,
+    "canary": CanarySettings,
+    "attack": AttackSettings,
+    "audit": AuditModeSettings,
+}
+
+
+def describe_settings(width: int = 30) -> str:
+    """Every setting as ``group.key  type = default  help [allowed values]``, one line each
+    (the body of the CLI's ``--help``), generated from the dataclasses' metadata."""
+    lines = []
+
+    def one(prefix: str, f) -> None:
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        head = f"  {prefix}{f.name}"
+        text = f"{head:<{width}} {kind} = {_show(default)}"
+        lines.append(text)
+        help_text = f.metadata.get("help", "")
+        allowed = choices_of(f)
+        if allowed:
+            help_text += f"; allowed: {' | '.join(allowed)}"
+        lines.append(f"{'':<{width}}   {help_text}")
+
+    for group, kind in GROUPS.items():
+        lines.append(f"{group}: {(kind.__doc__ or '').strip().splitlines()[0]}")
+        for f in fields(kind):
+            one(f"{group}.", f)
+    lines.append("top level:")
+    for f in fields(AuditSettings):
+        if f.name not in GROUPS:
+            one("", f)
+    return "\n".join(lines)
+
+
+def _show(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, list):
+        return "[" + ", ".join(map(str, v)) + "]"
+    if isinstance(v, dict):
+        return "{}" if not v else str(v)
+    return str(v)
 
 
 def _build(kind, group: str, value):
