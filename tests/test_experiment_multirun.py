@@ -18,6 +18,7 @@ from dpaudit.experiment.run import RunRecord
 from dpaudit.experiment.threat import threat_model_for
 
 MULTI = {
+    "model": {"name": "logreg"},
     "dp": {"noise_multiplier": 2.0, "steps": 8, "batch_size": 64},
     "canary": {"kind": "gradient", "count": 2},
     "attack": {"scores": ["scalar"]},
@@ -25,6 +26,7 @@ MULTI = {
     "progress": False,
 }
 CLI_MULTI = [
+    "model=logreg",
     "dp.noise_multiplier=2.0",
     "dp.steps=8",
     "canary.count=2",

@@ -56,6 +56,7 @@ def test_view_auto_equals_full_and_dead_coordinates_warning():
     """Dirac canaries scored in their coordinate view give the full run's scores (logreg on
     digits: 30 dead coordinates); asking for more Dirac canaries than that warns."""
     groups = dict(
+        model={"name": "logreg"},
         dp={"noise_multiplier": 2.0, "steps": 8},
         canary={"kind": "gradient", "count": 20, "direction": "dirac"},
         attack={"scores": ["scalar", "mixture_lr"]},
