@@ -1,0 +1,297 @@
+"""Conformance of the AuditHook on the Opacus set-ups users run (issue 11).
+
+One tiny model per family (``conformance_models``: GroupNorm CNN, Embedding + DPLSTM on integer
+tokens, a transformer block with a keyword padding mask, an MLP with dropout) goes through each
+Opacus option. For every supported combination a seeded run with the hook is compared with the
+same run without it, with instruments independent of the hook (a step pre-hook on the base
+torch optimizer recording the gradient really applied, and per-example autograd references):
+
+(a) the trajectory is the un-hooked one: applied gradients identical bit for bit except on
+    the dead coordinates carrying "in" Dirac canaries, which move by exactly C / B per step
+    (B = expected batch size x accumulated backward passes, Opacus' "mean" divisor);
+(b) the accountant is unchanged (same history, same epsilon);
+(c) each input canary's clipped gradient (from the hook's trace) equals K single-example
+    backward passes at theta_t clipped with Opacus' flat rule min(1, C / (||g|| + 1e-6));
+(d) the gradient the hook scores equals the applied one, and each per-step score is
+    <canary gradient, applied gradient>;
+(e) Dirac canaries on dead coordinates: score_k = sum_t C * g_t[j_k] with g_t[j] =
+    (C * in_k + N(0, sigma^2 C^2)) / B, so mean(in) - mean(out) has expectation T C^2 / B and
+    standard deviation (sigma C^2 / B) sqrt(T (1/n_in + 1/n_out)); asserted within 4 of them.
+
+Set-ups the hook does not support are asserted to be refused by name (before any score).
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+from conformance_models import (
+    BATCH,
+    CLIP,
+    FAMILIES,
+    SIGMA,
+    STEPS,
+    Family,
+    Options,
+    make_private,
+    reference_clipped_grads,
+    run,
+)
+
+from dpaudit.capture import AuditHook, GradientCanaries, InputCanaries, Trace, load_trace
+
+K_INPUT = 3  # input canaries per case
+
+# ----------------------------------------------------------------------------- cases
+FAST = [
+    ("cnn_groupnorm", Options()),
+    ("lstm_tokens", Options()),
+    ("transformer_mask", Options()),
+    ("mlp_dropout", Options()),
+    ("cnn_groupnorm", Options(mode="functorch")),
+    ("cnn_groupnorm", Options(bmm=3)),
+    ("cnn_groupnorm", Options(accumulate=2, poisson=False)),
+    ("cnn_groupnorm", Options(poisson=False)),
+]
+SLOW = [
+    (fam, Options(mode=mode))
+    for fam, f in FAMILIES.items()
+    for mode in f.modes
+    if (fam, Options(mode=mode)) not in FAST
+] + [
+    (fam, opts)
+    for fam in FAMILIES
+    for opts in (
+        Options(bmm=3),
+        Options(accumulate=2, poisson=False),
+        Options(poisson=False),
+        Options(autocast=True),
+    )
+    if (fam, opts) not in FAST
+]
+
+# Known defects of the hook today (issue 11), each asserted to still fail (strict xfail), so
+# the fix shows up as an XPASS to remove here: (family, label, checks) -> reason.
+FOLD_NOT_EXACT = (
+    "fold: the batch's own rows are computed in a batch of B + K rows, which rounds differently "
+    "(applied gradients differ by ~3e-8 from step 0 on this CNN), not bit-for-bit"
+)
+DROPOUT_FOLD = "issue 11 item 7: folded canary rows consume the dropout RNG (training changes)"
+DROPOUT_SEPARATE = (
+    "separate pass (ew is not foldable) on a dropout model in train mode: torch.func vmap "
+    "raises 'called random operation while in randomness error mode' inside optimizer.step()"
+)
+KNOWN: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
+    ("cnn_groupnorm", "hooks"): (("trajectory",), FOLD_NOT_EXACT),
+    ("cnn_groupnorm", "functorch"): (("trajectory",), FOLD_NOT_EXACT),
+    ("cnn_groupnorm", "hooks-nopoisson"): (("trajectory",), FOLD_NOT_EXACT),
+    ("cnn_groupnorm", "hooks-nopoisson-accum2"): (("trajectory",), FOLD_NOT_EXACT),
+    ("mlp_dropout", "hooks"): (("trajectory",), DROPOUT_FOLD),
+    ("mlp_dropout", "functorch"): (("trajectory",), DROPOUT_FOLD),
+    ("mlp_dropout", "hooks-bmm3"): (("trajectory",), DROPOUT_FOLD),
+    ("mlp_dropout", "hooks-nopoisson"): (("trajectory",), DROPOUT_FOLD),
+    ("mlp_dropout", "hooks-nopoisson-accum2"): (("trajectory",), DROPOUT_FOLD),
+    ("mlp_dropout", "ew"): (("trajectory", "accountant", "applied", "dirac"), DROPOUT_SEPARATE),
+}
+
+
+def cases(check: str) -> list:
+    """The (family, options) parameters for one check, slow ones and known defects marked."""
+    out = []
+    for group, slow in ((FAST, False), (SLOW, True)):
+        for fam, opts in group:
+            marks = [pytest.mark.slow] if slow else []
+            checks, reason = KNOWN.get((fam, opts.label()), ((), ""))
+            if check in checks:
+                marks.append(pytest.mark.xfail(strict=True, reason=reason))
+            out.append(pytest.param(fam, opts, id=f"{fam}-{opts.label()}", marks=marks))
+    return out
+
+
+def input_canary_refusal(family: Family, opts: Options) -> tuple[str, str] | None:
+    """Where and how input canaries are refused today for this set-up (None: supported).
+
+    ("construct", regex): ``InputCanaries`` rejects the inputs; ("step", regex): the hook raises
+    at the first optimizer step, before any score.
+    """
+    if family.token_inputs:
+        return "construct", "floating point"
+    if family.keyword_forward:
+        return "step", "keyword arguments"
+    if opts.autocast:
+        return "step", "autocast"
+    return None
+
+
+def divisor(opts: Options) -> float:
+    """Opacus' 'mean' divisor, from the set-up alone: expected batch x backward passes."""
+    return float(BATCH * opts.accumulate)
+
+
+# ----------------------------------------------------------------------------- one case
+_CACHE: dict = {}
+_TMP = tempfile.TemporaryDirectory(prefix="dpaudit-conformance-")
+
+
+def canary_inputs(family: Family):
+    """K_INPUT held-out examples (other seed) as (inputs tuple, targets)."""
+    *xs, y = family.data(seed=99)
+    return tuple(x[:K_INPUT] for x in xs), y[:K_INPUT]
+
+
+def case(fam_name: str, opts: Options, with_inputs: bool):
+    """(family, plain run, hooked run, trace dict, dirac coords, in mask), cached per case."""
+    key = (fam_name, opts, with_inputs)
+    if key in _CACHE:
+        return _CACHE[key]
+    family = FAMILIES[fam_name]
+    dead = family.dead_coords()
+    in_mask = np.arange(len(dead)) % 2 == 0
+    policy = ["every_step" if m else "never" for m in in_mask]
+    grad = GradientCanaries.dirac(dead, norm=CLIP, dim=family.dim(), policy=policy)
+    sets = [grad]
+    if with_inputs:
+        xs, y = canary_inputs(family)
+        sets.append(InputCanaries(xs[0], y))
+    directory = f"{_TMP.name}/{fam_name}-{opts.label()}-{int(with_inputs)}"
+
+    def hook_fn(opt, model):
+        trace = Trace(directory, include_canaries=True)
+        return AuditHook(opt, model, sets, keep_per_step=True, trace=trace)
+
+    plain = run(family, opts)
+    hooked = run(family, opts, hook_fn)
+    out = (family, plain, hooked, load_trace(directory), dead, in_mask)
+    _CACHE[key] = out
+    return out
+
+
+def supported_inputs(fam_name: str, opts: Options) -> bool:
+    return input_canary_refusal(FAMILIES[fam_name], opts) is None
+
+
+# ----------------------------------------------------------------------------- checks
+@pytest.mark.parametrize("fam_name,opts", cases("trajectory"))
+def test_trajectory_unchanged_and_dirac_canaries_enter_once(fam_name, opts):
+    """(a): applied gradients equal the un-hooked run's bit for bit, except on "in" Dirac
+    coordinates, where they differ by exactly C / B at every step."""
+    family, plain, hooked, _, dead, in_mask = case(fam_name, opts, supported_inputs(fam_name, opts))
+    in_coords = torch.tensor(dead)[torch.from_numpy(in_mask)]
+    others = torch.ones(plain.final.numel(), dtype=torch.bool)
+    others[in_coords] = False
+    assert hooked.applied.shape == plain.applied.shape == (STEPS, family.dim())
+    assert torch.equal(hooked.applied[:, others], plain.applied[:, others])
+    assert torch.equal(hooked.final[others], plain.final[others])
+    shift = hooked.applied[:, in_coords] - plain.applied[:, in_coords]
+    torch.testing.assert_close(
+        shift, torch.full_like(shift, CLIP / divisor(opts)), rtol=0, atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("fam_name,opts", cases("accountant"))
+def test_accountant_unchanged(fam_name, opts):
+    """(b): same accountant history and epsilon with and without the hook."""
+    _, plain, hooked, *_ = case(fam_name, opts, supported_inputs(fam_name, opts))
+    assert hooked.history == plain.history and len(plain.history) == 1
+    assert hooked.epsilon == plain.epsilon and math.isfinite(plain.epsilon)
+
+
+@pytest.mark.parametrize("fam_name,opts", cases("applied"))
+def test_scored_gradient_is_the_applied_gradient(fam_name, opts):
+    """(d): the released gradient the hook records is the one the base optimizer applies, and
+    every per-step score is <canary gradient, applied gradient>."""
+    _, _, hooked, trace, *_ = case(fam_name, opts, supported_inputs(fam_name, opts))
+    applied = hooked.applied.double().numpy()
+    np.testing.assert_array_equal(trace["released"], hooked.applied.numpy())
+    per_step = hooked.hook.per_step()["scalar"]  # (K, T)
+    expected = np.einsum("tkd,td->kt", trace["canaries"].astype(np.float64), applied)
+    np.testing.assert_allclose(per_step, expected, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("fam_name,opts", cases("dirac"))
+def test_dirac_canaries_give_the_theoretical_mean_shift(fam_name, opts):
+    """(e): exact per-step identity score = C g_t[j], and the in-minus-out mean shift
+    T C^2 / B within 4 standard deviations of the noise (closed form in the module doc)."""
+    _, _, hooked, _, dead, in_mask = case(fam_name, opts, supported_inputs(fam_name, opts))
+    n = len(dead)
+    per_step = hooked.hook.per_step()["scalar"][:n]
+    np.testing.assert_allclose(
+        per_step, CLIP * hooked.applied[:, dead].double().numpy().T, rtol=1e-6, atol=1e-9
+    )
+    s = hooked.hook.scores()["scalar"][:n]
+    b = divisor(opts)
+    shift = s[in_mask].mean() - s[~in_mask].mean()
+    sd = SIGMA * CLIP**2 / b * math.sqrt(STEPS * (1 / in_mask.sum() + 1 / (~in_mask).sum()))
+    assert abs(shift - STEPS * CLIP**2 / b) < 4 * sd, (shift, STEPS * CLIP**2 / b, sd)
+    # the test can tell: no insertion (0) or a double insertion (2x) is > 4 sd away
+    assert STEPS * CLIP**2 / b > 8 * sd
+
+
+@pytest.mark.parametrize("fam_name,opts", cases("autograd"))
+def test_input_canary_gradients_match_per_example_autograd(fam_name, opts):
+    """(c): the hook's clipped input-canary gradients equal single-example backward passes at
+    theta_t clipped by Opacus' flat rule; unsupported inputs are refused by name instead."""
+    family = FAMILIES[fam_name]
+    refusal = input_canary_refusal(family, opts)
+    if refusal is not None:
+        assert_input_canaries_refused(family, opts, *refusal)
+        return
+    if family.dropout:
+        pytest.skip("dropout: the canary rows' masks are the hook's own draw (no reference)")
+    _, _, hooked, trace, dead, _ = case(fam_name, opts, True)
+    xs, y = canary_inputs(family)
+    got = torch.from_numpy(trace["canaries"][:, len(dead) :])  # (T, K_INPUT, d)
+    for t in range(STEPS):
+        ref = reference_clipped_grads(family, hooked.thetas[t], xs, y, CLIP)
+        torch.testing.assert_close(got[t], ref, rtol=1e-4, atol=1e-6)
+        assert float(ref.norm(dim=1).max()) <= CLIP * (1 + 1e-6)
+    # the premise of (e): the data's per-example gradients vanish on the dead coordinates
+    *data_x, data_y = family.data(seed=0)
+    ref = reference_clipped_grads(
+        family, hooked.thetas[-1], tuple(x[:4] for x in data_x), data_y[:4], CLIP, train=False
+    )
+    assert float(ref[:, dead].abs().max()) == 0.0
+
+
+def assert_input_canaries_refused(family: Family, opts: Options, where: str, needle: str):
+    """Today's refusal: at construction of InputCanaries, or at the first optimizer step."""
+    xs, y = canary_inputs(family)
+    if where == "construct":
+        with pytest.raises(ValueError, match=needle):
+            InputCanaries(xs[0], y)
+        return
+    model, opt, criterion, loader, _ = make_private(family, opts)
+    hook = AuditHook(opt, model, InputCanaries(xs[0], y))
+    *bx, by = next(iter(loader))
+    amp = torch.autocast("cpu", dtype=torch.bfloat16, enabled=opts.autocast)
+    with hook, pytest.raises(ValueError, match=needle):
+        with amp:
+            out = family.forward(model, tuple(bx))
+        criterion(out.float(), by).backward()
+        opt.step()
+    assert hook.steps == 0
+
+
+# ----------------------------------------------------------------------------- refusals
+@pytest.mark.parametrize("clipping", ["per_layer", "adaptive"])
+@pytest.mark.parametrize("fam_name", ["cnn_groupnorm", "mlp_dropout"])
+def test_per_layer_and_adaptive_clipping_refused_at_construction(fam_name, clipping):
+    family = FAMILIES[fam_name]
+    model, opt, *_ = make_private(family, Options(clipping=clipping))
+    canaries = GradientCanaries.dirac(family.dead_coords()[:2], norm=CLIP, dim=family.dim())
+    with pytest.raises(ValueError, match=f"clipping='{clipping}'"):
+        AuditHook(opt, model, canaries)
+
+
+@pytest.mark.parametrize("fam_name", list(FAMILIES))
+def test_ghost_clipping_refused_at_construction(fam_name):
+    """Ghost clipping is refused today (H1 adds gradient canaries for it)."""
+    family = FAMILIES[fam_name]
+    model, opt, *_ = make_private(family, Options(mode="ghost"))
+    canaries = GradientCanaries.dirac(family.dead_coords()[:2], norm=CLIP, dim=family.dim())
+    with pytest.raises(ValueError, match="ghost"):
+        AuditHook(opt, model, canaries)
