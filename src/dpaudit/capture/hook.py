@@ -50,6 +50,7 @@ from opacus.optimizers import DPOptimizer
 from torch import nn
 
 from dpaudit.attacks.base import StepContext, StepScore
+from dpaudit.attacks.mixture import MixtureLR
 from dpaudit.attacks.scalar import ScalarProduct
 from dpaudit.capture.accumulate import ScoreAccumulator
 from dpaudit.capture.canaries import Canaries, InputCanaries, as_canary_list
@@ -63,6 +64,10 @@ from dpaudit.capture.trace import Trace
 from dpaudit.capture.view import CoordinateView, check_coordinates
 
 __all__ = ["INPUT_PASSES", "AuditHook", "WhiteBoxRecorder", "infer_sample_rate"]
+
+# scores that read the released gradient only through <g*, g_t> (and g* itself): on sparse
+# canaries they give the same values on the union of the supports as on the full vector
+_SUPPORT_LOCAL = (ScalarProduct, MixtureLR)
 
 
 def infer_sample_rate(step_hook: object) -> float | None:
@@ -95,6 +100,14 @@ class AuditHook:
     model is a batch-first Opacus ``GradSampleModule`` and the step's forward can be folded,
     else a separate pass; ``"batch"`` requires folding (error otherwise); ``"separate"``
     always uses the separate pass.
+
+    Sparse gradient canaries (``GradientCanaries.dirac`` / ``sparse``) cost O(K x |support|)
+    per step: they are inserted at their support only, and when they are the only canaries,
+    no ``coordinates``, ``trace`` or ``reference`` is given and every score reads the released
+    gradient only through <g*, g_t> (``ScalarProduct``, ``MixtureLR``, or a score with
+    ``support_local = True``), scores are computed on the union S of the supports
+    (``routed`` is True, ``scored_dim`` = |S|) with the same values as on the full vector.
+    Otherwise the sparse canaries are given to scores as dense (K, dim) rows.
     """
 
     def __init__(
@@ -173,6 +186,21 @@ class AuditHook:
         self.keep_per_step = bool(keep_per_step)
         self.check_finite = bool(check_finite)
         self.input_pass = input_pass
+        # sparse gradient canaries only, scores that read the released gradient only through
+        # <g*, g_t>: score on the union S of the supports (exactly the full run's values)
+        self.routed = (
+            self._insertion.all_sparse
+            and self.coordinates is None
+            and trace is None
+            and self.reference is None
+            and all(
+                type(s) in _SUPPORT_LOCAL or getattr(s, "support_local", False)
+                for s in self.score_fns
+            )
+        )
+        self._score_view = (
+            CoordinateView(self._params, self._insertion.support()) if self.routed else self.view
+        )
         self._inputs = InputGradients(
             model,
             optimizer,
@@ -242,9 +270,12 @@ class AuditHook:
         p0 = self._params[0]
         self._device, self._dtype = p0.device, p0.dtype
         self.view.to(self._device)
+        self._score_view.to(self._device)
         self._insertion.start(self._device, self._dtype)
+        self._score_vectors = self._insertion.score_vectors(self.routed)
+        self._fixed_canary_grads = self._canary_grads([]) if not self._inputs.active else None
         self._inputs.start(self.view, self._dtype)
-        self._accumulator.start(self.dim, self._device)
+        self._accumulator.start(self.scored_dim, self._device)
         if self.trace is not None:
             self.trace.start(
                 self.dim,
@@ -276,7 +307,7 @@ class AuditHook:
     def _canary_grads(self, per_set: list[torch.Tensor]) -> torch.Tensor:
         """The (K, dim) canary gradients in canary order: vectors and input-set gradients."""
         blocks, i = [], 0
-        for vec in self._insertion.vectors:
+        for vec in self._score_vectors:
             if vec is not None:
                 blocks.append(vec)
             else:
@@ -293,11 +324,19 @@ class AuditHook:
         self._inclusions.append(self._pending_inclusion)
         self._pending_inclusion = None
         self._inputs.check_forward(t)
-        released = self.view.released()
-        per_set, ref = self._inputs.compute(t)
-        canary_grads = self._canary_grads(per_set)
-        if self.check_finite:
-            if not all_finite(released):  # canary gradients: checked where computed
+        released = self._score_view.released()
+        if self._fixed_canary_grads is not None:
+            ref, canary_grads = None, self._fixed_canary_grads
+        else:
+            per_set, ref = self._inputs.compute(t)
+            canary_grads = self._canary_grads(per_set)
+        if self.check_finite:  # canary gradients: checked where computed
+            finite = (
+                all(bool(torch.isfinite(p.grad.sum())) for p in self._params)
+                if self.routed  # the user asked for no view: check every coordinate
+                else all_finite(released)
+            )
+            if not finite:
                 raise ValueError(f"non-finite released gradient at optimizer step {t}")
         if opt.loss_reduction == "mean":
             divisor = float(opt.expected_batch_size * opt.accumulated_iterations)
@@ -325,6 +364,11 @@ class AuditHook:
     def steps(self) -> int:
         """Number of real optimizer steps recorded so far."""
         return self._steps
+
+    @property
+    def scored_dim(self) -> int:
+        """Columns of the vectors scores see: ``dim``, or |S| when ``routed``."""
+        return self._score_view.dim
 
     @property
     def folded_steps(self) -> int:

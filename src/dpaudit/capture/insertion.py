@@ -2,9 +2,15 @@
 
 At each real optimizer step the hook draws which gradient canaries are included (``policy``:
 ``"every_step"``, ``"bernoulli"`` with their own numpy generator, ``"never"``), sums the
-included vectors, scatters that sum from the view into the full parameter selection and adds
-it to ``p.summed_grad`` just before the optimizer adds its noise. ``GradientInsertion`` holds
-the canaries on the model's device and does the draws and the addition; the hook decides when.
+included vectors, maps that sum from the hook's coordinates (the selection, or the view) to the
+full parameter selection and adds it to ``p.summed_grad`` just before the optimizer adds its
+noise. ``GradientInsertion`` holds the canaries on the model's device and does the draws and the
+addition; the hook decides when.
+
+Sparse canaries (``GradientCanaries.sparse`` / ``dirac``) never become (K, d): their included
+values are summed on the union S of their supports and added at S, so a step costs
+O(K x |support|); ``score_vectors`` gives the (K, columns) matrices the scores see, either in
+the hook's coordinates or, when the hook routes scoring through S (``support()``), in S.
 """
 
 from __future__ import annotations
@@ -22,21 +28,22 @@ NORM_SLACK = 1e-6  # relative float slack on the ||g*|| <= C check
 
 def check_gradient_canaries(canaries: Sequence, dim: int, max_grad_norm: float, where: str) -> None:
     """Raise ValueError unless every ``GradientCanaries`` in ``canaries`` has ``dim`` columns
-    and rows of norm <= C (``where`` names the coordinates, for the message)."""
+    and rows of norm <= C (``where`` names the coordinates, for the message). No K x d
+    temporaries: norms are computed per 64 rows, or from the sparse values."""
     for c in canaries:
         if not isinstance(c, GradientCanaries):
             continue
         if c.dim != dim:
             raise ValueError(
                 f"canaries: gradient canary vectors must have d = {dim} columns ({where}), "
-                f"got shape {tuple(c.vectors.shape)}"
+                f"got shape {(len(c), c.dim)}"
             )
-        norms = c.vectors.double().norm(dim=1)
+        norms = c.norms()
         too_big = (norms > max_grad_norm * (1 + NORM_SLACK)).nonzero().flatten()
         if too_big.numel():
             raise ValueError(
                 f"canaries: gradient canaries must have norm <= C = {max_grad_norm}; "
-                f"canaries {too_big.tolist()} have norms {norms[too_big].tolist()}"
+                f"canaries {too_big.tolist()[:20]} have norms {norms[too_big].tolist()[:20]}"
             )
 
 
@@ -45,7 +52,7 @@ class GradientInsertion:
 
     Args:
         canaries: the hook's canary list (input canaries get a False inclusion and no vector).
-        view: the hook's coordinate view (canary vectors are in view coordinates).
+        view: the hook's coordinate view (canary vectors are in its coordinates).
     """
 
     def __init__(self, canaries: Sequence, view: CoordinateView) -> None:
@@ -54,34 +61,105 @@ class GradientInsertion:
         self.num_canaries = sum(len(c) for c in self.canaries)
         self.active = any(isinstance(c, GradientCanaries) for c in self.canaries)
         self._fixed_row: np.ndarray | None = None
-        self.vectors: list[torch.Tensor | None] = [None] * len(self.canaries)
         self._rngs: list[np.random.Generator | None] = [None] * len(self.canaries)
+        self._is_grad = [isinstance(c, GradientCanaries) for c in self.canaries]
+        self._sparse = [
+            g and c.is_sparse for g, c in zip(self._is_grad, self.canaries, strict=True)
+        ]
+        self._support = self._full_support()
 
+    @property
+    def all_sparse(self) -> bool:
+        """Every canary is a sparse gradient canary."""
+        return all(self._sparse)
+
+    def _to_full(self, idx: torch.Tensor) -> torch.Tensor:
+        """Hook coordinates -> indices into the full flattened selection."""
+        idx = idx.long()
+        return idx if self.view.coordinates is None else self.view.coordinates[idx]
+
+    def _full_support(self) -> torch.Tensor | None:
+        """Sorted union (full-selection indices) of the sparse canaries' supports, or None."""
+        parts = [
+            self._to_full(c.indices.cpu()).reshape(-1)
+            for c, sp in zip(self.canaries, self._sparse, strict=True)
+            if sp
+        ]
+        return torch.unique(torch.cat(parts)) if parts else None
+
+    def support(self) -> torch.Tensor | None:
+        """The union S of the sparse canaries' supports (full-selection indices, sorted)."""
+        return self._support
+
+    # ------------------------------------------------------------------ set-up
     def start(self, device: torch.device, dtype: torch.dtype) -> None:
-        """Move the vectors to the model's device and dtype and seed the inclusion draws."""
-        self.vectors = [
-            c.vectors.to(device=device, dtype=dtype) if isinstance(c, GradientCanaries) else None
-            for c in self.canaries
-        ]
+        """Move the canaries to the model's device and dtype and seed the inclusion draws."""
+        self._device, self._dtype = device, dtype
         self._always = [
-            np.array(c.policies) == "every_step" if isinstance(c, GradientCanaries) else None
-            for c in self.canaries
+            np.array(c.policies) == "every_step" if g else None
+            for c, g in zip(self.canaries, self._is_grad, strict=True)
         ]
+        # dense sets: (K, dim) in hook coordinates; sparse sets: positions in S and values
+        self._dense = [
+            c.vectors.to(device=device, dtype=dtype) if g and not sp else None
+            for c, g, sp in zip(self.canaries, self._is_grad, self._sparse, strict=True)
+        ]
+        support = self._support
+        self._s_full = None if support is None else support.to(device)
+        self._pos, self._vals = [], []
+        for c, sp in zip(self.canaries, self._sparse, strict=True):
+            if sp:
+                pos = torch.searchsorted(support, self._to_full(c.indices.cpu()))
+                self._pos.append(pos.to(device))
+                self._vals.append(c.values.to(device=device, dtype=dtype))
+            else:
+                self._pos.append(None)
+                self._vals.append(None)
         fixed = [
             vec[torch.from_numpy(always).to(device)].sum(0)
-            for vec, always in zip(self.vectors, self._always, strict=True)
+            for vec, always in zip(self._dense, self._always, strict=True)
             if vec is not None and always.any()
         ]
-        self._every_step_sum = torch.stack(fixed).sum(0) if fixed else None
+        self._every_step_dense = torch.stack(fixed).sum(0) if fixed else None
+        self._every_step_sparse = None
+        if support is not None:
+            buf = torch.zeros(support.numel(), device=device, dtype=dtype)
+            for pos, vals, always in zip(self._pos, self._vals, self._always, strict=True):
+                if pos is not None and always.any():
+                    keep = torch.from_numpy(always).to(device)
+                    buf.index_add_(0, pos[keep].reshape(-1), vals[keep].reshape(-1))
+            self._every_step_sparse = buf
+            self._s_ranges = [
+                (int(torch.searchsorted(support, a)), int(torch.searchsorted(support, b)))
+                for a, b in zip(self.view.offsets[:-1], self.view.offsets[1:], strict=True)
+            ]
         self._rngs = [
-            np.random.default_rng(c.seed)
-            if isinstance(c, GradientCanaries) and "bernoulli" in c.policies
-            else None
-            for c in self.canaries
+            np.random.default_rng(c.seed) if g and "bernoulli" in c.policies else None
+            for c, g in zip(self.canaries, self._is_grad, strict=True)
         ]
-        if not any(self._rngs):
+        if not any(r is not None for r in self._rngs):
             self._fixed_row = self.draw()
 
+    def score_vectors(self, routed: bool) -> list[torch.Tensor | None]:
+        """Per canary set, the (K_set, columns) vectors scores see (None for input canaries):
+        columns are the hook's coordinates, or positions in S when ``routed``."""
+        out = []
+        for c, dense, pos, vals in zip(
+            self.canaries, self._dense, self._pos, self._vals, strict=True
+        ):
+            if dense is not None:
+                if routed:
+                    raise RuntimeError("dense gradient canaries cannot be routed through S")
+                out.append(dense)
+            elif pos is not None:
+                cols = self._s_full.numel() if routed else c.dim
+                where = pos if routed else c.indices.long().to(self._device)
+                out.append(vals.new_zeros(len(c), cols).scatter_(1, where, vals))
+            else:
+                out.append(None)
+        return out
+
+    # ------------------------------------------------------------------ per step
     def draw(self) -> np.ndarray:
         """One (K,) bool row of inclusions for this step (input canaries: False)."""
         if self._fixed_row is not None:  # nothing random: the same row every step
@@ -99,29 +177,46 @@ class GradientInsertion:
             row.append(inc)
         return np.concatenate(row)
 
-    def included_sum(self, row: np.ndarray) -> torch.Tensor | None:
-        """The (full_dim,) sum of the canaries included in ``row`` (None if none is)."""
+    def included_sum(self, row: np.ndarray) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(dense (full_dim,) sum of the included dense canaries or None, (|S|,) sum of the
+        included sparse canaries on S or None)."""
         if not row.any():
-            return None
-        # every-step canaries: their fixed sum; Bernoulli ones: the rows drawn this step
-        blocks = [] if self._every_step_sum is None else [self._every_step_sum]
+            return None, None
+        dense = [] if self._every_step_dense is None else [self._every_step_dense]
+        sparse = None if self._every_step_sparse is None else self._every_step_sparse.clone()
         start = 0
-        for c, vec, always in zip(self.canaries, self.vectors, self._always, strict=True):
+        for c, vec, pos, vals, always in zip(
+            self.canaries, self._dense, self._pos, self._vals, self._always, strict=True
+        ):
             n = len(c)
-            if vec is not None:
+            if always is not None:
                 mask = row[start : start + n] & ~always
                 if mask.any():
-                    idx = torch.from_numpy(np.flatnonzero(mask)).to(vec.device)
-                    blocks.append(vec.index_select(0, idx).sum(0))
+                    idx = torch.from_numpy(np.flatnonzero(mask)).to(self._device)
+                    if vec is not None:
+                        dense.append(vec.index_select(0, idx).sum(0))
+                    else:
+                        sparse.index_add_(
+                            0,
+                            pos.index_select(0, idx).reshape(-1),
+                            vals.index_select(0, idx).reshape(-1),
+                        )
             start += n
-        return self.view.scatter(torch.stack(blocks).sum(0))
+        total = self.view.scatter(torch.stack(dense).sum(0)) if dense else None
+        return total, sparse
 
     def insert(self, row: np.ndarray, step: int) -> None:
         """Add the canaries included in ``row`` to every selected ``p.summed_grad``."""
-        total = self.included_sum(row)
-        if total is None:
+        total, sparse = self.included_sum(row)
+        if total is None and sparse is None:
             return
-        for p, a, b in self.view.slices():
+        for i, (p, a, b) in enumerate(self.view.slices()):
             if p.summed_grad is None:
                 raise RuntimeError(f"parameter has no summed_grad at step {step}")
-            p.summed_grad.add_(total[a:b].view_as(p.summed_grad).to(p.summed_grad.dtype))
+            if total is not None:
+                p.summed_grad.add_(total[a:b].view_as(p.summed_grad).to(p.summed_grad.dtype))
+            if sparse is not None:
+                lo, hi = self._s_ranges[i]
+                if hi > lo:  # put_ indexes the tensor as 1-D, contiguous or not
+                    sg = p.summed_grad
+                    sg.put_(self._s_full[lo:hi] - a, sparse[lo:hi].to(sg.dtype), accumulate=True)

@@ -54,10 +54,12 @@ class CoordinateView:
         self.coordinates = coordinates
         self.dim = self.full_dim if coordinates is None else int(coordinates.numel())
         self._index: torch.Tensor | None = None
+        self._blocks = None
 
     def to(self, device: torch.device) -> CoordinateView:
         """Move the index to ``device`` (once, at the first step); returns self."""
         self._index = None if self.coordinates is None else self.coordinates.to(device)
+        self._blocks = None
         return self
 
     @property
@@ -77,9 +79,36 @@ class CoordinateView:
 
     @torch.no_grad()
     def released(self) -> torch.Tensor:
-        """The released gradient ``p.grad`` of the selection, flattened and gathered."""
-        full = torch.cat([p.grad.reshape(-1) for p in self.params])
-        return self.gather(full)
+        """The released gradient ``p.grad`` of the selection, flattened and gathered.
+
+        With a view, each parameter's coordinates are gathered from its own ``p.grad``
+        (O(|view|), no flattened copy of the whole selection)."""
+        if self._index is None:
+            return torch.cat([p.grad.reshape(-1) for p in self.params])
+        if self._blocks is None:
+            self._blocks = self._per_parameter_blocks()
+        parts = [
+            p.grad.reshape(-1).index_select(0, local)
+            for p, local in zip(self.params, self._blocks[0], strict=True)
+            if local is not None
+        ]
+        gathered = torch.cat(parts) if len(parts) > 1 else parts[0]
+        return gathered.index_select(0, self._blocks[1])  # back to the view's order
+
+    def _per_parameter_blocks(self):
+        """Per parameter, the sorted local indices of the view's coordinates in it (or None),
+        and the permutation from that parameter-sorted order back to the view's order."""
+        idx = self._index
+        order = torch.argsort(idx)
+        srt = idx.index_select(0, order)
+        locals_ = []
+        for a, b in zip(self.offsets[:-1], self.offsets[1:], strict=True):
+            lo = int(torch.searchsorted(srt, a))
+            hi = int(torch.searchsorted(srt, b))
+            locals_.append(srt[lo:hi] - a if hi > lo else None)
+        back = torch.empty_like(order)
+        back[order] = torch.arange(order.numel(), device=order.device)
+        return locals_, back
 
     def slices(self):
         """(parameter, start, stop) of each parameter's block in the flattened selection."""

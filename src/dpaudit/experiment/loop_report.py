@@ -62,7 +62,7 @@ def threat_model_from_hook(
             "audit one policy at a time (each has its own threat model)"
         )
     rate = 1.0 if member_pols == {"every_step"} else float(canary_set.inclusion_prob or 1.0)
-    norm = float(canary_set.vectors.norm(dim=1).max())
+    norm = float(canary_set.norms().max())  # no dense (K, d) for sparse canaries
     return ThreatModel(sample_rate=rate, canary_kind="gradient", canary_norm=norm, **common)
 
 

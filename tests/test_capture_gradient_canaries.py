@@ -1,0 +1,91 @@
+"""Sparse gradient canaries (``GradientCanaries.dirac`` / ``sparse``): same run, O(K x |support|).
+
+A sparse canary set and the same vectors given densely are inserted into the same clipped sum,
+so two seeded runs end at the same parameters and give the same inclusions and scores; scoring
+on the union of the supports (``routed``) equals scoring on the full vector.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_capture_support import digits_flat, dirac_coords, flat_params, logreg, private_run
+
+from dpaudit.attacks import BatchSizeScore, MixtureLR, ScalarProduct
+from dpaudit.capture import AuditHook, GradientCanaries
+
+DATA, ZERO = digits_flat(pad=4, n_train=256)
+NF = 68
+D = NF * 10 + 10
+
+
+def _run(canaries, scores=None):
+    scores = (ScalarProduct(), MixtureLR()) if scores is None else scores
+    return private_run(
+        DATA,
+        logreg(NF),
+        lambda o, m: AuditHook(o, m, canaries, scores=scores, keep_per_step=True),
+        batch_size=64,
+    )
+
+
+def _policies(k):
+    return ["every_step", "bernoulli", "never"] * (k // 3) + ["never"] * (k % 3)
+
+
+def test_dirac_is_sparse_and_runs_like_the_dense_vectors():
+    coords = [*dirac_coords(ZERO, NF)[:10], 3, 200, 500]  # dead and live coordinates
+    pols = _policies(len(coords))
+    sparse = GradientCanaries.dirac(coords, 1.0, D, policy=pols, inclusion_prob=0.5, seed=4)
+    assert sparse.is_sparse and sparse.indices.shape == (13, 1)
+    dense = GradientCanaries(sparse.vectors, policy=pols, inclusion_prob=0.5, seed=4)
+    assert float(dense.vectors.sum()) == 13.0 and not dense.is_sparse
+    a, b = _run(sparse), _run(dense)
+    assert a.hook.routed and a.hook.scored_dim == 13 and not b.hook.routed
+    assert torch.equal(flat_params(a.model), flat_params(b.model))
+    np.testing.assert_array_equal(a.hook.inclusions(), b.hook.inclusions())
+    assert a.hook.inclusions()[1::3].any() and not a.hook.inclusions()[1::3].all()
+    for name in ("scalar", "mixture_lr"):
+        np.testing.assert_allclose(a.hook.scores()[name], b.hook.scores()[name], rtol=1e-6)
+
+
+def test_sparse_rows_with_several_entries_match_dense_and_routing_changes_nothing():
+    g = torch.Generator().manual_seed(0)
+    idx = torch.stack([torch.randperm(D, generator=g)[:5] for _ in range(6)])
+    vals = torch.randn(6, 5, generator=g)
+    vals = vals / vals.norm(dim=1, keepdim=True) * 0.9
+    sparse = GradientCanaries.sparse(idx, vals, D, policy="every_step")
+    np.testing.assert_allclose(sparse.norms().numpy(), 0.9, rtol=1e-6)
+    dense = GradientCanaries(sparse.vectors)
+    routed = _run(sparse)
+    full = _run(sparse, scores=(ScalarProduct(), MixtureLR(), BatchSizeScore()))  # not local
+    ref = _run(dense)
+    assert routed.hook.routed and not full.hook.routed
+    assert routed.hook.scored_dim == int(torch.unique(idx).numel())
+    pr, pf, pd = (flat_params(r.model) for r in (routed, full, ref))
+    assert torch.equal(pr, pf)
+    torch.testing.assert_close(pr, pd, rtol=0, atol=1e-6)  # sum order of overlapping rows
+    for r in (full, ref):
+        np.testing.assert_allclose(
+            routed.hook.per_step()["scalar"], r.hook.per_step()["scalar"], rtol=1e-5, atol=1e-7
+        )
+
+
+def test_sparse_validation():
+    with pytest.raises(ValueError, match="indices must lie in"):
+        GradientCanaries.sparse(torch.tensor([[D]]), torch.ones(1, 1), D)
+    with pytest.raises(ValueError, match="distinct within each row"):
+        GradientCanaries.sparse(torch.tensor([[1, 1]]), torch.ones(1, 2), D)
+    with pytest.raises(ValueError, match="values must be a floating-point"):
+        GradientCanaries.sparse(torch.tensor([[1, 2]]), torch.ones(1, 3), D)
+    with pytest.raises(ValueError, match="finite"):
+        GradientCanaries.sparse(torch.tensor([[1]]), torch.tensor([[float("nan")]]), D)
+    with pytest.raises(ValueError, match="not both"):
+        GradientCanaries(torch.ones(1, D), indices=torch.tensor([[1]]))
+    late = torch.zeros(70, 3)
+    late[66, 1] = float("inf")  # past the first 64-row chunk
+    with pytest.raises(ValueError, match="finite"):
+        GradientCanaries(late)
+    big = GradientCanaries.dirac(range(100), 1.0, 10**9)  # never (100, 1e9) dense
+    assert big.dim == 10**9 and big.norms().max() == 1.0 and big.support().numel() == 100
