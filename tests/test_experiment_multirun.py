@@ -1,8 +1,13 @@
 """Multi-run audits: resumable, aggregated without loss or double counting; CLI launchers."""
 
+import hashlib
 import json
+import logging
 import os
+import re
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -13,7 +18,15 @@ import pytest
 from dpaudit.experiment import AuditSettings, aggregate, run_audit
 from dpaudit.experiment.collect import collect_sweep
 from dpaudit.experiment.collect import main as aggregate_main
-from dpaudit.experiment.multirun import read_run, run_bit, run_one, run_path
+from dpaudit.experiment.multirun import (
+    DirectoryBusyError,
+    checksum,
+    read_run,
+    run_bit,
+    run_one,
+    run_path,
+    save_settings,
+)
 from dpaudit.experiment.run import RunRecord
 from dpaudit.experiment.threat import threat_model_for
 
@@ -88,36 +101,216 @@ def test_aggregate_refuses_runs_from_other_settings(tmp_path):
         aggregate(tmp_path, settings)
 
 
-def test_run_files_round_trip_and_older_files_still_load(tmp_path):
+def test_run_files_round_trip_and_describe_themselves(tmp_path):
     settings = AuditSettings.from_mappings(**MULTI)
     path = run_one(settings, tmp_path, 0)
     saved = json.loads(path.read_text())
-    old_keys = {"scores", "membership", "steps", "sample_rate", "engine_accountants"}
-    old_keys |= {"test_accuracy", "train_seconds", "canary_info", "chosen", "canary_norm"}
-    old_keys |= {"run", "bit", "fingerprint"}
-    assert set(saved) == old_keys | {"threat_model"}  # candidate_scores left out, as before
-    record = read_run(path)
+    record_keys = {"scores", "membership", "steps", "sample_rate", "engine_accountants"}
+    record_keys |= {"test_accuracy", "train_seconds", "canary_info", "chosen", "canary_norm"}
+    record_keys |= {"run", "bit", "fingerprint", "threat_model"}
+    self_description = {"schema_version", "settings", "provenance", "checksum"}
+    assert set(saved) == record_keys | self_description  # candidate_scores left out
+    assert saved["settings"] == settings.to_dict()  # the full resolved settings
+    assert saved["provenance"]["versions"]["opacus"] and saved["provenance"]["device"] == "cpu"
+    body = {k: v for k, v in saved.items() if k != "checksum"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    assert saved["checksum"] == "sha256:" + hashlib.sha256(canonical).hexdigest()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~_umask()  # not mkstemp's 0600
+    record = read_run(path, settings)
     assert RunRecord.from_dict(record.to_dict()) == record
     # The threat model is built once, when the run is prepared, from the settings.
     assert record.threat_model == threat_model_for(
         settings, record.sample_rate, record.steps, record.canary_norm
     )
     assert saved["threat_model"]["sample_rate"] == 1.0  # every-step gradient canaries
-    # A run file written before records carried the threat model: pooled with the settings'.
-    legacy = {k: v for k, v in saved.items() if k != "threat_model"}
-    path.write_text(json.dumps(legacy))
-    assert read_run(path).threat_model is None
-    assert aggregate(tmp_path, settings).threat_model == record.threat_model
-    assert aggregate(tmp_path).threat_model is None
-    path.write_text(json.dumps({k: v for k, v in legacy.items() if k != "scores"}))
-    with pytest.raises(ValueError, match=r"run_00000\.json: run record lacks \['scores'\]"):
-        aggregate(tmp_path, settings)
-    path.write_text(json.dumps({k: v for k, v in legacy.items() if k != "fingerprint"}))
-    with pytest.raises(ValueError, match=r"run_00000\.json: .*settings fingerprint"):
-        aggregate(tmp_path, settings)
-    path.write_text("{not json")
-    with pytest.raises(ValueError, match=r"run_00000\.json: not a JSON run record"):
-        aggregate(tmp_path, settings)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished 6-run audit directory (copied by the tests that damage it)."""
+    out = tmp_path_factory.mktemp("finished")
+    result = run_audit(output_dir=out, **MULTI)
+    return out, result
+
+
+def _damage(runs):
+    """The five kinds of damage of issue 12: truncated, not UTF-8, {}, bit flipped, scores
+    x100. Returns the reason each file must be refused with."""
+    p = [runs / f"run_{r:05d}.json" for r in range(5)]
+    p[0].write_bytes(p[0].read_bytes()[:200])
+    p[1].write_bytes(b"\xff\xfe\x00garbage")
+    p[2].write_text("{}")
+    d = json.loads(p[3].read_text())
+    d["bit"] = 1 - d["bit"]
+    d["membership"] = [d["bit"]] * len(d["membership"])
+    p[3].write_text(json.dumps(d))
+    d = json.loads(p[4].read_text())
+    d["scores"] = {k: [100 * x for x in v] for k, v in d["scores"].items()}
+    p[4].write_text(json.dumps(d))
+    return {
+        "run_00000.json": "is not valid JSON",
+        "run_00001.json": "is not UTF-8 text (byte 0xff at offset 0)",
+        "run_00002.json": "holds an empty JSON object",
+        "run_00003.json": "checksum mismatch",
+        "run_00004.json": "checksum mismatch",
+    }
+
+
+def test_damaged_run_files_are_named_set_aside_and_redone(finished, tmp_path, caplog):
+    src, first = finished
+    out = tmp_path / "audit"
+    shutil.copytree(src, out)
+    originals = {p.name: p.read_bytes() for p in (out / "runs").glob("run_*.json")}
+    reasons = _damage(out / "runs")
+    settings = AuditSettings.from_mappings(**MULTI)
+    for name, reason in reasons.items():  # each read names the file and what is wrong
+        with pytest.raises(ValueError, match=re.escape(f"{name}: {reason}")):
+            read_run(out / "runs" / name, settings)
+    with pytest.raises(ValueError, match=r"5 run file\(s\) .* not usable: run_00000\.json"):
+        aggregate(out, settings)
+    damaged = {n: (out / "runs" / n).read_bytes() for n in reasons}
+    with caplog.at_level(logging.WARNING, logger="dpaudit.experiment.multirun"):
+        again = run_audit(output_dir=out, **MULTI)
+    lines = [r.getMessage() for r in caplog.records if "moved to" in r.getMessage()]
+    assert len(lines) == 5 and all("\n" not in line for line in lines)
+    for name, reason in reasons.items():
+        assert any(name in line and reason in line for line in lines)
+    kept = sorted((out / "runs" / "quarantine").iterdir())  # set aside, never deleted
+    assert [k.name.split(".json.")[0] + ".json" for k in kept] == sorted(reasons)
+    assert {k.name.split(".json.")[0] + ".json": k.read_bytes() for k in kept} == damaged
+    # Redone runs are the runs that were lost: same scores, same bits, same bounds.
+    redone = {p.name: json.loads(p.read_bytes()) for p in (out / "runs").glob("run_*.json")}
+    for name, raw in originals.items():
+        old = json.loads(raw)
+        assert redone[name]["scores"] == old["scores"] and redone[name]["bit"] == old["bit"]
+    assert again["bounds"] == first["bounds"] and again["claim"] == first["claim"]
+
+
+def test_bit_is_checked_against_the_seed_even_with_a_valid_checksum(finished, tmp_path):
+    src, _ = finished
+    out = tmp_path / "audit"
+    shutil.copytree(src, out)
+    settings = AuditSettings.from_mappings(**MULTI)
+    path = run_path(out, 2)
+    d = json.loads(path.read_text())
+    d["bit"] = 1 - d["bit"]
+    d["membership"] = [d["bit"]] * len(d["membership"])
+    d["checksum"] = checksum(d)  # a consistent forgery: only the seed can tell
+    path.write_text(json.dumps(d))
+    want = int(run_bit(settings, 2))
+    with pytest.raises(ValueError, match=f"membership bit {1 - want} is not the bit seed 0 gives"):
+        read_run(path, settings)
+    with pytest.raises(ValueError, match=r"run_00002\.json membership bit"):
+        aggregate(out, settings)
+
+
+def test_aggregate_command_one_line_errors(finished, tmp_path, capsys):
+    src, _ = finished
+
+    def error_of(directory) -> str:
+        with pytest.raises(SystemExit) as exit_info:
+            aggregate_main([str(directory)])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        return err
+
+    assert "does not exist" in error_of(tmp_path / "nowhere")
+    one_run = tmp_path / "one_run"
+    one_run.mkdir()
+    (one_run / "results.json").write_text("{}")
+    assert "is a one-run audit" in error_of(one_run)
+    empty = tmp_path / "empty"
+    shutil.copytree(src, empty)
+    for p in (empty / "runs").glob("run_*.json"):
+        p.unlink()
+    assert "no run records under" in error_of(empty)
+    broken = tmp_path / "broken"
+    shutil.copytree(src, broken)
+    reasons = _damage(broken / "runs")
+    err = error_of(broken)
+    assert "5 run file(s)" in err and reasons["run_00001.json"] in err
+    assert "Rerun the audit" in err
+    other = tmp_path / "other"
+    shutil.copytree(src, other)
+    settings = AuditSettings.from_mappings(**{**MULTI, "dp": {**MULTI["dp"], "steps": 9}})
+    save_settings(other, settings)  # settings.json of another audit beside these runs
+    assert "come from different settings" in error_of(other)
+    (other / "settings.json").write_bytes(b"\x00\x01")
+    assert "settings.json: not readable audit settings" in error_of(other)
+    sweep = tmp_path / "sweep"
+    (sweep / "0" / ".hydra").mkdir(parents=True)
+    (sweep / "0" / "results.json").write_text("{not json")
+    assert "1 job(s) left out" in error_of(sweep)
+    summary = json.loads((sweep / "sweep_summary.json").read_text())
+    assert summary["provenance"]["versions"]["dpaudit"] and summary["schema_version"] >= 2
+    assert stat.S_IMODE((sweep / "sweep_summary.json").stat().st_mode) == 0o666 & ~_umask()
+
+
+_HOLD_LOCK = """
+import sys, time
+from dpaudit.report.lock import DirectoryLock
+with DirectoryLock(sys.argv[1], "audit"):
+    print("locked", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_lock_keeps_a_second_process_out_and_a_dead_holder_is_taken_over(
+    finished, tmp_path, caplog, capsys
+):
+    src, _ = finished
+    out = tmp_path / "audit"
+    shutil.copytree(src, out)
+    holder = subprocess.Popen(  # another process (no torch import: quick)
+        [sys.executable, "-c", _HOLD_LOCK, str(out)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(DirectoryBusyError, match=f"in use by audit pid {holder.pid} on "):
+            run_audit(output_dir=out, **MULTI)  # refused before any training
+        with pytest.raises(SystemExit):
+            aggregate_main([str(out)])
+        err = capsys.readouterr().err
+        assert f"in use by audit pid {holder.pid}" in err and err.count("\n") == 1
+    finally:
+        holder.send_signal(signal.SIGKILL)  # dies holding it: the lock file still names it
+        holder.wait()
+    assert f'"pid": {holder.pid}' in (out / ".dpaudit.lock").read_text()
+    with caplog.at_level(logging.WARNING, logger="dpaudit.experiment.multirun"):
+        aggregate_main([str(out)])  # free again: the dead holder's lock is taken over
+    assert any(
+        f"lock left by audit pid {holder.pid}" in r.getMessage() and "taken over" in r.getMessage()
+        for r in caplog.records
+    )
+    assert (out / ".dpaudit.lock").read_text() == ""  # released cleanly
+
+
+@pytest.mark.slow
+def test_second_cli_audit_on_a_busy_directory_is_refused(tmp_path):
+    out = tmp_path / "busy"
+    slow = {"dp.steps": "dp.steps=50", "audit.runs": "audit.runs=500"}  # minutes of work
+    args = [f"hydra.run.dir={out}", *(slow.get(a.split("=")[0], a) for a in CLI_MULTI)]
+    first = cli(*args)
+    try:
+        deadline = time.time() + 240
+        while not list((out / "runs").glob("run_*.json")):  # the first one is at work
+            assert first.poll() is None and time.time() < deadline, first.stderr.read()
+            time.sleep(0.2)
+        second = cli(*args)
+        _, err = second.communicate(timeout=300)
+        assert second.returncode != 0
+        assert f"in use by audit pid {first.pid}" in err
+        assert first.poll() is None  # the first one was not disturbed
+    finally:
+        first.kill()
+        first.wait()
 
 
 @pytest.mark.slow

@@ -1,36 +1,50 @@
 """``dpaudit-aggregate``: re-evaluate a multi-run audit directory, or summarise a sweep.
 
-* A multi-run audit directory (it has ``runs/`` and ``settings.json``): pool every finished
-  run record (never a run twice, never one from other settings), recompute the bounds and
-  rewrite ``results.json`` and the plots. Runs still missing are reported, not invented.
+* A multi-run audit directory (it has ``runs/`` and ``settings.json``): pool every verified
+  run record (never a run twice, never one from other settings, never a corrupt or edited
+  one), recompute the bounds and rewrite ``results.json`` and the plots. Runs still missing are
+  reported, not invented.
 * A Hydra sweep directory (``dpaudit -m ...``): collect every job's ``results.json`` into
-  ``sweep_summary.json`` and a table; jobs without results (unfinished) are listed as pending.
+  ``sweep_summary.json`` (with each job's settings and the provenance of the summary) and a
+  table; jobs without results (unfinished) are listed as pending.
+
+Every user error (missing directory, no runs, a one-run directory, corrupt files, mismatched
+settings, a directory in use) is one line on stderr and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from dpaudit.experiment.audit import evaluate
-from dpaudit.experiment.multirun import RUNS_DIR, SETTINGS_FILE, aggregate
+from dpaudit.experiment.multirun import (
+    RUNS_DIR,
+    SETTINGS_FILE,
+    DirectoryBusyError,
+    DirectoryLock,
+    aggregate,
+    load_settings,
+)
 from dpaudit.experiment.report import write_report
-from dpaudit.experiment.settings import AuditSettings
 from dpaudit.report import format_table, write_json
+from dpaudit.report.provenance import SCHEMA_VERSION, provenance
+
+EXIT_USER_ERROR = 2
 
 
 def reaggregate(directory: str | Path) -> dict:
     """Re-evaluate the multi-run audit in ``directory`` from the run records on disk."""
     out = Path(directory)
-    settings_path = out / SETTINGS_FILE
-    if not settings_path.exists():
-        raise ValueError(f"{out} has no {SETTINGS_FILE}: not a multi-run audit directory")
-    settings = AuditSettings.from_mappings(**json.loads(settings_path.read_text()))
-    run = aggregate(out, settings)
-    missing = sorted(set(range(settings.audit.runs)) - set(run.runs))
-    result = evaluate(settings, run, {"runs_done": len(run.runs), "runs_missing": missing})
-    write_report(result, run, out, settings)
+    with DirectoryLock(out, "dpaudit-aggregate"):
+        settings = load_settings(out)
+        run = aggregate(out, settings)
+        missing = sorted(set(range(settings.audit.runs)) - set(run.runs))
+        extra = {"runs_done": len(run.runs), "runs_missing": missing}
+        result = evaluate(settings, run, extra)
+        write_report(result, run, out, settings)
     if missing:
         print(f"{len(missing)} of {settings.audit.runs} runs missing: rerun the audit to add them")
     return result
@@ -44,23 +58,50 @@ def _overrides(job: Path) -> str:
     return " ".join(ln for ln in lines if ln)
 
 
+def _read_results(path: Path) -> dict:
+    try:
+        res = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ValueError(f"{path}: not a readable results file ({err})") from err
+    if not isinstance(res, dict) or not isinstance(res.get("verdict"), dict):
+        raise ValueError(f"{path}: not a dpaudit results file (no verdict)")
+    return res
+
+
 def collect_sweep(directory: str | Path) -> dict:
-    """Summarise every job of a sweep directory; write ``sweep_summary.json``."""
+    """Summarise every job of a sweep directory; write ``sweep_summary.json``.
+
+    Jobs without ``results.json`` are listed as pending, jobs whose ``results.json`` cannot be
+    read as ``unreadable`` (with the reason); the summary is written either way.
+    """
     root = Path(directory)
     jobs = sorted(
         (p for p in root.iterdir() if p.is_dir() and (p / ".hydra").exists()),
         key=lambda p: (len(p.name), p.name),
     )
     if not jobs:
-        raise ValueError(f"{root} holds no Hydra job directories")
-    rows, pending = [], []
+        if (root / "results.json").exists():
+            raise ValueError(
+                f"{root} is a one-run audit (results.json, no {RUNS_DIR}/ or sweep jobs): "
+                f"nothing to aggregate, its result is {root / 'results.json'}"
+            )
+        raise ValueError(
+            f"{root} is neither a multi-run audit (no {RUNS_DIR}/) nor a Hydra sweep "
+            "(no job directories with .hydra/)"
+        )
+    rows, pending, unreadable, settings = [], [], {}, {}
     for job in jobs:
         res_path = job / "results.json"
         if not res_path.exists():
             pending.append(job.name)
             continue
-        res = json.loads(res_path.read_text())
-        v = res.get("verdict", {})
+        try:
+            res = _read_results(res_path)
+        except ValueError as err:
+            unreadable[job.name] = str(err)
+            continue
+        v = res["verdict"]
+        settings[job.name] = res.get("settings")
         rows.append(
             {
                 "job": job.name,
@@ -73,7 +114,15 @@ def collect_sweep(directory: str | Path) -> dict:
                 "privacy_bug": "YES" if v.get("privacy_bug") else "no",
             }
         )
-    summary = {"directory": str(root), "jobs": rows, "pending": pending}
+    summary = {
+        "schema_version": SCHEMA_VERSION,
+        "directory": str(root),
+        "jobs": rows,
+        "pending": pending,
+        "unreadable": unreadable,
+        "settings": settings,  # each job's full resolved settings, from its results.json
+        "provenance": provenance(),
+    }
     write_json(root / "sweep_summary.json", summary)
     print(format_table(rows) if rows else "(no finished jobs)")
     if pending:
@@ -82,16 +131,26 @@ def collect_sweep(directory: str | Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point ``dpaudit-aggregate DIR``."""
+    """Console entry point ``dpaudit-aggregate DIR`` (exit 2 with one line on a user error)."""
     parser = argparse.ArgumentParser(prog="dpaudit-aggregate", description=__doc__.split("\n")[0])
     parser.add_argument("directory", type=Path, help="multi-run audit or Hydra sweep directory")
     args = parser.parse_args(argv)
-    if not args.directory.is_dir():
-        parser.error(f"{args.directory} is not a directory")
-    if (args.directory / RUNS_DIR).is_dir():
-        reaggregate(args.directory)
-    else:
-        collect_sweep(args.directory)
+    d = args.directory
+    try:
+        if not d.exists():
+            raise ValueError(f"{d} does not exist")
+        if not d.is_dir():
+            raise ValueError(f"{d} is not a directory")
+        if (d / RUNS_DIR).is_dir() or (d / SETTINGS_FILE).exists():
+            reaggregate(d)
+        else:
+            summary = collect_sweep(d)
+            if summary["unreadable"]:
+                bad = "; ".join(summary["unreadable"].values())
+                raise ValueError(f"{len(summary['unreadable'])} job(s) left out: {bad}")
+    except (ValueError, DirectoryBusyError, OSError) as err:
+        print(f"dpaudit-aggregate: error: {err}", file=sys.stderr)
+        raise SystemExit(EXIT_USER_ERROR) from None
 
 
 if __name__ == "__main__":

@@ -2,29 +2,66 @@
 
 Each run r trains with the same data split, initial model and canaries (``settings.seed``)
 and its own sampling / noise seed; all its canaries share one bit b_r ~ Bernoulli(inclusion).
-Runs are independent jobs: each writes ``runs/run_<r>.json`` (r zero-padded) atomically,
-tagged with the fingerprint of the settings that produced it. An interrupted audit resumes by
-skipping the runs already on disk; ``aggregate`` pools whatever is there without losing or
-double-counting a run, and refuses runs made with other settings.
+Runs are independent jobs: each writes ``runs/run_<r>.json`` (r zero-padded) atomically.
+
+A run file describes and checks itself: it carries the settings' fingerprint, the full resolved
+settings, the provenance block (versions, git revision, time, device) and a ``checksum``
+(sha256 of its canonical JSON without that key). Reading a run file verifies the checksum, that
+it holds the run its name says, and that its membership bit is the one ``run_bit`` recomputes
+from the seed. A file that fails (truncated, garbage, ``{}``, not UTF-8, edited by hand, made
+with other settings) is named in one line; the audit sets it aside in ``runs/quarantine/``
+(never deleted) and redoes the run, ``dpaudit-aggregate`` refuses to pool it.
+
+An interrupted audit resumes by skipping the valid runs already on disk. A lock
+(``.dpaudit.lock``, ``flock`` with the holder's pid and host) keeps a second process from
+working on the same directory; the kernel drops it when its holder dies, so a lock left by a
+killed process is taken over (and said so).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import json
+import logging
+import os
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from dpaudit.experiment.run import PreparedRun, RunRecord, audit_run, prepare_run
+from dpaudit._jsonable import to_jsonable
+from dpaudit.experiment.run import PreparedRun, RunRecord, audit_run, prepare_run, resolve_device
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.threat import threat_model_for
 from dpaudit.report import write_json
+from dpaudit.report.lock import LOCK_FILE, DirectoryBusyError, DirectoryLock
+from dpaudit.report.provenance import SCHEMA_VERSION, provenance
+
+__all__ = [
+    "LOCK_FILE",
+    "DirectoryBusyError",
+    "DirectoryLock",
+    "RunFileError",
+    "aggregate",
+    "read_run",
+    "run_multi",
+]
 
 RUNS_DIR = "runs"
 SETTINGS_FILE = "settings.json"
+QUARANTINE_DIR = "quarantine"
+
+log = logging.getLogger(__name__)
+
+
+class RunFileError(ValueError):
+    """A run file that is not a valid run record of this audit (``path``, ``reason``)."""
+
+    def __init__(self, path: str | Path, reason: str):
+        self.path, self.reason = Path(path), reason
+        super().__init__(f"{path}: {reason}")
 
 
 def fingerprint(settings: AuditSettings) -> str:
@@ -37,19 +74,33 @@ def fingerprint(settings: AuditSettings) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def checksum(payload: dict) -> str:
+    """``sha256:<hex>`` of ``payload``'s canonical JSON (sorted keys, no spaces), without the
+    ``checksum`` key itself: any change of a value, a bit or a score changes it."""
+    body = {k: v for k, v in payload.items() if k != "checksum"}
+    text = json.dumps(to_jsonable(body), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def run_bit(settings: AuditSettings, r: int) -> bool:
     """Membership bit of run r: a seeded Bernoulli(inclusion) draw, independent of order."""
     return bool(np.random.default_rng([settings.seed, r, 7]).random() < settings.audit.inclusion)
 
 
 def run_path(out: Path, r: int) -> Path:
-    return out / RUNS_DIR / f"run_{r:05d}.json"
+    """Where run r's record lives: ``out/runs/run_<r:05d>.json``."""
+    return Path(out) / RUNS_DIR / f"run_{r:05d}.json"
+
+
+def _run_number(path: Path) -> int | None:
+    stem = path.stem.removeprefix("run_")
+    return int(stem) if stem.isdigit() else None
 
 
 def run_one(
     settings: AuditSettings, out: Path, r: int, prepared: dict[bool, PreparedRun] | None = None
 ) -> Path:
-    """Train run r and write its record (skips the work if the record already exists).
+    """Train run r and write its self-checking record (skips the work if a file exists).
 
     ``prepared`` is a cache, membership bit -> ``PreparedRun``, shared by the runs of one
     audit: the data, initial model, canaries and scores are set up once per bit, not once
@@ -72,62 +123,214 @@ def run_one(
     record = dataclasses.replace(
         record, candidate_scores=None, run=r, bit=int(bit), fingerprint=fingerprint(settings)
     )
-    return write_json(path, record.to_dict())
+    payload = to_jsonable(record.to_dict())
+    payload["schema_version"] = SCHEMA_VERSION
+    payload["settings"] = to_jsonable(settings.to_dict())
+    payload["provenance"] = provenance(str(resolve_device(settings)))
+    payload["checksum"] = checksum(payload)
+    return write_json(path, payload)
+
+
+def read_run(path: str | Path, settings: AuditSettings | None = None) -> RunRecord:
+    """The verified run record in ``path``; a ``RunFileError`` (a ValueError) names the file
+    and what is wrong with it.
+
+    Checks: UTF-8 JSON object, the keys of a run record, the checksum, the run number against
+    the file name, one membership bit for all canaries and one score per canary; with
+    ``settings`` also the settings fingerprint, the canary count and the bit recomputed from
+    the seed (``run_bit``).
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise RunFileError(path, f"cannot be read ({err.strerror})") from err
+    if not raw.strip():
+        raise RunFileError(path, "is empty (a write that never finished?)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise RunFileError(
+            path, f"is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start})"
+        ) from err
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise RunFileError(
+            path,
+            f"is not valid JSON ({err.msg}: line {err.lineno}, column {err.colno}; truncated?)",
+        ) from err
+    if not isinstance(data, dict):
+        raise RunFileError(path, f"holds a JSON {type(data).__name__}, not a run record")
+    if not data:
+        raise RunFileError(path, "holds an empty JSON object {}")
+    try:
+        record = RunRecord.from_dict(data)
+    except (TypeError, ValueError) as err:
+        raise RunFileError(path, str(err)) from err
+    if record.run is None or record.fingerprint is None or record.bit is None:
+        raise RunFileError(path, "run record lacks its run number, bit or settings fingerprint")
+    if "checksum" not in data:
+        raise RunFileError(path, "has no checksum (written by hand or by dpaudit before 0.2?)")
+    if data["checksum"] != checksum(data):
+        raise RunFileError(path, "checksum mismatch: the file was changed after it was written")
+    number = _run_number(path)
+    if number is not None and number != record.run:
+        raise RunFileError(path, f"holds run {record.run}, not run {number}")
+    if any(int(m) != record.bit for m in record.membership):
+        raise RunFileError(path, f"membership {record.membership} disagrees with bit {record.bit}")
+    for name, s in record.scores.items():
+        if len(s) != len(record.membership):
+            raise RunFileError(
+                path, f"{len(s)} {name} scores for {len(record.membership)} canaries"
+            )
+    if settings is not None:
+        want = fingerprint(settings)
+        if record.fingerprint != want:
+            raise RunFileError(
+                path,
+                f"made with other settings (fingerprint {record.fingerprint}, this audit {want})",
+            )
+        if bool(record.bit) != run_bit(settings, record.run):
+            raise RunFileError(
+                path,
+                f"membership bit {record.bit} is not the bit seed {settings.seed} gives run "
+                f"{record.run} ({int(run_bit(settings, record.run))})",
+            )
+        if len(record.membership) != settings.canary.count:
+            raise RunFileError(
+                path, f"{len(record.membership)} canaries, the settings say {settings.canary.count}"
+            )
+    return record
+
+
+def scan_runs(
+    out: str | Path, settings: AuditSettings | None = None
+) -> tuple[dict[int, RunRecord], list[RunFileError]]:
+    """Every run file under ``out/runs``: the valid records by run number, and the errors."""
+    good: dict[int, RunRecord] = {}
+    bad: list[RunFileError] = []
+    for f in sorted(Path(out, RUNS_DIR).glob("run_*.json")):
+        try:
+            rec = read_run(f, settings)
+        except RunFileError as err:
+            bad.append(err)
+            continue
+        if rec.run in good:
+            bad.append(RunFileError(f, f"run {rec.run} is already in another file"))
+            continue
+        good[rec.run] = rec
+    return good, bad
+
+
+def quarantine(path: str | Path) -> Path:
+    """Move ``path`` to ``quarantine/<name>.<UTC time>`` beside it (never deleted)."""
+    path = Path(path)
+    dest_dir = path.parent / QUARANTINE_DIR
+    dest_dir.mkdir(exist_ok=True)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    dest, i = dest_dir / f"{path.name}.{stamp}", 1
+    while dest.exists():
+        dest, i = dest_dir / f"{path.name}.{stamp}.{i}", i + 1
+    os.rename(path, dest)
+    return dest
+
+
+def load_settings(out: str | Path) -> AuditSettings:
+    """The settings saved in ``out/settings.json``; a ValueError names the file if unreadable."""
+    path = Path(out, SETTINGS_FILE)
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+        if isinstance(data, dict) and "settings" in data and "provenance" in data:
+            data = data["settings"]  # schema 2: settings beside provenance and fingerprint
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON {type(data).__name__}, not the settings")
+        return AuditSettings.from_mappings(**data)
+    except FileNotFoundError:
+        raise ValueError(f"{out} has no {SETTINGS_FILE}: not a multi-run audit directory") from None
+    except (OSError, UnicodeDecodeError, ValueError, TypeError) as err:
+        raise ValueError(f"{path}: not readable audit settings ({err})") from err
+
+
+def save_settings(out: str | Path, settings: AuditSettings) -> Path:
+    """Write ``settings.json``: the full resolved settings, fingerprint and provenance."""
+    return write_json(
+        Path(out, SETTINGS_FILE),
+        {
+            "schema_version": SCHEMA_VERSION,
+            "fingerprint": fingerprint(settings),
+            "settings": settings.to_dict(),
+            "provenance": provenance(str(resolve_device(settings))),
+        },
+    )
 
 
 def run_multi(settings: AuditSettings, out: Path) -> RunRecord:
     """Run the missing runs of ``settings.audit.runs``, then aggregate everything on disk.
 
-    The settings are saved as ``settings.json`` next to the runs (so ``dpaudit-aggregate`` can
-    re-evaluate the directory later); a directory holding other settings is refused.
+    Holds the directory's lock throughout. The settings are saved as ``settings.json`` next
+    to the runs (so ``dpaudit-aggregate`` can re-evaluate the directory later); a directory
+    holding other settings is refused. Invalid run files are set aside and their runs redone.
     """
-    saved = Path(out, SETTINGS_FILE)
-    if saved.exists():
-        old = AuditSettings.from_mappings(**json.loads(saved.read_text()))
-        if fingerprint(old) != fingerprint(settings):
-            raise ValueError(f"{out} holds a multi-run audit with other settings: use a fresh one")
-    else:
-        write_json(saved, settings.to_dict())
-    todo = [r for r in range(settings.audit.runs) if not run_path(out, r).exists()]
-    prepared: dict[bool, PreparedRun] = {}
-    for r in tqdm(todo, desc="audit runs", disable=not settings.progress):
-        run_one(settings, out, r, prepared)
-    return aggregate(out, settings)
+    out = Path(out)
+    with DirectoryLock(out, "audit"):
+        saved = Path(out, SETTINGS_FILE)
+        if saved.exists():
+            try:
+                old = load_settings(out)
+            except ValueError as err:
+                dest = quarantine(saved)
+                log.warning("%s; moved to %s and written anew", err, dest)
+                save_settings(out, settings)
+            else:
+                if fingerprint(old) != fingerprint(settings):
+                    raise ValueError(
+                        f"{out} holds a multi-run audit with other settings: use a fresh one"
+                    )
+        else:
+            save_settings(out, settings)
+        good, bad = scan_runs(out, settings)
+        for err in bad:
+            dest = quarantine(err.path)
+            log.warning("%s; moved to %s, the run will be redone", err, dest)
+        todo = [r for r in range(settings.audit.runs) if r not in good]
+        prepared: dict[bool, PreparedRun] = {}
+        for r in tqdm(todo, desc="audit runs", disable=not settings.progress):
+            run_one(settings, out, r, prepared)
+        return aggregate(out, settings)
 
 
-def read_run(path: Path) -> RunRecord:
-    """The run record in ``path``; a ValueError names the file if it is not one."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not a JSON run record ({err})") from err
-    record = RunRecord.from_dict(data, source=str(path))
-    if record.run is None or record.fingerprint is None:
-        raise ValueError(f"{path}: run record lacks its run number or settings fingerprint")
-    return record
+def _problems(bad: list[RunFileError], limit: int = 3) -> str:
+    shown = "; ".join(f"{e.path.name} {e.reason}" for e in bad[:limit])
+    return shown + (f"; and {len(bad) - limit} more" if len(bad) > limit else "")
 
 
 def aggregate(out: str | Path, settings: AuditSettings | None = None) -> RunRecord:
-    """Pool the run records under ``out/runs`` into one record (``runs`` lists the runs).
+    """Pool the verified run records under ``out/runs`` into one record (``runs`` lists them).
 
-    With ``settings``, records of other settings are an error (never silently mixed), and a
-    pooled record of run files written without a threat model gets the settings' one.
+    With ``settings``, every record must come from them (never silently mixed) and carry the
+    bit the seed gives its run; a pooled record of run files written without a threat model
+    gets the settings' one. Any invalid file is a ValueError naming it (rerunning the audit
+    sets such files aside and redoes their runs).
     """
-    files = sorted(Path(out, RUNS_DIR).glob("run_*.json"))
-    if not files:
-        raise ValueError(f"no run records under {Path(out, RUNS_DIR)}")
-    want = fingerprint(settings) if settings is not None else None
-    records = [read_run(f) for f in files]
-    prints = {r.fingerprint for r in records}
-    if (want is not None and prints != {want}) or len(prints) > 1:
+    runs_dir = Path(out, RUNS_DIR)
+    if not any(runs_dir.glob("run_*.json")):
+        raise ValueError(f"no run records under {runs_dir}")
+    good, bad = scan_runs(out, settings)
+    if bad:
+        other = all("other settings" in e.reason for e in bad)
         raise ValueError(
-            f"run records under {out} come from different settings ({sorted(prints)}"
-            + (f", expected {want}" if want else "")
-            + "): use a fresh output directory"
+            f"{len(bad)} run file(s) under {runs_dir} "
+            + ("come from different settings" if other else "are not usable")
+            + f": {_problems(bad)}. Rerun the audit on {out} to set them aside and redo them"
         )
-    runs = [r.run for r in records]
-    if len(set(runs)) != len(runs):
-        raise ValueError(f"duplicate run numbers under {out}")
+    records = [good[r] for r in sorted(good)]
+    prints = {r.fingerprint for r in records}
+    if len(prints) > 1:
+        raise ValueError(
+            f"run records under {out} come from different settings ({sorted(prints)}): "
+            "use a fresh output directory"
+        )
     scores: dict[str, list] = {}
     membership: list[int] = []
     for rec in records:
@@ -148,5 +351,5 @@ def aggregate(out: str | Path, settings: AuditSettings | None = None) -> RunReco
         canary_info=first.canary_info,
         threat_model=threat,
         canary_norm=first.canary_norm,
-        runs=sorted(runs),
+        runs=sorted(good),
     )
