@@ -191,7 +191,7 @@ def test_per_sample_pass_during_training_is_not_folded():
 
 
 class _ScaledLogreg(nn.Module):
-    """A model whose forward takes a keyword argument (not foldable) or returns a tuple."""
+    """A model whose forward takes a non-tensor keyword argument or returns a tuple."""
 
     def __init__(self, as_tuple: bool = False):
         super().__init__()
@@ -234,20 +234,28 @@ def _custom_loop(as_tuple: bool, input_pass: str, call, steps: int = 3) -> GradR
     return rec
 
 
-def test_unreplayable_calls_are_refused_not_silently_dropped():
-    """``model(x, scale=...)`` can be neither folded nor replayed by the separate pass (it
-    would call ``model(x)`` without ``scale``): every input_pass refuses it by name at the
-    first step, instead of scoring gradients of a different forward."""
-    call = lambda m, x, opt: m(x, scale=1.0)  # noqa: E731
-    for input_pass in ("auto", "separate", "batch"):
-        with pytest.raises(ValueError, match="keyword arguments"):
-            _custom_loop(False, input_pass, call)
-    assert _custom_loop(False, "auto", lambda m, x, opt: m(x)).hook.folded_steps == 3
+def test_non_tensor_keywords_are_replayed_in_every_pass():
+    """``model(x, scale=2.0)``: the fold passes ``scale`` with the batch, the separate pass
+    replays it; both give the same canary gradients, which differ from ``scale=1.0`` ones (the
+    keyword reached the canaries). ``"auto"`` watches the first forward, then folds."""
+    recs = {
+        p: _custom_loop(False, p, lambda m, x, opt: m(x, scale=2.0))
+        for p in ("auto", "separate", "batch")
+    }
+    unscaled = _custom_loop(False, "separate", lambda m, x, opt: m(x))
+    assert [recs[p].hook.folded_steps for p in ("auto", "separate", "batch")] == [2, 0, 3]
+    for a, b, c in zip(recs["batch"].grads, recs["separate"].grads, recs["auto"].grads,
+                       strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(c, b, rtol=1e-4, atol=1e-6)
+    assert (recs["separate"].grads[0] - unscaled.grads[0]).abs().max() > 1e-3
 
 
 def test_fold_errors_name_input_pass():
     with pytest.raises(RuntimeError, match=r"one tensor with the batch.*input_pass='separate'"):
-        _custom_loop(True, "auto", lambda m, x, opt: m(x)[0])
+        _custom_loop(True, "batch", lambda m, x, opt: m(x)[0])
+    with pytest.raises(ValueError, match=r"model returning one tensor with the 4 examples"):
+        _custom_loop(True, "auto", lambda m, x, opt: m(x)[0])  # first step: separate pass
 
     def redo(m, x, opt):  # a first forward/backward whose per-sample gradients are discarded
         m(x).sum().backward()

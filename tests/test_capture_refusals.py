@@ -99,9 +99,10 @@ def test_keyword_forward_with_input_canaries_is_refused_at_the_first_step(input_
     x, y = data().tensors
     hook = AuditHook(opt, model, InputCanaries(x[:3], y[:3]), input_pass=input_pass)
     xb, yb = next(iter(loader))
-    with hook, pytest.raises(ValueError, match="keyword arguments"):
+    # a per-example keyword tensor the canaries do not carry (InputCanaries(kwargs=...))
+    with hook, pytest.raises(ValueError, match="keyword tensor 'scale' with one row per batch"):
         opt.zero_grad()
-        nn.functional.cross_entropy(model(xb, scale=torch.ones(1)), yb).backward()
+        nn.functional.cross_entropy(model(xb, scale=torch.ones(len(xb), 1)), yb).backward()
         opt.step()
     assert hook.steps == 0  # nothing was scored from the wrong gradients
 

@@ -6,22 +6,30 @@ second forward/backward through Opacus' hooks every step, which on small models 
 the training step itself. ``BatchFold`` instead appends the canaries to the first training
 forward after each real step, so Opacus computes their per-sample gradients with the batch's:
 
-1. a forward pre-hook on the ``GradSampleModule`` concatenates the canary inputs behind the B
-   batch examples (only for a grad-enabled, training-mode call with a single tensor argument);
+1. a forward pre-hook on the ``GradSampleModule`` concatenates each tensor argument the
+   canaries carry (the positional inputs, and keyword tensors such as a padding mask) behind
+   the B batch rows (only for a grad-enabled, training-mode call whose tensor arguments match
+   the canaries' by position, name, trailing shape and dtype kind);
 2. a forward hook hands the caller only the B batch outputs, through an autograd function whose
-   backward feeds the canary rows the gradient of their own (summed per-example) loss. With
-   ``loss_reduction="mean"`` Opacus multiplies backprops by the rows it saw (B + K), so batch
-   rows are scaled by B / (B + K) and canary rows by 1 / (B + K): every per-sample gradient
-   Opacus records is exactly the one it would record without the canaries;
-3. the optimizer's ``clip_and_accumulate`` is wrapped (on the instance) to take the K canary
-   rows out of every ``p.grad_sample`` before Opacus clips and sums the batch, then clip them
-   with the optimizer's flat rule (norm over all its parameters).
+   backward passes the caller's gradient on those rows through unchanged and feeds the canary
+   rows the gradient of their own per-example loss (computed in float32 under autocast);
+3. with ``loss_reduction="mean"`` Opacus multiplies backprops by the rows it saw (B + K); an
+   instance override of the module's ``rearrange_grad_samples`` multiplies the batch rows by B
+   exactly as Opacus does without the canaries and leaves the canary rows as they are, so every
+   per-sample gradient of the batch is bit-for-bit the one Opacus records without the fold;
+4. the optimizer's ``clip_and_accumulate`` is wrapped (``patching.InstancePatch``) to take the
+   K canary rows out of every ``p.grad_sample`` before Opacus clips and sums the batch, and to
+   clip them with the optimizer's flat rule (norm over all its parameters) in float32, straight
+   into one (K, d) buffer that is reused from step to step unless a consumer still holds it.
 
-The training is therefore unchanged (same clipped sum, same noise, same accountant), and the
-canaries' gradients cost K more rows in a pass that runs anyway. Only a training forward of the
-wrapped model is folded, never one inside ``per_sample_clipped_grads``; when no fold happened in
-a logical step (e.g. a multi-argument forward), ``take()`` returns None and the hook falls back
-to the separate pass.
+Training is therefore unchanged bit for bit (same clipped sum, same noise, same accountant):
+the batch rows' arithmetic is row-independent. A forward that draws random numbers (dropout)
+would draw them for B + K rows and shift the batch's masks and every later draw, so a model
+with such modules in training mode is never folded (``random_modules``), and every folded
+forward is checked to leave the global RNG untouched (RuntimeError otherwise). Only a training
+forward of the wrapped model is folded, never one inside ``per_sample_clipped_grads``; when no
+fold happened in a logical step (a forward that does not match), ``take()`` returns None and the
+hook falls back to the separate pass.
 """
 
 from __future__ import annotations
@@ -32,36 +40,87 @@ import torch
 from opacus.optimizers import DPOptimizer
 from torch import nn
 
-from dpaudit.capture.canaries import InputCanaries
+from dpaudit.capture.input_canaries import InputCanaries, argument_kind
+from dpaudit.capture.patching import InstancePatch
 from dpaudit.capture.persample import (
+    clip_dtype,
     clip_rows,
     in_per_sample_pass,
     summed_loss_output_grad,
 )
 
+# Modules that draw random numbers in training mode, with the attribute giving their rate.
+_RANDOM_MODULES: tuple[tuple[type, str], ...] = (
+    (nn.modules.dropout._DropoutNd, "p"),
+    (nn.MultiheadAttention, "dropout"),
+    (nn.RNNBase, "dropout"),
+    (nn.RReLU, ""),
+)
+
+
+def random_modules(model: nn.Module) -> list[str]:
+    """Names of the submodules that draw random numbers in training mode (dropout with p > 0,
+    attention or RNN dropout, RReLU), including Opacus' DPLSTM / DPMultiheadAttention (built
+    from ``nn.Dropout``). A forward that calls ``torch.nn.functional.dropout`` itself is not
+    seen here; ``BatchFold`` catches it at run time."""
+    found = []
+    for name, m in model.named_modules():
+        for cls, attr in _RANDOM_MODULES:
+            if isinstance(m, cls) and (not attr or float(getattr(m, attr, 0.0) or 0.0) > 0.0):
+                found.append(name or type(m).__name__)
+                break
+    return found
+
+
+def rng_states(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The global CPU generator's state and that of every CUDA device among ``tensors``."""
+    states = [torch.get_rng_state()]
+    devices = sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
+    states += [torch.cuda.get_rng_state(d) for d in devices]
+    return states
+
+
+def _same_states(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def _exclusively_held(t: torch.Tensor) -> bool:
+    """Whether nothing but this tensor object references its storage (no view, no numpy array
+    kept by a score or a trace): then it may be overwritten. False when torch cannot say."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    if count is None:  # pragma: no cover - private API; fall back to a fresh buffer
+        return False
+    return count(t.untyped_storage()._cdata) <= 2  # the tensor + the temporary storage object
+
 
 class _FoldOutputs(torch.autograd.Function):
-    """Forward: the first ``b`` rows of ``full``. Backward: the caller's gradient on those rows
-    (times ``scale``) stacked over the precomputed canary-row gradient."""
+    """Forward: the first ``b`` rows of ``full``. Backward: the caller's gradient on those rows,
+    unchanged, stacked over the precomputed canary-row gradient."""
 
     @staticmethod
-    def forward(ctx, full, canary_grad, scale, b):
-        ctx.canary_grad, ctx.scale = canary_grad, scale
+    def forward(ctx, full, canary_grad, b):
+        ctx.canary_grad = canary_grad
         return full[:b].clone()
 
     @staticmethod
     def backward(ctx, grad_out):
-        batch = grad_out if ctx.scale == 1.0 else grad_out * ctx.scale
         canary = ctx.canary_grad.to(dtype=grad_out.dtype)
-        return torch.cat([batch, canary]), None, None, None
+        return torch.cat([grad_out, canary]), None, None
 
 
 class BatchFold:
     """Compute input canaries' clipped gradients inside the batch's forward/backward (module doc).
 
-    ``sets`` are the InputCanaries (and reference points) whose rows are folded, in the order
-    ``take()`` returns them; ``param_names`` selects the returned coordinates (names in the
-    unwrapped module).
+    Args:
+        model: the batch-first Opacus ``GradSampleModule`` (``possible(model)``).
+        optimizer: its ``DPOptimizer`` (``clip_and_accumulate`` is wrapped).
+        sets: the ``InputCanaries`` (and reference points) whose rows are folded, in the order
+            ``take()`` returns them; they must take the same forward arguments (``signature``).
+        param_names: the returned coordinates (names in the unwrapped module).
+        max_grad_norm: the flat clip bound C.
+        probe: True (``input_pass="auto"``): the first training forward runs unfolded and is
+            watched; folding starts only if it left the global RNG untouched. False
+            (``"batch"``): fold from the first forward (each folded forward is still checked).
     """
 
     def __init__(
@@ -71,21 +130,41 @@ class BatchFold:
         sets: Sequence[InputCanaries],
         param_names: Sequence[str],
         max_grad_norm: float,
+        probe: bool = True,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.sets = list(sets)
         self.num_rows = sum(len(s) for s in self.sets)
-        shapes = {tuple(s.inputs.shape[1:]) for s in self.sets}
-        self._shape = shapes.pop() if len(shapes) == 1 else None  # None: sets never fold
+        signatures = {s.signature for s in self.sets}
+        if len(signatures) != 1:
+            raise ValueError(
+                "canaries: every InputCanaries set (and the reference) must take the same "
+                f"forward arguments to be folded into one batch, got {sorted(signatures)}"
+            )
+        self.signature = signatures.pop()
+        slots = [s.slots() for s in self.sets]
+        self._slot_shapes = {
+            key: {tuple(sl[key].shape[1:]) for sl in slots} for key in slots[0]
+        }
+        # slots whose trailing shapes differ between sets can never be concatenated
+        self._foldable = all(len(v) == 1 for v in self._slot_shapes.values())
+        self._slot_shapes = {k: next(iter(v)) for k, v in self._slot_shapes.items()}
+        self._slot_kinds = {key: argument_kind(t.dtype) for key, t in slots[0].items()}
         named = dict(model._module.named_parameters())
         self._selected = [named[n] for n in param_names]
         self.max_grad_norm = float(max_grad_norm)
-        self._inputs: dict[tuple, torch.Tensor] = {}
+        self._cat_cache: dict[tuple, torch.Tensor] = {}
         self._target_cache: dict[torch.device, list[torch.Tensor]] = {}
         self._handles: list = []
+        self._patches: list[InstancePatch] = []
+        self._random: bool | None = None if probe else False  # None: not probed yet
+        self._probing = False
+        self._armed = True  # folding allowed until this logical step's first forward
+        self._rng_before: list[torch.Tensor] | None = None
         self._in_call = False  # the current forward call was folded
         self._folded_b: int | None = None  # batch rows of the folded forward, until clipped
+        self._out: torch.Tensor | None = None  # the (K, d) clip buffer, reused when free
         # clipped rows and norms, from clipping until take(); folding waits while they are set
         self._result: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -99,67 +178,119 @@ class BatchFold:
 
     # ------------------------------------------------------------------ attach / detach
     def attach(self) -> None:
-        """Register the forward hooks and wrap ``clip_and_accumulate`` on the optimizer."""
+        """Register the forward hooks and patch ``clip_and_accumulate`` (optimizer) and
+        ``rearrange_grad_samples`` (model) on their instances."""
         self._handles = [
             self.model.register_forward_pre_hook(self._pre_forward, with_kwargs=True),
             self.model.register_forward_hook(self._post_forward, with_kwargs=True),
         ]
-        opt = self.optimizer
-        self._had_instance_clip = "clip_and_accumulate" in opt.__dict__
-        self._prev_clip = opt.__dict__.get("clip_and_accumulate")
-        self._orig_clip = opt.clip_and_accumulate
-        opt.clip_and_accumulate = self._clip_and_accumulate
+        self._clip_patch = InstancePatch(
+            self.optimizer, "clip_and_accumulate", self._clip_and_accumulate, "BatchFold"
+        ).apply()
+        self._rearrange_patch = InstancePatch(
+            self.model, "rearrange_grad_samples", self._rearrange, "BatchFold"
+        ).apply()
 
     def detach(self) -> None:
-        """Remove the hooks and restore ``clip_and_accumulate`` exactly."""
+        """Remove the hooks and restore both patched methods exactly."""
         for h in self._handles:
             h.remove()
         self._handles = []
-        opt = self.optimizer
-        if self._had_instance_clip:
-            opt.clip_and_accumulate = self._prev_clip
-        else:
-            opt.__dict__.pop("clip_and_accumulate", None)
+        self._rearrange_patch.restore()
+        self._clip_patch.restore()
 
     # ------------------------------------------------------------------ forward
-    def _canary_inputs(self, like: torch.Tensor) -> torch.Tensor:
-        key = (like.device, like.dtype)
-        if key not in self._inputs:
-            self._inputs[key] = torch.cat([s.inputs for s in self.sets]).to(
-                device=like.device, dtype=like.dtype
-            )
-        return self._inputs[key]
+    def _canary_slot(self, key: int | str, like: torch.Tensor) -> torch.Tensor:
+        cache_key = (key, like.device, like.dtype)
+        if cache_key not in self._cat_cache:
+            parts = [s.slots()[key] for s in self.sets]
+            self._cat_cache[cache_key] = torch.cat(parts).to(device=like.device, dtype=like.dtype)
+        return self._cat_cache[cache_key]
 
     def _targets(self, device: torch.device) -> list[torch.Tensor]:
         if device not in self._target_cache:
             self._target_cache[device] = [s.targets.to(device) for s in self.sets]
         return self._target_cache[device]
 
+    def _batch_rows(self, args: tuple, kwargs: dict) -> int | None:
+        """The batch rows B if this call's tensor arguments match the canaries' (else None)."""
+        npos, names = self.signature
+        if len(args) != npos or not set(names) <= set(kwargs):
+            return None
+        call = dict(enumerate(args))
+        call.update({n: kwargs[n] for n in names})
+        first = args[0]
+        if not isinstance(first, torch.Tensor) or first.ndim == 0:
+            return None
+        b = int(first.shape[0])
+        for key, value in call.items():
+            if (
+                not isinstance(value, torch.Tensor)
+                or value.ndim == 0
+                or value.shape[0] != b
+                or tuple(value.shape[1:]) != self._slot_shapes[key]
+                or argument_kind(value.dtype) != self._slot_kinds[key]
+            ):
+                return None
+        for name, value in kwargs.items():  # per-example data the canaries do not carry
+            if name not in names and isinstance(value, torch.Tensor) and value.ndim and (
+                value.shape[0] == b
+            ):
+                return None
+        return b
+
     def _pre_forward(self, module, args, kwargs):
         self._in_call = False
         if (
-            self._result is not None
+            not self._armed
+            or self._result is not None
             or self._folded_b is not None
             or in_per_sample_pass()
             or not torch.is_grad_enabled()
             or not module.training
             or not getattr(module, "hooks_enabled", False)
-            or kwargs
-            or len(args) != 1
-            or not isinstance(args[0], torch.Tensor)
-            or not args[0].is_floating_point()
-            or tuple(args[0].shape[1:]) != self._shape
+            or self._random
         ):
             return None
-        x = args[0]
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if self._random is None:  # probe: this forward runs as is, watched
+            self._probing, self._armed = True, False
+            self._rng_before = rng_states(tensors)
+            return None
+        b = self._batch_rows(args, kwargs) if self._foldable else None
+        if b is None:
+            return None
+        self._rng_before = rng_states(tensors)
         self._in_call = True
-        self._folded_b = int(x.shape[0])
-        return (torch.cat([x, self._canary_inputs(x)]),), kwargs
+        self._folded_b = b
+        npos, names = self.signature
+        new_args = tuple(
+            torch.cat([a, self._canary_slot(i, a)]) if i < npos else a for i, a in enumerate(args)
+        )
+        new_kwargs = dict(kwargs)
+        for n in names:
+            new_kwargs[n] = torch.cat([kwargs[n], self._canary_slot(n, kwargs[n])])
+        return new_args, new_kwargs
 
     def _post_forward(self, module, args, kwargs, output):
+        if self._probing:
+            self._probing = False
+            tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+            self._random = not _same_states(self._rng_before, rng_states(tensors))
+            self._rng_before = None
+            return None
         if not self._in_call:
             return None
         self._in_call = False
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if not _same_states(self._rng_before, rng_states(tensors)):
+            raise RuntimeError(
+                "input canaries were folded into a training forward that draws random numbers "
+                "(e.g. torch.nn.functional.dropout called in forward): the batch's random draws "
+                "are no longer those of training without the audit. Pass input_pass='separate' "
+                "to AuditHook (it computes the canaries under a forked RNG)"
+            )
+        self._rng_before = None
         b, k = self._folded_b, self.num_rows
         if not isinstance(output, torch.Tensor) or output.ndim == 0 or output.shape[0] != b + k:
             raise RuntimeError(
@@ -168,22 +299,44 @@ class BatchFold:
                 f"{type(output).__name__} {tuple(getattr(output, 'shape', ()))} for "
                 f"{b} + {k} rows; pass input_pass='separate' to AuditHook"
             )
-        out, grads, start = output[b:], [], 0
-        for st, target in zip(self.sets, self._targets(out.device), strict=True):
-            grads.append(summed_loss_output_grad(st.loss_fn, out[start : start + len(st)], target))
-            start += len(st)
+        out = output[b:].detach()
+        out = out.to(clip_dtype(out.dtype))  # canary losses in float32 under autocast
+        grads, start = [], 0
+        with torch.autocast(out.device.type, enabled=False):
+            for st, target in zip(self.sets, self._targets(out.device), strict=True):
+                piece = out[start : start + len(st)]
+                grads.append(summed_loss_output_grad(st.loss_fn, piece, target))
+                start += len(st)
         canary_grad = torch.cat(grads) if len(grads) > 1 else grads[0]
-        if module.loss_reduction == "mean":  # Opacus multiplies backprops by b + k
-            canary_grad, scale = canary_grad / (b + k), b / (b + k)
-        else:
-            scale = 1.0
-        return _FoldOutputs.apply(output, canary_grad, scale, b)
+        return _FoldOutputs.apply(output, canary_grad, b)
+
+    # ------------------------------------------------------------------ backward (Opacus)
+    def _rearrange(self, *, module, backprops, loss_reduction, batch_first):
+        """Opacus' ``rearrange_grad_samples`` with the folded rows' "mean" scaling done here:
+        batch rows times B (bit for bit Opacus' own ``backprops * n`` without the fold),
+        canary rows as they are (their own loss gradient), then Opacus with "sum"."""
+        b = self._folded_b
+        if b is not None and loss_reduction == "mean" and not in_per_sample_pass():
+            from opacus.layers.dp_rnn import RNNLinear
+
+            dim = 0 if batch_first or type(module) is RNNLinear else 1
+            if backprops.shape[dim] == b + self.num_rows:
+                scaled = torch.empty_like(backprops)
+                torch.mul(backprops.narrow(dim, 0, b), b, out=scaled.narrow(dim, 0, b))
+                scaled.narrow(dim, b, self.num_rows).copy_(
+                    backprops.narrow(dim, b, self.num_rows)
+                )
+                backprops, loss_reduction = scaled, "sum"
+        return self._rearrange_patch.original(
+            module=module, backprops=backprops, loss_reduction=loss_reduction,
+            batch_first=batch_first,
+        )
 
     # ------------------------------------------------------------------ clipping
     def _clip_and_accumulate(self) -> None:
         if self._folded_b is not None:
             self._strip_and_clip()
-        self._orig_clip()
+        self._clip_patch.original()
 
     def _strip_and_clip(self) -> None:
         b, k = self._folded_b, self.num_rows
@@ -205,14 +358,28 @@ class BatchFold:
                 gs[0] = first[:b]
             else:
                 p.grad_sample = first[:b]
-        self._result = clip_rows(
-            list(rows.values()), [rows[p] for p in self._selected], self.max_grad_norm
-        )
+        selected = [rows[p] for p in self._selected]
+        width = sum(g[0].numel() for g in selected)
+        dtype = clip_dtype(selected[0].dtype)
+        out = self._out
+        if (
+            out is None
+            or out.shape != (k, width)
+            or out.dtype != dtype
+            or out.device != selected[0].device
+            or not _exclusively_held(out)
+        ):
+            out = torch.empty((k, width), dtype=dtype, device=selected[0].device)
+        self._out = out
+        self._result = clip_rows(list(rows.values()), selected, self.max_grad_norm, out=out)
 
     # ------------------------------------------------------------------ results
     def take(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """This logical step's (rows, d_selected) clipped canary gradients and the (rows,)
-        norms before clipping (over all parameters; non-finite iff a gradient entry is), or
-        None if no forward was folded; re-arms folding for the next logical step."""
+        """This logical step's (rows, d_selected) clipped canary gradients (float32 or wider;
+        valid until the next step unless kept, in which case the next step writes a new
+        buffer) and the (rows,) norms before clipping (over all parameters; non-finite iff a
+        gradient entry is), or None if no forward was folded; re-arms folding for the next
+        logical step."""
         result, self._result, self._folded_b = self._result, None, None
+        self._armed = True
         return result

@@ -8,7 +8,18 @@ clipped with Opacus' flat rule at C, in the hook's coordinates (selection, then 
   ``"auto"`` when the model is a batch-first ``GradSampleModule``, or ``"batch"``, which
   requires it);
 * one separate batched ``per_sample_clipped_grads`` call per set per step (``"separate"``, and the
-  automatic fallback when no forward was folded in the step).
+  automatic fallback when no forward was folded in the step, and for models that draw random
+  numbers in their training forward, e.g. dropout: ``fold.random_modules``).
+
+Either way training is unchanged bit for bit. The separate pass runs under
+``torch.random.fork_rng`` with the global generators reseeded from ``(seed, step)``: the
+canaries' dropout masks are drawn from a private stream, and the training's masks, Opacus' noise
+(when it uses the global generator) and every later draw are those of training without the
+audit. It calls the model with the canaries' own tensor arguments (``InputCanaries.args`` /
+``kwargs``) plus what ``ForwardWatcher`` recorded of the step's training forward (the keyword
+arguments the canaries do not carry, and the autocast state, replayed). Clipping is done in
+float32 (or wider), so the canaries' clipped norms are <= C up to float32 rounding under bf16
+autocast too.
 
 ``InputGradients`` owns both, plus the ``ForwardWatcher`` that refuses training forwards the
 canaries cannot be replayed for. Interface used by the hook: ``attach()`` / ``detach()``,
@@ -24,9 +35,9 @@ import torch
 from opacus.optimizers import DPOptimizer
 from torch import nn
 
-from dpaudit.capture.fold import BatchFold
-from dpaudit.capture.forward_watch import ForwardWatcher
-from dpaudit.capture.input_canaries import InputCanaries
+from dpaudit.capture.fold import BatchFold, random_modules
+from dpaudit.capture.forward_watch import ForwardWatcher, Replay
+from dpaudit.capture.input_canaries import InputCanaries, argument_kind
 from dpaudit.capture.persample import per_sample_clipped_grads
 from dpaudit.capture.view import CoordinateView
 
@@ -39,13 +50,25 @@ def all_finite(x: torch.Tensor) -> bool:
     return bool(torch.isfinite(x.sum(dim=-1)).all())
 
 
-def check_reference(reference: tuple | None) -> InputCanaries | None:
-    """``reference=(inputs, targets[, loss_fn])`` as an ``InputCanaries``, or None."""
-    if reference is None:
-        return None
+def check_reference(reference: tuple | InputCanaries | None) -> InputCanaries | None:
+    """``reference=(inputs, targets[, loss_fn])`` or an ``InputCanaries`` (for models whose
+    forward takes more than one tensor) as an ``InputCanaries``, or None."""
+    if reference is None or isinstance(reference, InputCanaries):
+        return reference
     if not isinstance(reference, tuple | list) or len(reference) not in (2, 3):
-        raise ValueError("reference must be (inputs, targets) or (inputs, targets, loss_fn)")
+        raise ValueError(
+            "reference must be (inputs, targets), (inputs, targets, loss_fn) or an "
+            "InputCanaries"
+        )
     return InputCanaries(*reference)
+
+
+def _private_seed(seed: int, step: int) -> int:
+    """A 63-bit seed for the separate pass at ``step`` (splitmix64 of the pair)."""
+    z = (seed * 0x9E3779B97F4A7C15 + step + 1) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) >> 1
 
 
 class InputGradients:
@@ -60,6 +83,7 @@ class InputGradients:
         max_grad_norm: the flat clip bound C.
         input_pass: ``"auto"``, ``"batch"`` or ``"separate"`` (module doc).
         check_finite: raise ValueError on a non-finite canary gradient.
+        seed: seeds the private random stream of the separate pass (module doc).
     """
 
     def __init__(
@@ -72,6 +96,7 @@ class InputGradients:
         max_grad_norm: float,
         input_pass: str = "auto",
         check_finite: bool = True,
+        seed: int = 0,
     ) -> None:
         if input_pass not in INPUT_PASSES:
             raise ValueError(f"input_pass must be one of {INPUT_PASSES}, got {input_pass!r}")
@@ -79,14 +104,35 @@ class InputGradients:
         self.optimizer = optimizer
         self.sets = list(sets)
         self.reference = reference
+        self.seed = int(seed)
+        active = self.sets + ([reference] if reference is not None else [])
+        signatures = {s.signature for s in active}
+        if len(signatures) > 1:
+            raise ValueError(
+                "canaries: every InputCanaries set and the reference must take the same forward "
+                "arguments (number of positional tensors, keyword names), got "
+                f"{sorted(signatures)}; pass reference= as an InputCanaries with the same args= "
+                "/ kwargs= as the canaries"
+            )
+        kinds = {}
+        for s in active:
+            for key, t in s.slots().items():
+                kind = argument_kind(t.dtype)
+                if kinds.setdefault(key, kind) != kind:
+                    raise ValueError(
+                        f"canaries: argument {key!r} is of kind {kinds[key]} in one set and "
+                        f"{kind} in another"
+                    )
         self.param_names = list(param_names)
         self.max_grad_norm = float(max_grad_norm)
         self.input_pass = input_pass
         self.check_finite = bool(check_finite)
         self.fold = self._make_fold()
-        active = self.sets + ([reference] if reference is not None else [])
-        self.watcher = ForwardWatcher(model) if active else None
+        self.watcher = (
+            ForwardWatcher(model, signatures.pop(), kinds) if active else None
+        )
         self.folded_steps = 0
+        self._replay = Replay()
         self._view: CoordinateView | None = None
         self._dtype: torch.dtype | None = None
 
@@ -106,7 +152,24 @@ class InputGradients:
                     f"make_private returns as model, got {type(self.model).__name__}"
                 )
             return None
-        return BatchFold(self.model, self.optimizer, sets, self.param_names, self.max_grad_norm)
+        drawing = random_modules(self.model)
+        if drawing:
+            if self.input_pass == "batch":
+                raise ValueError(
+                    f"input_pass='batch': the model draws random numbers in training mode "
+                    f"({drawing[:3]}{' ...' if len(drawing) > 3 else ''}); folded canary rows "
+                    "would shift the batch's dropout masks. Use input_pass='auto' or "
+                    "'separate' (a separate pass under a forked RNG)"
+                )
+            return None
+        return BatchFold(
+            self.model,
+            self.optimizer,
+            sets,
+            self.param_names,
+            self.max_grad_norm,
+            probe=self.input_pass == "auto",
+        )
 
     def attach(self) -> None:
         """Attach the fold (forward hooks, ``clip_and_accumulate``) and the forward watcher."""
@@ -127,15 +190,31 @@ class InputGradients:
         self._view, self._dtype = view, dtype
 
     def separate_pass(self, spec: InputCanaries, t: int) -> torch.Tensor:
-        """Clipped gradients of ``spec`` at theta_t from one extra per-sample pass."""
-        grads = per_sample_clipped_grads(
-            self.model,
-            spec.inputs,
-            spec.targets,
-            spec.loss_fn,
-            self.max_grad_norm,
-            param_names=self.param_names,
-        )
+        """Clipped gradients of ``spec`` at theta_t from one extra per-sample pass, with the
+        canaries' own arguments and the step's replay, off the global RNG (module doc)."""
+        device = next(self.model.parameters()).device
+        cuda = [device.index or 0] if device.type == "cuda" else []
+        replay = self._replay
+        if replay.autocast is not None:
+            amp = torch.autocast(replay.autocast[0], dtype=replay.autocast[1])
+        else:
+            amp = torch.autocast(device.type, enabled=False)
+        with torch.random.fork_rng(devices=cuda), amp:
+            seed = _private_seed(self.seed, t)
+            torch.default_generator.manual_seed(seed)
+            for d in cuda:
+                torch.cuda.default_generators[d].manual_seed(seed)
+            grads = per_sample_clipped_grads(
+                self.model,
+                spec.inputs,
+                spec.targets,
+                spec.loss_fn,
+                self.max_grad_norm,
+                param_names=self.param_names,
+                args=spec.args,
+                kwargs=spec.kwargs,
+                shared_kwargs=replay.shared_kwargs,
+            )
         grads = self._view.gather(grads).to(self._dtype)
         if self.check_finite and not all_finite(grads):
             raise ValueError(f"non-finite canary gradient at optimizer step {t}")
@@ -150,8 +229,9 @@ class InputGradients:
             if self.input_pass == "batch":
                 raise RuntimeError(
                     f"input_pass='batch': no training forward was folded before optimizer step "
-                    f"{t} (folding needs one grad-enabled training-mode call model(x) with one "
-                    "tensor argument shaped like the canaries)"
+                    f"{t} (folding needs a grad-enabled training-mode call whose tensor "
+                    "arguments match the canaries' inputs, args and kwargs in number, trailing "
+                    "shape and kind)"
                 )
             return None
         rows, norms = taken
@@ -164,9 +244,10 @@ class InputGradients:
         return [rows] if len(sets) == 1 else list(rows.split([len(s) for s in sets]))
 
     def check_forward(self, t: int) -> None:
-        """Raise if a training forward of this step cannot be replayed for the canaries."""
+        """Raise if a training forward of this step cannot be replayed for the canaries; else
+        keep what the separate pass replays of it."""
         if self.watcher is not None:
-            self.watcher.check(t)
+            self._replay = self.watcher.check(t)
 
     def compute(self, t: int) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         """(clipped gradients of each set, in order; reference gradients or None) at step t."""

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any
 
 import torch
 from torch import nn
@@ -68,13 +69,21 @@ def per_sample_clipped_grads(
     param_names: Sequence[str] | None = None,
     chunk_size: int | None = 256,
     backend: str = "auto",
+    args: Sequence[torch.Tensor] = (),
+    kwargs: Mapping[str, torch.Tensor] | None = None,
+    shared_kwargs: Mapping[str, Any] | None = None,
 ) -> torch.Tensor:
     """Return an (n, d) tensor of clipped per-example gradients, flattened and concatenated.
 
-    ``loss_fn(output, target)`` is the per-example loss (it receives a batch of one and must
-    return a scalar, e.g. ``nn.functional.cross_entropy``). ``param_names`` selects which
-    parameters' coordinates are returned (default: all trainable); clipping always uses the
-    norm over all trainable parameters. ``max_grad_norm=None`` returns unclipped gradients.
+    Example i's gradient is that of ``loss_fn(model(inputs[i:i+1], *args_i, **kwargs_i,
+    **shared_kwargs), targets[i:i+1])``: ``args`` and ``kwargs`` are further per-example
+    tensor arguments (each (n, ...)), ``shared_kwargs`` keyword arguments passed unchanged to
+    every call (e.g. ``need_weights=False``). ``loss_fn(output, target)`` is the per-example
+    loss (it receives a batch of one and must return a scalar, e.g.
+    ``nn.functional.cross_entropy``). ``param_names`` selects which parameters' coordinates are
+    returned (default: all trainable); clipping always uses the norm over all trainable
+    parameters, in at least float32 (so the result has norm <= C up to float32 rounding also
+    when the gradients are bfloat16). ``max_grad_norm=None`` returns unclipped gradients.
     The result lives on the model's device; the model's parameters are not modified.
     ``backend``: ``"auto"`` (default), ``"func"`` or ``"opacus"`` (see the module docstring).
     """
@@ -84,6 +93,19 @@ def per_sample_clipped_grads(
             f"inputs and targets disagree on the number of examples: "
             f"{inputs.shape[0]} vs {targets.shape[0]}"
         )
+    args = tuple(args)
+    kwargs = dict(kwargs or {})
+    shared_kwargs = dict(shared_kwargs or {})
+    for label, t in [*((f"args[{i}]", a) for i, a in enumerate(args)),
+                     *((f"kwargs[{k!r}]", v) for k, v in kwargs.items())]:
+        if not isinstance(t, torch.Tensor) or t.ndim < 1 or t.shape[0] != inputs.shape[0]:
+            raise ValueError(
+                f"{label} must be a tensor with the {inputs.shape[0]} examples on its first "
+                f"axis, got {tuple(getattr(t, 'shape', ())) or type(t).__name__}"
+            )
+    clash = sorted(set(kwargs) & set(shared_kwargs))
+    if clash:
+        raise ValueError(f"shared_kwargs repeats per-example kwargs {clash}")
     if max_grad_norm is not None and not max_grad_norm > 0:
         raise ValueError(f"max_grad_norm must be positive or None, got {max_grad_norm!r}")
     named = dict(module.named_parameters())
@@ -99,6 +121,8 @@ def per_sample_clipped_grads(
     device = next(iter(named.values())).device
     inputs = inputs.to(device)
     targets = targets.to(device)
+    args = tuple(a.to(device) for a in args)
+    kwargs = {k: v.to(device) for k, v in kwargs.items()}
     n = inputs.shape[0]
     use_opacus = _opacus_backend_ok(model)
     if backend == "opacus" and not use_opacus:
@@ -109,9 +133,14 @@ def per_sample_clipped_grads(
         width = sum(named[k].numel() for k in selected)
         return torch.zeros(0, width, device=device, dtype=named[selected[0]].dtype)
     if use_opacus and backend != "func":
-        grads = _grads_via_opacus(model, inputs, targets, loss_fn, trainable)
+        grads = _grads_via_opacus(
+            model, (inputs, *args), {**kwargs, **shared_kwargs}, targets, loss_fn, trainable
+        )
     else:
-        grads = _grads_via_func(module, inputs, targets, loss_fn, trainable, chunk_size)
+        grads = _grads_via_func(
+            module, (inputs, *args), kwargs, shared_kwargs, targets, loss_fn, trainable,
+            chunk_size,
+        )
     if max_grad_norm is None:
         return torch.cat([grads[k].reshape(n, -1) for k in selected], dim=1)
     clipped, _ = clip_rows(
@@ -125,23 +154,44 @@ def clip_factor(norms: torch.Tensor, max_grad_norm: float) -> torch.Tensor:
     return (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
 
 
+def clip_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype clipping works in: at least float32 (bfloat16 / float16 gradients are clipped
+    in float32, so that the clipped norm is <= C up to float32 rounding)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def clip_rows(
-    per_param: Sequence[torch.Tensor], selected: Sequence[torch.Tensor], max_grad_norm: float
+    per_param: Sequence[torch.Tensor],
+    selected: Sequence[torch.Tensor],
+    max_grad_norm: float,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Opacus' flat clipping of per-sample gradients given per parameter as (n, *shape).
 
     The norm of each row is taken over ``per_param`` (all parameters the optimizer clips);
     returns the (n, d_selected) clipped rows of the ``selected`` tensors, flattened and
-    concatenated in order, and the (n,) norms before clipping.
+    concatenated in order, and the (n,) norms before clipping. Norms, factors and the result
+    are in ``clip_dtype`` (at least float32). The rows are read once for the norms and once
+    while they are scaled straight into the result: ``out`` (an (n, d_selected) tensor of that
+    dtype, e.g. a buffer reused across steps) or a new tensor.
     """
     n = per_param[0].shape[0]
-    norms = torch.stack([g.reshape(n, -1).norm(2, dim=1) for g in per_param], 1).norm(2, dim=1)
+    dtype = clip_dtype(per_param[0].dtype)
+    norms = torch.stack(
+        [torch.linalg.vector_norm(g.reshape(n, -1), dim=1, dtype=dtype) for g in per_param], 1
+    ).norm(2, dim=1)
     factor = clip_factor(norms, max_grad_norm).unsqueeze(1)
     widths = [math.prod(g.shape[1:]) for g in selected]
-    out = selected[0].new_empty((n, sum(widths)))
+    if out is None:
+        out = selected[0].new_empty((n, sum(widths)), dtype=dtype)
+    elif out.shape != (n, sum(widths)) or out.dtype != dtype:
+        raise ValueError(
+            f"out must be a ({n}, {sum(widths)}) {dtype} tensor, got "
+            f"{tuple(out.shape)} {out.dtype}"
+        )
     start = 0
     for g, w in zip(selected, widths, strict=True):  # clip straight into the output
-        torch.mul(g.reshape(n, w), factor.to(g.dtype), out=out[:, start : start + w])
+        torch.mul(g.reshape(n, w), factor, out=out[:, start : start + w])
         start += w
     return out, norms
 
@@ -193,20 +243,26 @@ def summed_loss_output_grad(
     return grad
 
 
-def _grads_via_opacus(model, inputs, targets, loss_fn, trainable) -> dict[str, torch.Tensor]:
+def _grads_via_opacus(model, args, kwargs, targets, loss_fn, trainable) -> dict[str, torch.Tensor]:
     """Per-example gradients from one pass through the GradSampleModule's hooks."""
     named = dict(model._module.named_parameters())
     params = [named[k] for k in trainable]
     saved = [(p.grad, getattr(p, "grad_sample", None)) for p in params]
-    n = inputs.shape[0]
+    n = args[0].shape[0]
     token = _IN_PASS.set(True)
     try:
         for p in params:
             p.grad = None
             p.grad_sample = None
         with torch.enable_grad():
-            out = model(inputs)
-            total = summed_loss(loss_fn, out, targets)
+            out = model(*args, **kwargs)
+            if not isinstance(out, torch.Tensor) or out.ndim == 0 or out.shape[0] != n:
+                raise ValueError(
+                    "per-example gradients need a model returning one tensor with the "
+                    f"{n} examples on its first axis, got {type(out).__name__} "
+                    f"{tuple(getattr(out, 'shape', ()))}"
+                )
+            total = summed_loss(loss_fn, out.float() if out.dtype in _LOW else out, targets)
             if model.loss_reduction == "mean":  # the hooks multiply backprops by n
                 total = total / n
             torch.autograd.backward(total, inputs=params)
@@ -222,17 +278,28 @@ def _grads_via_opacus(model, inputs, targets, loss_fn, trainable) -> dict[str, t
         _IN_PASS.reset(token)
 
 
-def _grads_via_func(module, inputs, targets, loss_fn, trainable, chunk_size):
-    """Per-example gradients by torch.func (vmap of grad), module hooks suspended."""
+_LOW = (torch.bfloat16, torch.float16)
+
+
+def _grads_via_func(module, args, kwargs, shared, targets, loss_fn, trainable, chunk_size):
+    """Per-example gradients by torch.func (vmap of grad), module hooks suspended. Random
+    operations (dropout in training mode) draw a different mask per example."""
     named = dict(module.named_parameters())
     params = {n: named[n].detach() for n in trainable}
     buffers = {n: b.detach() for n, b in module.named_buffers()}
 
-    def loss_one(p, x, y):
-        out = functional_call(module, (p, buffers), (x.unsqueeze(0),))
+    def loss_one(p, xs, kw, y):
+        call_args = tuple(x.unsqueeze(0) for x in xs)
+        call_kw = {k: v.unsqueeze(0) for k, v in kw.items()}
+        out = functional_call(module, (p, buffers), call_args, {**call_kw, **shared})
+        if out.dtype in _LOW:
+            out = out.float()
         return loss_fn(out, y.unsqueeze(0))
 
     with suspended_module_hooks(module):
-        return vmap(grad(loss_one), in_dims=(None, 0, 0), chunk_size=chunk_size)(
-            params, inputs, targets
-        )
+        return vmap(
+            grad(loss_one),
+            in_dims=(None, 0, 0, 0),
+            chunk_size=chunk_size,
+            randomness="different",
+        )(params, args, kwargs, targets)
