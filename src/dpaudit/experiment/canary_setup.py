@@ -119,9 +119,19 @@ def _gradient(settings, model, train_set, references, params, sample_rate, membe
     if c.direction == "dirac":
         activity = data_gradient_activity(model, train_set, C, params)
         tiebreak = np.random.default_rng([settings.seed, 2]).random(dim)
-        coords = np.lexsort((tiebreak, activity))[: c.count]
         dead = int((activity == 0).sum())
-        if c.count > dead:
+        if c.placement == "random_live":
+            live = np.flatnonzero(activity > 0)
+            if c.count > len(live):
+                raise ValueError(
+                    f"canary.count={c.count} exceeds the {len(live)} live coordinates of "
+                    f"{params} (canary.placement=random_live): lower canary.count"
+                )
+            pick = np.random.default_rng([settings.seed, 4]).choice(len(live), c.count, False)
+            coords = np.sort(live[pick])
+        else:
+            coords = np.lexsort((tiebreak, activity))[: c.count]
+        if c.count > dead and c.placement == "least_active":
             warnings.warn(
                 f"canary.count={c.count} exceeds the {dead} coordinates whose data gradient is "
                 f"exactly zero at theta_0 (parameters {params}): {c.count - dead} Dirac canaries "
