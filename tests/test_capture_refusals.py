@@ -54,16 +54,21 @@ def dirac(model):
             "clipping='adaptive'",
         ),
         ({"clipping": "per_layer", "max_grad_norm": [0.5, 0.5, 0.5, 0.5]}, "clipping='per_layer'"),
-        ({"grad_sample_mode": "ghost"}, "ghost clipping"),
     ],
 )
 def test_unsupported_clipping_is_refused_by_name(opts, needle):
     model, opt = make(**opts)[:2]
+    assert type(opt).__name__ in ("AdaClipDPOptimizer", "DPPerLayerOptimizer")
     with pytest.raises(ValueError, match=needle):
         AuditHook(opt, model, dirac(model))
+    x, y = data().tensors
+    with pytest.raises(ValueError, match=needle):  # input canaries too
+        AuditHook(opt, model, InputCanaries(x[:2], y[:2]))
 
 
-def test_distributed_training_is_refused():
+def test_one_process_dpddp_is_accepted_and_records_after_the_all_reduce():
+    """A one-rank gloo group: Opacus returns DistributedDPOptimizer; the hook records in
+    ``reduce_gradients`` (two-process checks: test_capture_ddp.py)."""
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
 
     with socket.socket() as s:
@@ -75,10 +80,18 @@ def test_distributed_training_is_refused():
     try:
         torch.manual_seed(0)
         model = DPDDP(nn.Sequential(nn.Linear(6, 2)))
-        opt = make(model)[1]
-        assert "Distributed" in type(opt).__name__
-        with pytest.raises(ValueError, match="distributed DP training"):
-            AuditHook(opt, model, dirac(model))
+        model, opt, loader = make(model)
+        assert type(opt).__name__ == "DistributedDPOptimizer"
+        hook = AuditHook(opt, model, dirac(model))
+        assert hook.distributed and hook.rank == 0 and hook.world_size == 1
+        with hook:
+            assert "reduce_gradients" in opt.__dict__ and "add_noise" in opt.__dict__
+            xb, yb = next(iter(loader))
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+        assert hook.steps == 1
+        assert "reduce_gradients" not in opt.__dict__ and "add_noise" not in opt.__dict__
     finally:
         torch.distributed.destroy_process_group()
 

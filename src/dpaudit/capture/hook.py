@@ -59,7 +59,11 @@ from dpaudit.capture.insertion import GradientInsertion, check_gradient_canaries
 from dpaudit.capture.patching import InstancePatch
 from dpaudit.capture.persample import unwrap_model
 from dpaudit.capture.selection import resolve_parameter_names
-from dpaudit.capture.support import check_optimizer_supported
+from dpaudit.capture.support import (
+    check_input_canaries_supported,
+    check_optimizer_supported,
+    is_distributed,
+)
 from dpaudit.capture.trace import Trace
 from dpaudit.capture.view import CoordinateView, check_coordinates
 
@@ -131,8 +135,6 @@ class AuditHook:
                 f"got {type(optimizer).__name__}"
             )
         check_optimizer_supported(optimizer)
-        if not isinstance(optimizer.max_grad_norm, numbers.Real):
-            raise ValueError("optimizer: per-layer clipping is not supported (needs one float C)")
         if not isinstance(model, nn.Module):
             raise ValueError(f"model must be a torch nn.Module, got {type(model).__name__}")
         self.optimizer = optimizer
@@ -164,6 +166,12 @@ class AuditHook:
         self._accumulator = ScoreAccumulator(scores, self.num_canaries, keep_per_step)
         self.score_fns = self._accumulator.score_fns
         self.reference = check_reference(reference)
+        if self.reference is not None or any(isinstance(c, InputCanaries) for c in self.canaries):
+            check_input_canaries_supported(optimizer)
+        # Opacus' distributed optimizers: noise on rank 0, all-reduce after the step hook
+        self.distributed = is_distributed(optimizer)
+        self.rank = int(optimizer.rank) if self.distributed else 0
+        self.world_size = int(optimizer.world_size) if self.distributed else 1
         if self._accumulator.needs_reference and self.reference is None:
             raise ValueError("reference=(inputs, targets) is required by a score that needs it")
         if sample_rate is None:
@@ -228,7 +236,10 @@ class AuditHook:
         if getattr(opt, "_dpaudit_hook", None) is not None:
             raise RuntimeError("another AuditHook is attached to this optimizer")
         self._prev_step_hook = opt.step_hook
-        patches = [InstancePatch(opt, "step_hook", self._step_hook, "AuditHook")]
+        if self.distributed:  # record after the all-reduce: the gradient really applied
+            patches = [InstancePatch(opt, "reduce_gradients", self._reduce_gradients, "AuditHook")]
+        else:  # record after the accountant, before the base optimizer's step
+            patches = [InstancePatch(opt, "step_hook", self._step_hook, "AuditHook")]
         if self._insertion.active:
             patches.append(InstancePatch(opt, "add_noise", self._add_noise, "AuditHook"))
         for p in patches:
@@ -245,9 +256,10 @@ class AuditHook:
         if not self._attached:
             return
         opt = self.optimizer
-        if opt.__dict__.get("step_hook") is not self._patches[0].replacement:
+        first = self._patches[0]
+        if opt.__dict__.get(first.name) is not first.replacement:
             raise RuntimeError(
-                "optimizer.step_hook was replaced while the AuditHook was attached; "
+                f"optimizer.{first.name} was replaced while the AuditHook was attached; "
                 "cannot restore it safely"
             )
         for p in reversed(self._patches):
@@ -293,9 +305,10 @@ class AuditHook:
         """Add the included gradient canaries to ``p.summed_grad``, then Opacus' noise."""
         if not self._started:
             self._start()
-        row = self._insertion.draw()
+        row = self._insertion.draw()  # drawn on every rank: the same draws everywhere
         self._pending_inclusion = row
-        self._insertion.insert(row, self._steps)
+        if self.rank == 0:  # once in the applied gradient, like Opacus' noise
+            self._insertion.insert(row, self._steps)
         self._add_noise_patch.original()
 
     def _step_hook(self, opt: DPOptimizer) -> None:
@@ -303,6 +316,11 @@ class AuditHook:
         if self._prev_step_hook is not None:
             self._prev_step_hook(opt)
         self._record(opt)
+
+    def _reduce_gradients(self) -> None:
+        """Distributed optimizers: Opacus' all-reduce, then record the reduced gradient."""
+        self._patches[0].original()
+        self._record(self.optimizer)
 
     def _canary_grads(self, per_set: list[torch.Tensor]) -> torch.Tensor:
         """The (K, dim) canary gradients in canary order: vectors and input-set gradients."""
@@ -338,8 +356,8 @@ class AuditHook:
             )
             if not finite:
                 raise ValueError(f"non-finite released gradient at optimizer step {t}")
-        if opt.loss_reduction == "mean":
-            divisor = float(opt.expected_batch_size * opt.accumulated_iterations)
+        if opt.loss_reduction == "mean":  # distributed: the all-reduce averages the ranks
+            divisor = float(opt.expected_batch_size * opt.accumulated_iterations * self.world_size)
         else:
             divisor = 1.0
         ctx = StepContext(
