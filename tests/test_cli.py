@@ -47,10 +47,120 @@ def test_default_audit_tiny_end_to_end(tmp_path):
     proc = run_cli(tmp_path, "dp.steps=10", "canary.count=20", "progress=false")
     assert proc.returncode == 0, proc.stderr
     assert "threat model: gradient canaries" in proc.stdout
+    assert "confidence 95%" in proc.stdout  # the table states its confidence level
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["steps"] == 10 and res["settings"]["canary"]["count"] == 20
+    assert res["settings"]["model"] == {"name": "mlp", "width": 400}  # AuditSettings()
     assert res["verdict"]["best_lower_bound"] <= res["theory"]["upper_bound"]
     assert (tmp_path / "roc.png").exists()
+    # 10 + 10 canaries at mu = sqrt(10) / 6: nothing certifiable, and the CLI says so
+    assert "expect epsilon bounds of 0: canary.count=20" in proc.stderr
+    # Opacus' per-run warnings once on the console; every warning and the run in the log
+    assert proc.stderr.count("UserWarning: Secure RNG turned off") <= 1
+    assert "outputs" in proc.stdout and "results.json" in proc.stdout.split("outputs")[-1]
+    log = (tmp_path / "cli.log").read_text()
+    for needle in ("output directory", "settings:", "finished in", "verdict: consistent",
+                   "outputs in", "expect epsilon bounds of 0"):
+        assert needle in log, needle
+
+
+def test_preset_refuses_overrides_it_does_not_read(tmp_path):
+    """issue 12 Found 4: a preset's task that never reads dp.noise_multiplier refuses it
+    (before any work) instead of running without it."""
+    proc = run_cli(tmp_path, "experiment=stats_demo", "dp.noise_multiplier=2")
+    assert proc.returncode == 2
+    assert "does not use dp.noise_multiplier=2" in proc.stderr
+    assert "task.KEY=VALUE" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "results.json").exists()
+    proc = run_cli(tmp_path, "experiment=meanlab_roc", "audit.confidence=0.5")
+    assert proc.returncode == 2 and "does not use audit.confidence=0.5" in proc.stderr
+
+
+def test_stats_demo_honours_delta_and_confidence(tmp_path):
+    """issue 12 Found 4, the command as written: stats_demo reads dp.delta and
+    audit.confidence; true_eps is the closed form gdp_epsilon(mu, delta) at the given delta."""
+    from dpaudit.stats import gdp_epsilon
+
+    proc = run_cli(tmp_path, "experiment=stats_demo", "audit.confidence=0.5", "dp.delta=1e-3",
+                   "task.n=500", "task.mus=[1.0]")
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert (res["delta"], res["confidence"]) == (1e-3, 0.5)
+    assert res["rows"][0]["true_eps"] == pytest.approx(gdp_epsilon(1.0, 1e-3), rel=1e-9)
+    assert "50% confidence" in proc.stdout
+    assert "outputs (" in proc.stdout and str(tmp_path) in proc.stdout  # where it went
+    assert "dp:\n" in (tmp_path / "cli.log").read_text()  # the settings are logged
+
+
+def test_missing_launcher_plugin_names_the_extra(tmp_path):
+    """hydra/launcher=joblib without hydra-joblib-launcher: a hint, not Hydra's bare error.
+    The plugin is made unimportable in the child process (as if not installed)."""
+    code = (
+        "import sys\n"
+        "class Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.startswith('hydra_plugins.hydra_joblib_launcher'):\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, Hide())\n"
+        "sys.argv = ['dpaudit', 'hydra/launcher=joblib', '-m', 'experiment=stats_demo']\n"
+        "from dpaudit.cli import main\n"
+        "main()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "pip install 'dpaudit[launchers]'" in proc.stderr
+    assert "hydra-joblib-launcher" in proc.stderr
+
+
+def test_help_lists_groups_options_and_presets(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "dpaudit.cli", "--help"], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "== Presets (experiment=NAME) ==" in out and "stats_demo" in out
+    assert "canary.selection" in out
+    assert "allowed: top | easy | medium | hard | stratified | random" in out
+    assert "_target_" not in out and "powered by Hydra" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        (["device=cuda"], "device='cuda', but CUDA is not available"),
+        (["dp.noise_multiplier=inf"], "dp.noise_multiplier must be a positive finite number"),
+        (["dp.lr=inf"], "dp.lr must be a positive finite number"),
+        (["dp.lr=nan"], "dp.lr must be a positive finite number"),
+        (["audit.inclusion=0.999", "canary.count=20"], "draws 20 members and 0 non-members"),
+        (["audit=multi_run", "audit.runs=1", "canary.count=1"], "audit.runs must be at least 2"),
+        (["audit=multi_run", "audit.runs=3", "audit.inclusion=0.99", "canary.count=1"],
+         "draws 3 runs with the canary and 0 without"),
+    ],
+)
+def test_errors_before_training(tmp_path, overrides, needle):
+    """issue 12 Found 8: each refused with the key's name before any training starts (no
+    Opacus warning, no run file)."""
+    import torch
+
+    if overrides == ["device=cuda"] and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    proc = run_cli(tmp_path, *overrides, "progress=false")
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr
+    assert "Secure RNG" not in proc.stderr and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_readme_input_canary_command(tmp_path):
+    """issue 12 Found 3: `dpaudit canary=input attack=covariance canary.selection=hard` runs
+    as written with the input group's defaults (50 canaries), and says to expect bounds of 0."""
+    proc = run_cli(tmp_path, "canary=input", "attack=covariance", "canary.selection=hard",
+                   "progress=false")
+    assert proc.returncode == 0, proc.stderr
+    c = json.loads((tmp_path / "results.json").read_text())["settings"]["canary"]
+    assert (c["kind"], c["count"], c["selection"]) == ("input", 50, "hard")
+    assert "expect epsilon bounds of 0: canary.count=50" in proc.stderr
 
 
 @pytest.mark.parametrize(
