@@ -101,16 +101,19 @@ def test_one_run_live_preset_reduced():
     """``one_run_live`` at test size: the preset's CNN and K = 10,000 random live Dirac
     canaries (cheap through the view), T = 25 instead of 100, sigma = 5 / mu(eps 8), seed 0.
 
-    Measured at this size (``OMP_NUM_THREADS=1``, seeds 0-4, 2026-11-23): best estimate /
-    exact 0.85-0.90 (TABLE_IN_DOCSTRING); asserted >= 0.75 (the full-size preset's 10-seed
-    minimum at eps 8 less ~0.1) and <= 1 (an estimate at 95% confidence above the exact epsilon
+    Measured at this size (``OMP_NUM_THREADS=1``, seeds 0-4, 2026-11-23, commit 8659a9f):
+    best estimate / exact 0.948 / 0.901 / 0.964 / 0.943 / 0.957 (gdp each time), certified
+    one_run 0.082-0.089, 8-12 s per run under load ~6. Asserted: best estimate >= 0.80 (the
+    seeds' minimum less 0.1) and <= 1 (an estimate at 95% confidence above the exact epsilon
     would mean inflated scores). Certified: only one_run (live canaries are not independent,
     so Clopper-Pearson and the claim test are estimates), never above the exact epsilon."""
     from dpaudit.experiment.threat import INDEPENDENCE
 
     eps, steps = 8.0, 25
     sigma = np.sqrt(steps) / gdp_mu(eps, 1e-5)
-    groups = _live_preset(f"dp.steps={steps}", f"dp.noise_multiplier={sigma!r}", "progress=false")
+    groups = _live_preset(
+        f"dp.steps={steps}", f"dp.noise_multiplier={float(sigma)!r}", "progress=false"
+    )
     assert groups["model"] == {"name": "cnn", "width": 16}
     assert groups["canary"]["count"] == 10000 and groups["canary"]["placement"] == "random_live"
     r = run_audit(**groups)
@@ -129,7 +132,7 @@ def test_one_run_live_preset_reduced():
     assert v["status"] == "consistent", v["message"]
     assert v["best_method"] == "one_run" and v["best_lower_bound"] <= truth
     assert v["estimate_method"] in ("gaussian", "gdp")
-    assert 0.75 <= v["estimate_ratio"] <= 1.0, v["message"]
+    assert 0.80 <= v["estimate_ratio"] <= 1.0, v["message"]
 
 
 def test_random_live_placement_and_its_errors():
