@@ -1,117 +1,350 @@
-"""Covariance score per step with the Woodbury estimator at d = 1e4, 1e5, 1e6 (n_r = 512).
+"""Cost of the covariance (Woodbury) and GLiR scores: per score step and per audited step.
 
-Prints, per d, the time of one covariance-score step (K canaries whose gradients change every
-step, as input canaries: O(K n_r d)) as a ratio to the scalar score and to one training step
-(forward + backward, batch 64) of an MLP with ~d parameters,
-and the peak resident memory added by building the estimator and scoring (measured RSS:
-peak minus the RSS just before, each size in a fresh subprocess), as a ratio to the n_r x d
-reference matrix itself: a constant ratio means memory linear in d, whereas a d x d float32
-matrix alone would be d / n_r times the references (20x at d = 1e4, 2000x at d = 1e6).
-"fixed/scalar" is the step with fixed gradient canaries (P (g* - mu_0) cached: O(K d)). Run:
+Two parts, each size in a fresh subprocess (peak memory is per process), one torch thread
+unless ``--threads``; the machine load (``os.getloadavg``) is printed beside every ratio.
 
-    python benchmarks/bench_covariance.py [--dims 1e4 1e5 1e6] [--canaries 8]
+1. ``score``: synthetic float32 references (n_r x d, N(0, 1)) and K canary gradients that
+   change every step (as input canaries), at d = 1e5 and 1e6. Prints the set-up time of the
+   noise-aware Woodbury precision, and paired per-round ratios (median [min-max]) of one
+   covariance-score step to one scalar-score step: the current algorithm (one projection per
+   vector, ``PrecisionOperator.quadratic_forms``) and the previous one (P applied to the K
+   canaries: project and lift). Memory: the process' peak resident set while building the
+   precision and scoring 3 steps, minus the resident set before the references existed, as a
+   ratio to the reference matrix (1.0 = nothing beyond the references).
+2. ``audit``: an MLP with ~1M parameters (784 -> hidden -> 10) trained with Opacus (Poisson
+   batches, expected B = 64, sigma = 1, C = 1) with K input canaries (``AuditHook``), scored by
+   the scalar product, the covariance score or GLiR (n_r clipped per-sample gradients of the
+   model at theta_0 as references, Woodbury precision with rel_ridge = 1e-3, noise-aware), and
+   the covariance score with a truncated reference span (``--explained``). The configurations
+   start from the same seed (same Poisson batches) and run one step each per round in a
+   rotated order; printed: median [min-max] of the per-round ratios covariance-step /
+   scalar-step (and GLiR / scalar), the set-up time (Woodbury + noise shift, no truncation and
+   with ``explained_variance``), and peak memory while building the precision and running
+   covariance-scored steps, as a ratio to (reference matrix + model parameters): the
+   process' peak minus its resident set before the build, plus the references and the model.
+
+Run: ``python benchmarks/bench_covariance.py`` (both parts; ``--part score|audit``,
+``--dims 1e5 1e6``, ``--canaries 16``, ``--refs 256``, ``--rounds 8``, ``--threads 1``).
+glibc is told to return freed blocks >= 64 KiB at once (``MALLOC_MMAP_THRESHOLD_``) so that the
+resident set follows the tensors.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import multiprocessing as mp
-import resource
+import json
+import os
+import subprocess
+import sys
 import time
+import warnings
 
+import numpy as np
 import torch
 from torch import nn
 
-from dpaudit.attacks import CovarianceScore, ScalarProduct, StepContext, covariance_llr
-from dpaudit.covariance import noise_aware, woodbury_precision
+from dpaudit.attacks import CovarianceScore, GLiRScore, ScalarProduct, StepContext
+from dpaudit.covariance import PrecisionOperator, noise_aware, woodbury_precision
+
+warnings.filterwarnings("ignore")
 
 
-def _time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return (time.perf_counter() - t0) / repeats
-
-
-def _rss_bytes() -> int:
-    """Current resident set size (Linux /proc)."""
+def _rss() -> int:
+    """Current resident set size in bytes (Linux /proc)."""
     with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _mlp_with_params(d: int, inputs: int = 64, classes: int = 10) -> nn.Module:
-    hidden = max(1, round((d - classes) / (inputs + 1 + classes)))
-    return nn.Sequential(nn.Linear(inputs, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+def _reset_peak() -> None:
+    """Reset the kernel's peak resident set (VmHWM) to the current one (Linux >= 4.0)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
 
 
-def bench(d: int, n_r: int, k: int, repeats: int) -> dict:
+def _peak() -> int:
+    """Peak resident set size (VmHWM) in bytes since the last ``_reset_peak``."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def _summary(ratios) -> str:
+    r = np.asarray(ratios)
+    return f"{np.median(r):.2f} [{r.min():.2f}-{r.max():.2f}]"
+
+
+def _old_llr(op: PrecisionOperator, g_star, released, b: float) -> torch.Tensor:
+    """The previous algorithm: P applied to the K centred canaries (project, then lift)."""
+    diff = g_star - op.mean
+    pdiff = op.apply(diff)
+    return pdiff @ (released - op.mean) - (pdiff * diff).sum(1) / (2.0 * b)
+
+
+def score_part(d: int, n_r: int, k: int, rounds: int) -> dict:
+    """Part 1 at one d (run in a fresh subprocess)."""
     gen = torch.Generator().manual_seed(d)
+    gc.collect()
+    base = _rss()
     refs = torch.randn(n_r, d, generator=gen)
     refs_bytes = refs.numel() * refs.element_size()
-    canaries = torch.randn(k, d, generator=gen)
+    canaries = [torch.randn(k, d, generator=gen) for _ in range(2)]  # alternate: no cache hit
     released = torch.randn(d, generator=gen)
-    ctx = StepContext(0, 1.0, 1.0, 64.0, 0.01)
-
+    ctx = StepContext(0, 1.0, 1.0, 64.0, 64.0 / 60_000)
     gc.collect()
-    before = _rss_bytes()
+    _reset_peak()
     t0 = time.perf_counter()
     op = noise_aware(woodbury_precision(refs, rel_ridge=0.1), 1.0, 1.0, 64.0)
     setup = time.perf_counter() - t0
     cov = CovarianceScore(op)
-    cov.step(canaries, released, ctx)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
-
+    for i in range(3):
+        cov.step(canaries[i % 2], released, ctx)
+    peak = _peak() - base
     scal = ScalarProduct()
-    t_cov = _time(lambda: covariance_llr(canaries, released, op.mean, op, 64.0), repeats)
-    t_cached = _time(lambda: cov.step(canaries, released, ctx), repeats)
-    t_scal = _time(lambda: scal.step(canaries, released, ctx), repeats)
-    model = _mlp_with_params(d)
-    x = torch.randn(64, 64, generator=gen)
-    y = torch.randint(0, 10, (64,), generator=gen)
+    ratios_new, ratios_old, t_scal = [], [], []
+    for i in range(rounds + 1):
+        c = canaries[i % 2]
+        t = [time.perf_counter()]
+        scal.step(c, released, ctx)
+        t.append(time.perf_counter())
+        cov.step(c, released, ctx)
+        t.append(time.perf_counter())
+        _old_llr(op, c, released, 64.0)
+        t.append(time.perf_counter())
+        if i:  # the first round warms up
+            s, n, o = np.diff(t)
+            ratios_new.append(n / s)
+            ratios_old.append(o / s)
+            t_scal.append(s)
+    return {
+        "d": d,
+        "setup_s": setup,
+        "new_over_scalar": _summary(ratios_new),
+        "old_over_scalar": _summary(ratios_old),
+        "scalar_ms": 1e3 * float(np.median(t_scal)),
+        "peak_over_refs": peak / refs_bytes,
+        "refs_MB": refs_bytes / 2**20,
+        "load": os.getloadavg(),
+    }
 
-    def train_step():
-        model.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
 
-    t_train = _time(train_step, repeats)
+def _mlp(hidden: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(784, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+
+
+def _reference_grads(model: nn.Module, x, y, clip: float, chunk: int = 32) -> torch.Tensor:
+    """Clipped per-sample gradients (n, d) of ``model`` at its current parameters."""
+    from torch.func import functional_call, grad, vmap
+
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    d = sum(p.numel() for p in params.values())
+
+    def loss(p, xi, yi):
+        return nn.functional.cross_entropy(functional_call(model, p, (xi[None],)), yi[None])
+
+    per_sample = vmap(grad(loss), in_dims=(None, 0, 0))
+    out = torch.empty(x.shape[0], d)
+    for i in range(0, x.shape[0], chunk):
+        gs = per_sample(params, x[i : i + chunk], y[i : i + chunk])
+        flat = torch.cat([g.reshape(g.shape[0], -1) for g in gs.values()], 1)
+        flat *= (clip / flat.norm(dim=1, keepdim=True).clamp_min(1e-12)).clamp(max=1.0)
+        out[i : i + chunk] = flat
+    return out
+
+
+def audit_part(hidden: int, n_r: int, k: int, rounds: int, explained: float) -> dict:
+    """Part 2 (run in a fresh subprocess)."""
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from dpaudit.capture import AuditHook, InputCanaries
+
+    gen = torch.Generator().manual_seed(0)
+    n_data, batch = 64 * 40, 64
+    x = torch.randn(n_data + k + n_r, 784, generator=gen)
+    y = torch.randint(0, 10, (n_data + k + n_r,), generator=gen)
+    xc, yc = x[n_data : n_data + k], y[n_data : n_data + k]
+    xr, yr = x[n_data + k :], y[n_data + k :]
+
+    def setup(scores_fn):
+        torch.manual_seed(0)
+        model = _mlp(hidden)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        loader = DataLoader(
+            TensorDataset(x[:n_data], y[:n_data]),
+            batch_size=batch,
+            generator=torch.Generator().manual_seed(0),
+        )
+        model, opt, loader = PrivacyEngine().make_private(
+            module=model, optimizer=opt, data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0
+        )
+        hook = AuditHook(opt, model, InputCanaries(xc, yc), scores=scores_fn()).attach()
+        return model, opt, loader, hook
+
+    torch.manual_seed(0)
+    plain = _mlp(hidden)
+    d = sum(p.numel() for p in plain.parameters())
+    model_bytes = 4 * d
+    refs = _reference_grads(plain, xr, yr, 1.0)
+    refs_bytes = refs.numel() * refs.element_size()
+    b_exp = float(batch)
+
+    def build(ev=None):
+        return noise_aware(
+            woodbury_precision(refs, rel_ridge=1e-3, explained_variance=ev), 1, 1, b_exp
+        )
+
+    build()  # warm-up (BLAS / LAPACK initialisation)
+    gc.collect()
+    before = _rss()
+    _reset_peak()
+    t0 = time.perf_counter()
+    op = build()
+    setup_s = time.perf_counter() - t0
+    peak_build = _peak() - before
+    gc.collect()
+    before = _rss()
+    _reset_peak()
+    t0 = time.perf_counter()
+    op_ev = build(explained)
+    setup_ev_s = time.perf_counter() - t0
+    peak_build_ev = _peak() - before
+    configs = {
+        "scalar": lambda: [ScalarProduct()],
+        "covariance": lambda: [CovarianceScore(op)],
+        "glir": lambda: [GLiRScore(op)],
+        f"cov ev={explained}": lambda: [CovarianceScore(op_ev)],
+    }
+    runs = {name: setup(fn) for name, fn in configs.items()}
+    streams = {name: iter(r[2]) for name, r in runs.items()}
+
+    def one_step(name):
+        model, opt, _, _ = runs[name]
+        xb, yb = next(streams[name])
+        t = time.perf_counter()
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+        return time.perf_counter() - t
+
+    names = list(configs)
+    for name in names:  # warm-up
+        one_step(name)
+    gc.collect()
+    before_steps = _rss()
+    _reset_peak()
+    times = {n: [] for n in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            times[name].append(one_step(name))
+    peak_steps = _peak() - before_steps
+    scal = np.array(times["scalar"])
     out = {
         "d": d,
-        "mlp_params": sum(p.numel() for p in model.parameters()),
-        "setup_s": setup,
-        "cov_over_scalar": t_cov / t_scal,
-        "cov_over_train_step": t_cov / t_train,
-        "cached_over_scalar": t_cached / t_scal,
-        "peak_extra_over_refs": peak / refs_bytes,
+        "K": k,
+        "n_r": n_r,
+        "B": batch,
+        "setup_s": setup_s,
+        "setup_ev_s": setup_ev_s,
+        "rank": op.rank_kept,
+        "rank_ev": op_ev.rank_kept,
+        "ev_kept": op_ev.explained_variance_kept,
+        "scalar_step_ms": 1e3 * float(np.median(scal)),
+        "ratios": {n: _summary(np.array(times[n]) / scal) for n in names if n != "scalar"},
+        # peak: (refs + model + the extra of building both operators) / (refs + model)
+        "peak_build_ratio": (refs_bytes + model_bytes + peak_build) / (refs_bytes + model_bytes),
+        "peak_build_ev_ratio": (refs_bytes + model_bytes + peak_build_ev)
+        / (refs_bytes + model_bytes),
+        "peak_steps_extra_MB": peak_steps / 2**20,
         "refs_MB": refs_bytes / 2**20,
+        "load": os.getloadavg(),
     }
     return out
 
 
+def _child(args) -> None:
+    torch.set_num_threads(args.threads)
+    if args.child == "score":
+        res = score_part(int(args.d), args.refs, args.canaries, args.rounds)
+    else:
+        res = audit_part(args.hidden, args.refs, args.canaries, args.rounds, args.explained)
+    print("RESULT " + json.dumps(res))
+
+
+def _run_child(argv: list[str]) -> dict:
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    out = subprocess.run(
+        [sys.executable, __file__, *argv], env=env, capture_output=True, text=True, check=True
+    )
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT ") :])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dims", nargs="+", type=float, default=[1e4, 1e5, 1e6])
-    parser.add_argument("--refs", type=int, default=512)
-    parser.add_argument("--canaries", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--part", choices=["score", "audit", "both"], default="both")
+    parser.add_argument("--dims", nargs="+", type=float, default=[1e5, 1e6])
+    parser.add_argument("--refs", type=int, default=256)
+    parser.add_argument("--canaries", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--hidden", type=int, default=1258)  # 784*1258 + 1258 + 12590: 1.0M
+    parser.add_argument("--explained", type=float, default=0.9)
+    parser.add_argument("--child", choices=["score", "audit"], help=argparse.SUPPRESS)
+    parser.add_argument("--d", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    threads = torch.get_num_threads()
-    print(f"n_r = {args.refs}, K = {args.canaries} canaries, float32, {threads} threads")
+    if args.child:
+        _child(args)
+        return
+    common = ["--refs", str(args.refs), "--canaries", str(args.canaries)]
+    common += ["--rounds", str(args.rounds), "--threads", str(args.threads)]
     print(
-        f"{'d':>9} {'MLP d':>9} {'setup s':>8} {'cov/scalar':>11} {'cov/train':>10} "
-        f"{'peak+/refs':>10} {'refs MB':>8} {'fixed/scalar':>12}"
+        f"n_r = {args.refs}, K = {args.canaries}, float32, {args.threads} thread(s), "
+        f"{os.cpu_count()} cpus, load {os.getloadavg()}"
     )
-    ctx = mp.get_context("spawn")
-    for d in args.dims:
-        with ctx.Pool(1) as pool:  # a fresh process per size: peak RSS is per size
-            r = pool.apply(bench, (int(d), args.refs, args.canaries, args.repeats))
+    if args.part in ("score", "both"):
+        print("\n[score] covariance step / scalar step (K canaries changing every step)")
         print(
-            f"{r['d']:>9d} {r['mlp_params']:>9d} {r['setup_s']:>8.2f} "
-            f"{r['cov_over_scalar']:>11.1f} "
-            f"{r['cov_over_train_step']:>10.2f} {r['peak_extra_over_refs']:>10.2f} "
-            f"{r['refs_MB']:>8.0f} {r['cached_over_scalar']:>12.1f}"
+            f"{'d':>9} {'setup s':>8} {'new/scalar':>18} {'old/scalar':>18} {'scalar ms':>9} "
+            f"{'peak/refs':>9} {'refs MB':>8}  load"
         )
+        for d in args.dims:
+            r = _run_child(["--child", "score", "--d", str(d), *common])
+            print(
+                f"{r['d']:>9d} {r['setup_s']:>8.2f} {r['new_over_scalar']:>18} "
+                f"{r['old_over_scalar']:>18} {r['scalar_ms']:>9.2f} {r['peak_over_refs']:>9.2f} "
+                f"{r['refs_MB']:>8.0f}  {tuple(round(v, 2) for v in r['load'])}"
+            )
+    if args.part in ("audit", "both"):
+        r = _run_child(
+            [
+                "--child",
+                "audit",
+                *("--hidden", str(args.hidden), "--explained", str(args.explained)),
+                *common,
+            ]
+        )
+        print(
+            f"\n[audit] MLP d = {r['d']}, B = {r['B']} (Poisson), K = {r['K']} input canaries, "
+            f"n_r = {r['n_r']} clipped per-sample reference gradients"
+        )
+        print(f"scalar-scored audited step: {r['scalar_step_ms']:.0f} ms (median)")
+        for name, ratio in r["ratios"].items():
+            print(f"{name:>16s} / scalar step: {ratio}")
+        print(
+            f"set-up (woodbury + noise shift): {r['setup_s']:.2f} s, rank {r['rank']}; with "
+            f"explained_variance={args.explained}: {r['setup_ev_s']:.2f} s, rank {r['rank_ev']} "
+            f"({r['ev_kept']:.3f} of the variance)"
+        )
+        print(
+            f"peak memory while building: {r['peak_build_ratio']:.2f} x (references "
+            f"{r['refs_MB']:.0f} MB + model {4 * r['d'] / 2**20:.0f} MB), "
+            f"{r['peak_build_ev_ratio']:.2f} x with explained_variance; extra peak during the "
+            f"audited steps (all four configurations): {r['peak_steps_extra_MB']:.0f} MB"
+        )
+        print(f"load {tuple(round(v, 2) for v in r['load'])}")
 
 
 if __name__ == "__main__":

@@ -218,3 +218,16 @@ def test_woodbury_keeps_the_references_without_a_centred_copy():
     g = _refs(n=40, d=12).float()
     op = woodbury_precision(g, rel_ridge=0.1)
     assert op.factor.data_ptr() == g.data_ptr() and op.offset is not None
+
+
+def test_gram64_blocked_lower_triangle_equals_direct_product():
+    """n > 64 rows: strip-wise lower triangle, mirrored, equals (X - o)(X - o)^T (float64)."""
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(150, 700, generator=gen, dtype=torch.float64)
+    off = torch.randn(700, generator=gen, dtype=torch.float64)
+    from dpaudit.covariance import gram64
+
+    got = gram64(x, chunk_elems=1 << 15, offset=off)
+    ref = (x - off) @ (x - off).T
+    np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-12, atol=1e-9)
+    assert torch.equal(got, got.T)

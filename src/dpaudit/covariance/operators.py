@@ -380,16 +380,19 @@ class LowRankPrecision(PrecisionOperator):
 def _centred_products(
     g_star: torch.Tensor, mean: torch.Tensor, c: torch.Tensor | None, chunk_elems: int = 1 << 22
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(||g*_k - mean||^2, (g*_k - mean) . c) in float64, by column chunks (small temporaries)."""
+    """(||g*_k - mean||^2, (g*_k - mean) . c), by column chunks (small temporaries).
+
+    Each chunk's products are BLAS products in g*'s dtype; chunks are summed in float64.
+    """
     k, d = g_star.shape
     aa = torch.zeros(k, dtype=torch.float64, device=g_star.device)
     dot = None if c is None else torch.zeros_like(aa)
     step = max(1, chunk_elems // max(k, 1))
     for j in range(0, d, step):
-        block = (g_star[:, j : j + step] - mean[j : j + step].to(g_star.dtype)).to(torch.float64)
-        aa += (block * block).sum(1)
+        block = g_star[:, j : j + step] - mean[j : j + step].to(g_star.dtype)
+        aa += torch.einsum("kd,kd->k", block, block).to(torch.float64)
         if c is not None:
-            dot += block @ c[j : j + step].to(torch.float64)
+            dot += (block @ c[j : j + step].to(block.dtype)).to(torch.float64)
     return aa, dot
 
 
@@ -415,12 +418,23 @@ def gram64(
     n, d = x.shape
     out = torch.zeros(n, n, dtype=torch.float64, device=x.device)
     step = max(1, chunk_elems // max(n, 1))
+    rows = _GRAM_ROW_BLOCK
     for j in range(0, d, step):
         block = x[:, j : j + step]
         if offset is not None:
             block = block - offset[j : j + step].to(x.dtype)
-        out += (block @ block.T).to(torch.float64)
+        if n <= rows:
+            out += (block @ block.T).to(torch.float64)
+            continue
+        for i in range(0, n, rows):  # lower triangle only, by column strips (~5/8 of a gemm)
+            out[i:, i : i + rows] += (block[i:] @ block[i : i + rows].T).to(torch.float64)
+    if n > rows:
+        low = torch.tril(out, -1)
+        out = torch.tril(out) + low.T  # exact symmetry (the upper triangle mirrors the lower)
     return out
+
+
+_GRAM_ROW_BLOCK = 64  # row block of gram64's lower-triangle products
 
 
 def _top_eigen(
