@@ -1,0 +1,215 @@
+"""Opacus DPDDP + ``DistributedDPOptimizer`` with two real CPU processes (gloo).
+
+Each rank runs the same seeded training three times: without the hook, with Dirac gradient
+canaries on weights of input features that are zero in every example (they never change the
+forward pass), and with input canaries. The independent instrument is a pre-hook on the
+optimizer Opacus wraps, recording the gradient really applied (after the all-reduce) and the
+parameters it is applied to. Checked: canaries enter the applied gradient exactly once
+(C / (B_exp x world size) per inclusion, not once per rank), every rank scores the applied
+gradient, inclusions and scores agree across ranks, input canaries leave training unchanged and
+their gradients equal a per-example autograd reference clipped at C.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+from dpaudit.attacks import StepScore
+
+SIGMA, CLIP, BATCH, WORLD = 1.0, 1.0, 32, 2
+
+
+class Keep(StepScore):
+    """Test score: keeps the released gradient and canary gradients the hook scores."""
+
+    name = "keep"
+
+    def __init__(self):
+        self.released: list[torch.Tensor] = []
+        self.canaries: list[torch.Tensor] = []
+
+    def step(self, canary_grads, released, ctx):
+        self.released.append(released.clone())
+        self.canaries.append(canary_grads.clone())
+        return canary_grads @ released
+
+
+def _run(rank, data, hook_fn):
+    from opacus import PrivacyEngine
+    from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
+    from torch.utils.data import DataLoader
+
+    torch.manual_seed(rank)
+    nf = data.tensors[0].shape[1]
+    model = DPDDP(nn.Linear(nf, 10))
+    model, opt, loader = PrivacyEngine().make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+        data_loader=DataLoader(data, batch_size=BATCH),
+        noise_multiplier=SIGMA,
+        max_grad_norm=CLIP,
+        noise_generator=torch.Generator().manual_seed(7),
+    )
+    applied, params = [], []
+
+    def pre(o, a, k):
+        ps = [p for g in o.param_groups for p in g["params"]]
+        applied.append(torch.cat([p.grad.reshape(-1).clone() for p in ps]))
+        params.append([p.detach().clone() for p in ps])
+
+    opt.original_optimizer.register_step_pre_hook(pre)
+    hook = hook_fn(opt, model) if hook_fn else None
+    if hook:
+        hook.attach()
+    torch.manual_seed(100 + rank)  # Poisson sampling: the same draws with and without hook
+    for _ in range(2):
+        for xb, yb in loader:
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+    if hook:
+        hook.detach()
+    out = {"applied": torch.stack(applied), "params": params, "type": type(opt).__name__}
+    out["b_exp"] = opt.expected_batch_size
+    if hook:
+        keep = hook.score_fns[0]
+        out.update(
+            released=torch.stack(keep.released),
+            canary_grads=torch.stack(keep.canaries),
+            inclusions=hook.inclusions(),
+            scores=hook.scores()["keep"],
+            folded=hook.folded_steps,
+        )
+    return out
+
+
+def _refusal(data, canaries):
+    """The hook's error for a plain (non-distributed) DPOptimizer in a 2-process group."""
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader
+
+    from dpaudit.capture import AuditHook
+
+    model = nn.Linear(data.tensors[0].shape[1], 10)
+    model, opt, _ = PrivacyEngine().make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+        data_loader=DataLoader(data, batch_size=BATCH),
+        noise_multiplier=SIGMA,
+        max_grad_norm=CLIP,
+    )
+    try:
+        AuditHook(opt, model, canaries)
+    except ValueError as e:
+        return f"{type(opt).__name__}: {e}"
+    return None
+
+
+def _worker(rank, port, out_dir):
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
+    )
+    try:
+        from test_capture_support import digits_flat, dirac_coords
+
+        from dpaudit.capture import AuditHook, GradientCanaries, InputCanaries
+
+        data, zero = digits_flat(pad=6, n_train=256)
+        nf = data.tensors[0].shape[1]
+        coords = dirac_coords(zero, nf)
+        k = len(coords) - len(coords) % 3
+        pols = ["every_step", "never", "bernoulli"] * (k // 3)
+        grad = GradientCanaries.dirac(
+            coords[:k], CLIP, nf * 10 + 10, policy=pols, inclusion_prob=0.5, seed=3
+        )
+        x, y = data.tensors
+        results = {
+            "plain": _run(rank, data, None),
+            "grad": _run(rank, data, lambda o, m: AuditHook(o, m, grad, scores=(Keep(),))),
+            "input": _run(
+                rank, data, lambda o, m: AuditHook(o, m, InputCanaries(x[:3], y[:3]), (Keep(),))
+            ),
+        }
+        results["coords"], results["x"], results["y"] = coords[:k], x[:3], y[:3]
+        results["refusal"] = _refusal(data, grad)
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_worker, args=(port, str(out)), nprocs=WORLD, join=True)
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+@pytest.mark.slow
+def test_gradient_canaries_enter_once_and_every_rank_scores_the_applied_gradient(ranks):
+    r0 = ranks[0]
+    assert r0["grad"]["type"] == "DistributedDPOptimizer"
+    coords = r0["coords"]
+    for r in ranks:
+        plain, run = r["plain"], r["grad"]
+        inc = run["inclusions"]
+        expected = plain["applied"].clone()
+        for t in range(len(expected)):
+            for j, c in enumerate(coords):
+                expected[t, c] += float(inc[j, t]) * CLIP / (run["b_exp"] * WORLD)
+        torch.testing.assert_close(run["applied"], expected, rtol=0, atol=1e-6)
+        torch.testing.assert_close(run["released"], run["applied"], rtol=0, atol=0)
+    # the ranks apply, draw and score the same
+    torch.testing.assert_close(ranks[1]["grad"]["applied"], r0["grad"]["applied"], rtol=0, atol=0)
+    np.testing.assert_array_equal(ranks[1]["grad"]["inclusions"], r0["grad"]["inclusions"])
+    np.testing.assert_array_equal(ranks[1]["grad"]["scores"], r0["grad"]["scores"])
+    # closed form: per inclusion <C e_c, g_t> has mean C^2 / (B_exp W), sd sigma C^2 / (B_exp W)
+    s, t_steps, k = r0["grad"]["scores"], len(r0["grad"]["applied"]), len(coords)
+    unit = CLIP**2 / (r0["grad"]["b_exp"] * WORLD)
+    shift = s[0::3].mean() - s[1::3].mean()
+    sd = np.sqrt(t_steps * 2 / (k // 3)) * SIGMA * unit
+    assert abs(shift - t_steps * unit) < 5 * sd, (shift, t_steps * unit, sd)
+
+
+@pytest.mark.slow
+def test_input_canaries_leave_training_unchanged_and_match_autograd_on_every_rank(ranks):
+    from dpaudit.capture.persample import clip_factor
+
+    for r in ranks:
+        plain, run = r["plain"], r["input"]
+        torch.testing.assert_close(run["applied"], plain["applied"], rtol=0, atol=0)
+        torch.testing.assert_close(run["released"], run["applied"], rtol=0, atol=0)
+        assert run["folded"] >= len(run["applied"]) - 2  # empty Poisson batches: separate pass
+        for t, (w, b) in enumerate(run["params"]):
+            rows = []
+            for i in range(len(r["x"])):
+                wi, bi = w.clone().requires_grad_(), b.clone().requires_grad_()
+                loss = nn.functional.cross_entropy(r["x"][i : i + 1] @ wi.T + bi, r["y"][i : i + 1])
+                gw, gb = torch.autograd.grad(loss, (wi, bi))
+                rows.append(torch.cat([gw.reshape(-1), gb]))
+            ref = torch.stack(rows)
+            ref = ref * clip_factor(ref.norm(dim=1), CLIP)[:, None]
+            torch.testing.assert_close(run["canary_grads"][t], ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        ranks[1]["input"]["canary_grads"], ranks[0]["input"]["canary_grads"], rtol=0, atol=1e-7
+    )
+
+
+@pytest.mark.slow
+def test_a_plain_dp_optimizer_in_a_two_process_group_is_refused(ranks):
+    for r in ranks:
+        msg = r["refusal"]
+        assert msg is not None and msg.startswith("DPOptimizer:"), msg
+        assert "2 processes" in msg and "DifferentiallyPrivateDistributedDataParallel" in msg
