@@ -293,3 +293,30 @@ def test_redone_forward_trains_with_the_separate_pass():
         return m(x)
 
     assert len(_custom_loop(False, "separate", redo).grads) == 3
+
+
+def test_folded_rows_in_a_coordinate_view_equal_the_gathered_full_rows():
+    """With ``coordinates=`` the fold gathers and clips only the view's K x |view| entries (in
+    the view's order, across parameters); they equal the full folded rows gathered there, and
+    the separate pass."""
+    coords = torch.randperm(NF * 10 + 10, generator=torch.Generator().manual_seed(3))[:40]
+    coords = torch.cat([coords, torch.tensor([NF * 10 + 2, 5])])  # a bias entry, unsorted
+
+    def hook_fn(rec, input_pass, view):
+        return lambda opt, model: AuditHook(
+            opt, model, InputCanaries(X[:5], Y[:5]), scores=(rec,), reference=(X[8:11], Y[8:11]),
+            input_pass=input_pass, coordinates=coords if view else None,
+        )
+
+    recs = {key: GradRecorder() for key in ("batch-view", "separate-view", "batch-full")}
+    for key, rec in recs.items():
+        input_pass, view = key.split("-")
+        private_run(DATA, logreg(NF), hook_fn(rec, input_pass, view == "view"))
+    assert len(recs["batch-view"].grads) > 3
+    for a, b, full in zip(recs["batch-view"].grads, recs["separate-view"].grads,
+                          recs["batch-full"].grads, strict=True):
+        assert a.shape == (5, len(coords))
+        torch.testing.assert_close(a, full[:, coords], rtol=0, atol=0)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    for a, full in zip(recs["batch-view"].refs, recs["batch-full"].refs, strict=True):
+        torch.testing.assert_close(a, full[:, coords], rtol=0, atol=0)

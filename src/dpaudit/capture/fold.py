@@ -20,7 +20,9 @@ forward after each real step, so Opacus computes their per-sample gradients with
 4. the optimizer's ``clip_and_accumulate`` is wrapped (``patching.InstancePatch``) to take the
    K canary rows out of every ``p.grad_sample`` before Opacus clips and sums the batch, and to
    clip them with the optimizer's flat rule (norm over all its parameters) in float32, straight
-   into one (K, d) buffer that is reused from step to step unless a consumer still holds it.
+   into one (K, d) buffer that is reused from step to step unless a consumer still holds it;
+   with a coordinate view (``set_view``) only the view's K x |view| entries are gathered and
+   scaled (no K x d tensor at all).
 
 Training is therefore unchanged bit for bit (same clipped sum, same noise, same accountant):
 the batch rows' arithmetic is row-independent. A forward that draws random numbers (dropout)
@@ -44,6 +46,7 @@ from dpaudit.capture.input_canaries import InputCanaries, argument_kind
 from dpaudit.capture.patching import InstancePatch
 from dpaudit.capture.persample import (
     clip_dtype,
+    clip_factor,
     clip_rows,
     in_per_sample_pass,
     summed_loss_output_grad,
@@ -165,8 +168,9 @@ class BatchFold:
         self._in_call = False  # the current forward call was folded
         self._folded_b: int | None = None  # batch rows of the folded forward, until clipped
         self._out: torch.Tensor | None = None  # the (K, d) clip buffer, reused when free
+        self._view_blocks: tuple[list, torch.Tensor] | None = None  # set_view
         # clipped rows and norms, from clipping until take(); folding waits while they are set
-        self._result: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._result: tuple[torch.Tensor, torch.Tensor, bool] | None = None
 
     @staticmethod
     def possible(model: nn.Module) -> bool:
@@ -175,6 +179,25 @@ class BatchFold:
         from opacus.grad_sample import GradSampleModule
 
         return type(model) is GradSampleModule and bool(getattr(model, "batch_first", False))
+
+    def set_view(self, index: torch.Tensor | None) -> None:
+        """Return only the coordinates ``index`` (into the flattened selection, on the model's
+        device) of the clipped rows; None: all of them."""
+        if index is None:
+            self._view_blocks = None
+            return
+        widths = [p.numel() for p in self._selected]
+        order = torch.argsort(index)
+        srt = index.index_select(0, order)
+        locals_, start = [], 0
+        for w in widths:
+            lo = int(torch.searchsorted(srt, start))
+            hi = int(torch.searchsorted(srt, start + w))
+            locals_.append(srt[lo:hi] - start if hi > lo else None)
+            start += w
+        back = torch.empty_like(order)
+        back[order] = torch.arange(order.numel(), device=order.device)
+        self._view_blocks = (locals_, back)
 
     # ------------------------------------------------------------------ attach / detach
     def attach(self) -> None:
@@ -359,6 +382,9 @@ class BatchFold:
             else:
                 p.grad_sample = first[:b]
         selected = [rows[p] for p in self._selected]
+        if self._view_blocks is not None:
+            self._result = (*self._clip_view(list(rows.values()), selected, k), True)
+            return
         width = sum(g[0].numel() for g in selected)
         dtype = clip_dtype(selected[0].dtype)
         out = self._out
@@ -371,15 +397,37 @@ class BatchFold:
         ):
             out = torch.empty((k, width), dtype=dtype, device=selected[0].device)
         self._out = out
-        self._result = clip_rows(list(rows.values()), selected, self.max_grad_norm, out=out)
+        self._result = (
+            *clip_rows(list(rows.values()), selected, self.max_grad_norm, out=out),
+            False,
+        )
+
+    def _clip_view(self, per_param, selected, k):
+        """Clipped rows at the view's coordinates only: norms over every parameter, then the
+        K x |view| gathered entries scaled (no K x d temporary)."""
+        dtype = clip_dtype(selected[0].dtype)
+        norms = torch.stack(
+            [torch.linalg.vector_norm(g.reshape(k, -1), dim=1, dtype=dtype) for g in per_param],
+            1,
+        ).norm(2, dim=1)
+        locals_, back = self._view_blocks
+        parts = [
+            g.reshape(k, -1).index_select(1, local)
+            for g, local in zip(selected, locals_, strict=True)
+            if local is not None
+        ]
+        gathered = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+        factor = clip_factor(norms, self.max_grad_norm).unsqueeze(1)
+        return torch.mul(gathered.index_select(1, back), factor).to(dtype), norms
 
     # ------------------------------------------------------------------ results
-    def take(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def take(self) -> tuple[torch.Tensor, torch.Tensor, bool] | None:
         """This logical step's (rows, d_selected) clipped canary gradients (float32 or wider;
         valid until the next step unless kept, in which case the next step writes a new
-        buffer) and the (rows,) norms before clipping (over all parameters; non-finite iff a
-        gradient entry is), or None if no forward was folded; re-arms folding for the next
-        logical step."""
+        buffer), the (rows,) norms before clipping (over all parameters; non-finite iff a
+        gradient entry is) and whether the rows are already in view coordinates (``set_view``
+        was in force when they were clipped), or None if no forward was folded; re-arms
+        folding for the next logical step."""
         result, self._result, self._folded_b = self._result, None, None
         self._armed = True
         return result

@@ -188,6 +188,8 @@ class InputGradients:
     def start(self, view: CoordinateView, dtype: torch.dtype) -> None:
         """Fix the coordinate view (on the model's device) and the dtype of the results."""
         self._view, self._dtype = view, dtype
+        if self.fold is not None:  # the fold gathers the view itself (no K x d temporary)
+            self.fold.set_view(view.index)
 
     def separate_pass(self, spec: InputCanaries, t: int) -> torch.Tensor:
         """Clipped gradients of ``spec`` at theta_t from one extra per-sample pass, with the
@@ -234,11 +236,12 @@ class InputGradients:
                     "shape and kind)"
                 )
             return None
-        rows, norms = taken
+        rows, norms, in_view = taken
         self.folded_steps += 1
         if self.check_finite and not bool(torch.isfinite(norms).all()):
             raise ValueError(f"non-finite canary gradient at optimizer step {t}")
-        rows = self._view.gather(rows)
+        if not in_view:
+            rows = self._view.gather(rows)
         rows = rows if rows.dtype == self._dtype else rows.to(self._dtype)
         sets = self.fold.sets
         return [rows] if len(sets) == 1 else list(rows.split([len(s) for s in sets]))
