@@ -42,7 +42,7 @@ class Keep(StepScore):
         return canary_grads @ released
 
 
-def _run(rank, data, hook_fn):
+def _run(rank, data, hook_fn, ghost=False):
     from opacus import PrivacyEngine
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
     from torch.utils.data import DataLoader
@@ -50,14 +50,20 @@ def _run(rank, data, hook_fn):
     torch.manual_seed(rank)
     nf = data.tensors[0].shape[1]
     model = DPDDP(nn.Linear(nf, 10))
-    model, opt, loader = PrivacyEngine().make_private(
+    extra = {"criterion": nn.CrossEntropyLoss(), "grad_sample_mode": "ghost"} if ghost else {}
+    made = PrivacyEngine().make_private(
         module=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
         data_loader=DataLoader(data, batch_size=BATCH),
         noise_multiplier=SIGMA,
         max_grad_norm=CLIP,
         noise_generator=torch.Generator().manual_seed(7),
+        **extra,
     )
+    if ghost:
+        model, opt, crit, loader = made
+    else:
+        (model, opt, loader), crit = made, nn.CrossEntropyLoss()
     applied, params = [], []
 
     def pre(o, a, k):
@@ -73,7 +79,7 @@ def _run(rank, data, hook_fn):
     for _ in range(2):
         for xb, yb in loader:
             opt.zero_grad()
-            nn.functional.cross_entropy(model(xb), yb).backward()
+            crit(model(xb), yb).backward()
             opt.step()
     if hook:
         hook.detach()
@@ -136,6 +142,10 @@ def _worker(rank, port, out_dir):
         results = {
             "plain": _run(rank, data, None),
             "grad": _run(rank, data, lambda o, m: AuditHook(o, m, grad, scores=(Keep(),))),
+            "ghost_plain": _run(rank, data, None, ghost=True),
+            "ghost": _run(
+                rank, data, lambda o, m: AuditHook(o, m, grad, scores=(Keep(),)), ghost=True
+            ),
             "input": _run(
                 rank, data, lambda o, m: AuditHook(o, m, InputCanaries(x[:3], y[:3]), (Keep(),))
             ),
@@ -158,12 +168,21 @@ def ranks(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_gradient_canaries_enter_once_and_every_rank_scores_the_applied_gradient(ranks):
+@pytest.mark.parametrize(
+    "plain_key,key,opt_type",
+    [
+        ("plain", "grad", "DistributedDPOptimizer"),
+        ("ghost_plain", "ghost", "DistributedDPOptimizerFastGradientClipping"),
+    ],
+)
+def test_gradient_canaries_enter_once_and_every_rank_scores_the_applied_gradient(
+    ranks, plain_key, key, opt_type
+):
     r0 = ranks[0]
-    assert r0["grad"]["type"] == "DistributedDPOptimizer"
+    assert r0[key]["type"] == opt_type
     coords = r0["coords"]
     for r in ranks:
-        plain, run = r["plain"], r["grad"]
+        plain, run = r[plain_key], r[key]
         inc = run["inclusions"]
         expected = plain["applied"].clone()
         for t in range(len(expected)):
@@ -172,12 +191,12 @@ def test_gradient_canaries_enter_once_and_every_rank_scores_the_applied_gradient
         torch.testing.assert_close(run["applied"], expected, rtol=0, atol=1e-6)
         torch.testing.assert_close(run["released"], run["applied"], rtol=0, atol=0)
     # the ranks apply, draw and score the same
-    torch.testing.assert_close(ranks[1]["grad"]["applied"], r0["grad"]["applied"], rtol=0, atol=0)
-    np.testing.assert_array_equal(ranks[1]["grad"]["inclusions"], r0["grad"]["inclusions"])
-    np.testing.assert_array_equal(ranks[1]["grad"]["scores"], r0["grad"]["scores"])
+    torch.testing.assert_close(ranks[1][key]["applied"], r0[key]["applied"], rtol=0, atol=0)
+    np.testing.assert_array_equal(ranks[1][key]["inclusions"], r0[key]["inclusions"])
+    np.testing.assert_array_equal(ranks[1][key]["scores"], r0[key]["scores"])
     # closed form: per inclusion <C e_c, g_t> has mean C^2 / (B_exp W), sd sigma C^2 / (B_exp W)
-    s, t_steps, k = r0["grad"]["scores"], len(r0["grad"]["applied"]), len(coords)
-    unit = CLIP**2 / (r0["grad"]["b_exp"] * WORLD)
+    s, t_steps, k = r0[key]["scores"], len(r0[key]["applied"]), len(coords)
+    unit = CLIP**2 / (r0[key]["b_exp"] * WORLD)
     shift = s[0::3].mean() - s[1::3].mean()
     sd = np.sqrt(t_steps * 2 / (k // 3)) * SIGMA * unit
     assert abs(shift - t_steps * unit) < 5 * sd, (shift, t_steps * unit, sd)
