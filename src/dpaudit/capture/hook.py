@@ -33,10 +33,21 @@ enter it; for Dirac canaries on the view's coordinates (the union of their suppo
 scores are those of the full run. This is what makes K = 10^4 Dirac canaries cheap on a model
 with d ~ 10^5 parameters: O(K |view|) per step instead of O(K d).
 
+Set-ups (``support``): flat clipping with ``grad_sample_mode`` hooks / functorch / ew; ghost
+clipping (``"ghost"``) with gradient canaries only (they are added to ``p.summed_grad``, which
+ghost clipping fills with the clipped sum, before noise); Opacus' distributed optimizers
+(DPDDP): every rank draws the same inclusions, only rank 0 inserts the canaries (before the
+all-reduce, as Opacus adds its noise on rank 0 only), and every rank records the gradient
+after ``reduce_gradients`` (the one applied, noise included; the ranks' scores agree), with
+B_exp x world size as the divisor under ``loss_reduction="mean"``. Adaptive and per-layer
+clipping, FSDP and multi-process runs without Opacus' distributed optimizer are refused at
+construction.
+
 Only real optimizer steps are recorded: ``BatchMemoryManager`` virtual steps (skipped steps)
 never reach ``add_noise`` or the step hook, so the whole logical batch is captured once.
 Canary index order: the canaries list in order, each set's canaries in its own order.
-``detach()`` restores the optimizer's ``step_hook`` and ``add_noise`` exactly.
+``detach()`` restores the optimizer's ``step_hook`` (or ``reduce_gradients``) and
+``add_noise`` exactly (``patching.InstancePatch``).
 """
 
 from __future__ import annotations
