@@ -13,7 +13,7 @@ import torch
 
 from dpaudit.canaries.ranking import Selection
 from dpaudit.report.plots import pyplot as _pyplot
-from dpaudit.report.plots import save_figure
+from dpaudit.report.plots import save_figure, score_bins
 from dpaudit.stats._validate import check_scores
 
 _COLOURS = {"easy": "tab:red", "medium": "tab:orange", "hard": "tab:blue", "top": "tab:red"}
@@ -22,13 +22,20 @@ _COLOURS = {"easy": "tab:red", "medium": "tab:orange", "hard": "tab:blue", "top"
 def plot_score_distribution(
     scores, selection: Selection | None, path: str | Path, title: str = ""
 ) -> Path:
-    """Histogram of candidates' scores (log x-axis when all positive), chosen ones as lines."""
+    """Histogram of candidates' scores (log x-axis when all positive), chosen ones as lines.
+
+    Bins follow the number of candidates (``dpaudit.report.plots.score_bins``); the legend
+    names the histogram and each selection label.
+    """
     s = check_scores(scores, "scores")
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    log = bool(np.all(s > 0))
-    bins = np.geomspace(s.min(), s.max(), 50) if log and s.max() > s.min() else 50
-    ax.hist(s, bins=bins, color="0.7", edgecolor="0.4")
+    log = bool(np.all(s > 0)) and s.max() > s.min()
+    if log:  # the sample-size rule on log scores, so bins look even on the log axis
+        bins = np.exp(score_bins(np.log(s)))
+    else:
+        bins = score_bins(s)
+    ax.hist(s, bins=bins, color="0.7", edgecolor="0.4", label=f"candidates (n={s.size})")
     if log:
         ax.set_xscale("log")
     if selection is not None:
@@ -37,9 +44,9 @@ def plot_score_distribution(
             colour = _COLOURS.get(lab, "tab:green")
             ax.axvline(s[i], color=colour, lw=1.5, label=None if lab in seen else lab)
             seen.add(lab)
-        ax.legend(frameon=False)
+    ax.legend(frameon=False, fontsize=8)
     ax.set_xlabel("Mahalanobis score  ||g - mu_0||^2_P")
-    ax.set_ylabel("candidates")
+    ax.set_ylabel("number of candidates")
     ax.set_title(title or f"{s.size} candidates")
     fig.tight_layout()
     return save_figure(fig, path)

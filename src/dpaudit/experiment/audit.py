@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dpaudit.experiment.evaluation import evaluate_audit
 from dpaudit.experiment.multirun import run_multi
-from dpaudit.experiment.report import write_report
+from dpaudit.experiment.report import audit_mode, write_report
 from dpaudit.experiment.run import RunRecord, audit_run
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.threat import threat_model_for
@@ -37,7 +37,7 @@ def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None)
     )
     result = {
         "settings": settings.to_dict(),
-        "mode": settings.audit.mode,
+        "audit_mode": audit_mode(settings.audit.mode),
         "steps": run.steps,
         "sample_rate": run.sample_rate,
         "test_accuracy": run.test_accuracy,

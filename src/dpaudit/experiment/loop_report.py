@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from dpaudit.experiment.evaluation import DEFAULT_METHODS, evaluate_scores, split_scores
-from dpaudit.experiment.report import write_audit_report
+from dpaudit.experiment.report import audit_mode, write_audit_report
 from dpaudit.threat_model import ThreatModel
 
 
@@ -142,7 +142,7 @@ def audit_report(
     split = split_scores(arrays, member)
     result = {
         "settings": None,
-        "mode": "own_loop",
+        "audit_mode": audit_mode("own_loop"),
         "steps": threat_model.steps,
         "sample_rate": threat_model.training_sample_rate,
         **evaluate_scores(

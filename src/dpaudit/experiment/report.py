@@ -6,6 +6,8 @@ test, mu_lower, sigma_upper, certified bounds) and estimates (each with the mode
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +80,87 @@ def _short(text: str, width: int = 48) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+AUDIT_MODES = {
+    "one_run": "one training run; each of the K canaries is a member independently (the "
+    "one-run game; not the bound method 'one_run')",
+    "multi_run": "R training runs; all canaries of a run share one membership bit drawn from "
+    "the seed (the fixed-target game)",
+    "own_loop": "scores from the user's own training loop (audit_report)",
+}
+
+
+def audit_mode(name: str) -> dict:
+    """The results' ``audit_mode`` entry: the setting's value and what game it names.
+
+    (A bare ``mode: one_run`` read like the bound method ``one_run``.)
+    """
+    return {"name": name, "game": AUDIT_MODES.get(name, name)}
+
+
+def confidence_block(result: dict) -> dict:
+    """How the confidences fit together: the verdict's, each statement's, and why they differ."""
+    overall = float(result["verdict"]["confidence"])
+    per = result.get("per_test_confidence")
+    if per is None or per >= 1.0 or per == overall:
+        return {"overall": overall, "per_statement": overall, "statements": 1, "correction": None}
+    n = max(1, round((1.0 - overall) / (1.0 - per)))
+    return {
+        "overall": overall,
+        "per_statement": per,
+        "statements": n,
+        "correction": (
+            f"Bonferroni: each of the {n} statements (every attack's claim test and every "
+            f"(attack, method) bound) holds at 1 - {1 - overall:.3g}/{n} = {per:.4g}, so all "
+            f"hold together at {overall:.0%}; the per-bound 'confidence' is that share"
+        ),
+    }
+
+
+def _verdict_line(v: dict) -> str:
+    """The verdict in a few words with its numbers (for the figures)."""
+    word = {
+        "privacy_bug": "PRIVACY BUG",
+        "estimate_above_claim": "ESTIMATE ABOVE CLAIM",
+        "consistent": "CONSISTENT",
+    }.get(v["status"], v["status"].replace("_", " ").upper())
+    nums = (
+        f"certified eps >= {_fmt(v.get('best_lower_bound'))}, "
+        f"estimate {_fmt(v.get('best_estimate'))}, claimed {_fmt(v.get('claimed_epsilon'))}"
+    )
+    return f"{word} at {v['confidence']:.0%}: {nums}"
+
+
+def _figure_title(result: dict, threat: ThreatModel, split: dict) -> str:
+    v = result["verdict"]
+    n_in = sum(len(s[0]) for s in split.values()) // max(1, len(split))
+    n_out = sum(len(s[1]) for s in split.values()) // max(1, len(split))
+    mode = result.get("audit_mode", {}).get("name", "")
+    q = result.get("sample_rate")
+    data = f"training data q={q:.4g}, " if isinstance(q, (int, float)) else ""
+    return (
+        f"{threat.describe()}\n"
+        f"claim: {threat.accountant_name}, epsilon {v['claimed_epsilon']:.3f} at "
+        f"delta={threat.delta:g}; {data}{mode or 'audit'}: {n_in} member / {n_out} "
+        f"non-member scores"
+    )
+
+
+def _estimate_curves(result: dict, grid) -> dict:
+    """One estimated GDP curve per attack (the first estimate with a point estimate mu_hat)."""
+    curves = {}
+    for b in result["bounds"]:
+        details = (b.get("result") or {}).get("details") or {}
+        mu = details.get("mu_hat")
+        if b.get("kind") != "estimate" or not isinstance(mu, (int, float)):
+            continue
+        if not np.isfinite(mu) or mu <= 0 or any(f"({b['attack']}" in k for k in curves):
+            continue
+        checked = "" if b.get("valid") else ", model not validated"
+        label = f"estimate: mu-GDP, mu_hat={mu:.2f} ({b['attack']}, {b['method']} model{checked})"
+        curves[label] = gdp_tradeoff(grid, mu)
+    return curves
+
+
 def write_audit_report(
     result: dict,
     split: dict,
@@ -89,7 +172,12 @@ def write_audit_report(
     quiet: bool = False,
     device: str | None = None,
 ) -> Path:
-    """Plots, then results.json (written last, with provenance) in ``out``; prints the table.
+    """Plots and results.json (with provenance) in ``out``, results.json last; prints the table.
+
+    The plots are rendered to temporary files first, then results.json is written, then the
+    plots are renamed into place: a failure before results.json leaves the previous report
+    (JSON and plots) untouched, so new plots never sit beside an old result. results.json
+    records each plot's sha256, so a reader can check that the pair belongs together.
 
     Args:
         result: the evaluation result (``evaluate_scores`` plus context).
@@ -101,43 +189,84 @@ def write_audit_report(
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if "mode" in result and "audit_mode" not in result:
+        result["audit_mode"] = audit_mode(result.pop("mode"))
+    result["confidence"] = confidence_block(result)
+    for b in result.get("bounds", []):
+        b["confidence_is"] = "per statement (Bonferroni share), see results' confidence block"
     threat = ThreatModel.from_dict(result["theory"]["threat_model"])
     grid = theory_fpr()
     v = result["verdict"]
-    curves = {f"claimed: {threat.accountant_name.split(' (')[0]}": threat.roc_curve(grid)}
+    claimed = f"claimed: {threat.accountant_name.split(' (')[0]}, eps={v['claimed_epsilon']:.3f}"
+    curves = {claimed: threat.roc_curve(grid)}
     points = {}
     for name, c in result.get("claim", {}).items():
-        kind = "certified" if c["certified"] else "estimate"
+        kind = "certified" if c["certified"] else "estimate (uncertified)"
+        per = c["test"].get("confidence", v["confidence"])
         if c["mu_lower"] > 0:
-            curves[f"{kind}: not mu-GDP below mu={c['mu_lower']:.2f} ({name})"] = gdp_tradeoff(
-                grid, c["mu_lower"]
-            )
+            label = f"{kind}: mu >= {c['mu_lower']:.2f} ({name}, {per:.4g} lower bound)"
+            curves[label] = gdp_tradeoff(grid, c["mu_lower"])
         t = c["test"]
         if t.get("fpr_upper") is not None:
             points[f"{kind} operating point (FPR_u, 1-FNR_u), {name}"] = (
                 t["fpr_upper"],
                 1.0 - t["fnr_upper"],
             )
-    title = f"audit ROC — {threat.describe()}; claimed epsilon {v['claimed_epsilon']:.3f}"
-    note = v["status"].replace("_", " ").upper() + f" at {v['confidence']:.0%}"
-    plots = {
-        "roc": plot_roc(split, out / "roc.png", curves, title=title, points=points,
-                        note=note).name,
-        "histograms": plot_score_histograms(split, out / "score_histograms.png").name,
-    }
-    if candidate_scores is not None:
-        from dpaudit.canaries import Selection, plot_score_distribution
+    curves.update(_estimate_curves(result, grid))
+    title = _figure_title(result, threat, split)
+    note = _verdict_line(v)
+    thresholds = {n: c["test"].get("threshold") for n, c in result.get("claim", {}).items()}
+    staged: dict[str, tuple[Path, Path]] = {}
 
-        cand = np.asarray(candidate_scores)
-        idx = np.asarray(chosen, dtype=np.int64)
-        sel = Selection(idx, [selection] * len(idx), cand[idx])
-        path = out / "candidates_mahalanobis.png"
-        plot_score_distribution(cand, sel, path, title="Algorithm 3: candidates' scores")
-        plots["candidates"] = path.name
-    result["plots"] = plots
-    result["provenance"] = provenance(device)
-    result["schema_version"] = result["provenance"]["schema_version"]
-    path = write_json(out / "results.json", result)
+    def stage(key: str, name: str) -> Path:
+        tmp = out / f".{name}.staged.png"
+        staged[key] = (tmp, out / name)
+        return tmp
+
+    try:
+        plot_roc(
+            split,
+            stage("roc", "roc.png"),
+            curves,
+            title=title,
+            points=points,
+            note=note,
+            status=v["status"],
+        )
+        plot_score_histograms(
+            split,
+            stage("histograms", "score_histograms.png"),
+            title=title,
+            thresholds=thresholds,
+            note=note,
+            status=v["status"],
+        )
+        if candidate_scores is not None:
+            from dpaudit.canaries import Selection, plot_score_distribution
+
+            cand = np.asarray(candidate_scores)
+            idx = np.asarray(chosen, dtype=np.int64)
+            sel = Selection(idx, [selection] * len(idx), cand[idx])
+            plot_score_distribution(
+                cand,
+                sel,
+                stage("candidates", "candidates_mahalanobis.png"),
+                title="Algorithm 3: candidates' scores",
+            )
+        result["plots"] = {k: final.name for k, (_, final) in staged.items()}
+        result["plot_sha256"] = {
+            final.name: hashlib.sha256(tmp.read_bytes()).hexdigest()
+            for tmp, final in staged.values()
+        }
+        result["provenance"] = provenance(device)
+        result["schema_version"] = result["provenance"]["schema_version"]
+        path = write_json(out / "results.json", result)
+        for tmp, final in staged.values():
+            os.replace(tmp, final)
+    finally:
+        for tmp, _ in staged.values():
+            if tmp.exists():
+                tmp.unlink()
     if not quiet:
         print("\n" + console_table(result))
         print(f"results: {path}")

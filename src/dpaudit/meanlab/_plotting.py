@@ -8,7 +8,7 @@ import numpy as np
 
 from dpaudit.report.files import write_json as report_write_json
 from dpaudit.report.plots import pyplot as _pyplot
-from dpaudit.report.plots import save_figure
+from dpaudit.report.plots import save_figure, score_bins
 
 FPR_GRID = np.linspace(0.0, 1.0, 201)
 
@@ -40,7 +40,7 @@ def roc_figure(path, panels: list[dict], title: str = "") -> Path:
                     lw=1.6,
                     label=th["label"],
                 )
-        ax.plot([0, 1], [0, 1], color="0.8", lw=0.8)
+        ax.plot([0, 1], [0, 1], color="0.8", lw=0.8, label="chance")
         ax.set_xlabel("false positive rate")
         ax.set_ylabel("true positive rate")
         ax.set_title(panel.get("title", ""))
@@ -54,14 +54,15 @@ def roc_figure(path, panels: list[dict], title: str = "") -> Path:
 
 
 def histogram_figure(path, panels: list[dict]) -> Path:
-    """Histograms of the score under H0 / H1 with the N(-m/2, m), N(m/2, m) densities dotted."""
+    """Histograms of the score under H0 / H1 with the N(-m/2, m), N(m/2, m) densities dotted
+    (bins from the sample size, ``score_bins``; y-axis a density)."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(5.0 * len(panels), 4.2), squeeze=False)
     for ax, p in zip(axes[0], panels, strict=True):
         m = p["m"]
         lo = min(p["out"].min(), p["in"].min())
         hi = max(p["out"].max(), p["in"].max())
-        bins = np.linspace(lo, hi, 50)
+        bins = score_bins(np.concatenate([p["out"], p["in"]]))
         ax.hist(p["out"], bins, density=True, alpha=0.45, color="C0", label="H0 (out)")
         ax.hist(p["in"], bins, density=True, alpha=0.45, color="C3", label="H1 (in)")
         x = np.linspace(lo, hi, 400)
@@ -70,6 +71,7 @@ def histogram_figure(path, panels: list[dict]) -> Path:
             ax.plot(x, dens, ":", color=color, lw=2, label=lab)
         ax.set_title(f"{p['title']} (m* = {m:.2f})")
         ax.set_xlabel("LR score (Eq. 5)")
+        ax.set_ylabel("density")
         ax.legend(fontsize=7)
     fig.tight_layout()
     return _save(fig, path)

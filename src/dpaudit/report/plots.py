@@ -1,17 +1,34 @@
 """Plots of an audit: empirical ROC over the theoretical curves, and score histograms.
 
+Figures meant to stand alone in a paper: the title names the threat model and its numbers,
+every panel has a legend and labelled axes, certified and estimated curves say which they are,
+histogram bins follow the sample size, and the verdict is marked on the figure.
+
 matplotlib is imported inside each function with the Agg backend, so importing dpaudit never
-needs a display.
+needs a display. Figures are written atomically (temp file + rename), so a reader never sees
+half a PNG.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
 from dpaudit.stats import roc_curve
+
+MAX_BINS = 50
+# The verdict's colour on a figure: red for a certified violation, orange for an estimate
+# above the claim, green for no evidence against the claim.
+VERDICT_COLOURS = {
+    "privacy_bug": "#c0392b",
+    "estimate_above_claim": "#d68910",
+    "consistent": "#1e8449",
+}
 
 
 def pyplot():
@@ -25,12 +42,137 @@ def pyplot():
 
 
 def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
-    """Save ``fig`` to ``path`` (parent folders created) and close it."""
+    """Save ``fig`` to ``path`` atomically (parent folders created, format from the suffix,
+    permissions from the umask like any file) and close it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    pyplot().close(fig)
+    fmt = path.suffix.lstrip(".") or "png"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        mask = os.umask(0o022)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
+        with os.fdopen(fd, "wb") as fh:
+            fig.savefig(fh, dpi=dpi, format=fmt)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    finally:
+        pyplot().close(fig)
     return path
+
+
+def score_bins(values, cap: int = MAX_BINS) -> np.ndarray:
+    """Histogram bin edges chosen from the sample: numpy's 'auto' rule (the larger of
+    Freedman-Diaconis and Sturges bins, i.e. about log2(n) + 1 for small n), at most ``cap``.
+
+    For 20 scores this gives 6 bins, not 50 bins of which most are empty.
+    """
+    x = np.asarray(values, dtype=np.float64).reshape(-1)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        raise ValueError("values: no finite score to bin")
+    if x.max() == x.min():
+        return np.array([x.min() - 0.5, x.max() + 0.5])
+    edges = np.histogram_bin_edges(x, bins="auto")
+    if len(edges) - 1 > cap:
+        edges = np.linspace(x.min(), x.max(), cap + 1)
+    return edges
+
+
+def verdict_colour(status: str | None) -> str:
+    """The colour the verdict ``status`` is marked with (grey for an unknown status)."""
+    return VERDICT_COLOURS.get(status or "", "0.3")
+
+
+def _wrap(text: str, width_in: float, fontsize: float = 9) -> list[str]:
+    """``text``'s lines wrapped to a figure ``width_in`` inches wide."""
+    chars = max(40, int(width_in * 72 / (0.55 * fontsize)))
+    return [w for line in text.splitlines() for w in (textwrap.wrap(line, chars) or [""])]
+
+
+def add_header(fig, title: str, note: str = "", status: str | None = None) -> float:
+    """The figure's header: ``title`` (wrapped to the width) and the verdict ``note`` in a box
+    coloured by ``status``. Returns the figure fraction left below it for the panels."""
+    w, h = fig.get_size_inches()
+    lines = _wrap(title, w) if title else []
+    line_in = 9 * 1.35 / 72
+    used = 0.08
+    if lines:
+        fig.text(
+            0.5, 1 - used / h, "\n".join(lines), ha="center", va="top", fontsize=9, gid="title"
+        )
+    used += len(lines) * line_in
+    if note:
+        colour = verdict_colour(status)
+        fig.text(
+            0.5,
+            1 - (used + 0.1) / h,
+            note,
+            ha="center",
+            va="top",
+            fontsize=9.5,
+            fontweight="bold",
+            color="white",
+            gid="verdict",
+            bbox={"boxstyle": "round,pad=0.3", "facecolor": colour, "edgecolor": colour},
+        )
+        used += 0.1 + 0.3
+    return 1 - (used + 0.1) / h
+
+
+def roc_figure(
+    scores: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    theory: Mapping[str, np.ndarray] | None = None,
+    title: str = "",
+    points: Mapping[str, tuple[float, float]] | None = None,
+    note: str = "",
+    status: str | None = None,
+):
+    """The ROC figure of ``plot_roc`` (a matplotlib Figure, not saved)."""
+    plt = pyplot()
+    n_items = len(scores) + len(theory or {}) + len(points or {}) + 1
+    fig, axes = plt.subplots(1, 2, figsize=(12, 6.2 + 0.16 * n_items))
+    grid = theory_fpr()
+    for ax, log in zip(axes, (False, True), strict=True):
+        for name, (s_in, s_out) in scores.items():
+            fpr, tpr, _ = roc_curve(s_in, s_out)
+            n = f"{len(s_in)} in, {len(s_out)} out"
+            ax.step(fpr, tpr, where="post", lw=1.8, label=f"empirical: {name} ({n})")
+        for label, tpr in (theory or {}).items():
+            if label.startswith("certified"):
+                style = ":"
+            elif label.startswith("estimate"):
+                style = "--"
+            else:
+                style = "-."
+            ax.plot(grid, tpr, style, lw=2, label=label)
+        for label, (x, y) in (points or {}).items():
+            ax.plot([x], [y], "o", ms=7, mfc="none", mew=2, label=label, clip_on=False)
+        ax.plot([1e-6, 1], [1e-6, 1], color="grey", lw=0.5, label="chance")
+        if log:
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            lo = 0.5 / max(len(s[1]) for s in scores.values())
+            ax.set_xlim(lo, 1)
+            ax.set_ylim(lo, 1)
+        else:
+            ax.set_xlim(-0.01, 1.01)
+            ax.set_ylim(-0.01, 1.01)
+        ax.set_xlabel("false positive rate")
+        ax.set_ylabel("true positive rate")
+        ax.set_title(("log-log ROC (low-FPR regime)" if log else "ROC"), fontsize=10)
+        # below the panel: a legend inside would hide curves or the operating points
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), frameon=False)
+    top = add_header(fig, title, note, status)
+    entries = len(axes[0].get_legend_handles_labels()[0])
+    bottom = (0.75 + 0.16 * entries) / fig.get_size_inches()[1]
+    fig.subplots_adjust(
+        left=0.07, right=0.98, wspace=0.25, top=top - 0.35 / fig.get_size_inches()[1], bottom=bottom
+    )
+    return fig
 
 
 def plot_roc(
@@ -40,39 +182,22 @@ def plot_roc(
     title: str = "",
     points: Mapping[str, tuple[float, float]] | None = None,
     note: str = "",
+    status: str | None = None,
 ) -> Path:
-    """ROC of each attack (solid) with theoretical curves (dotted), linear and log-log panels.
+    """ROC of each attack (solid) with theoretical curves, linear and log-log panels.
 
-    ``scores`` maps an attack name to (scores_in, scores_out); ``theory`` maps a label to a
-    TPR curve over ``theory_fpr()`` (the claimed curve, a certified GDP curve, ...);
-    ``points`` maps a label to one (FPR, TPR) point to mark (e.g. a certified operating
-    point); ``note`` is printed under the title (e.g. the verdict).
+    Args:
+        scores: attack name -> (scores_in, scores_out).
+        path: the PNG (or other suffix) to write.
+        theory: label -> TPR curve over ``theory_fpr()``. Labels starting with "certified"
+            are drawn dotted, "estimate" dashed, others (the claim) dash-dotted.
+        title: the figure title (threat model, numbers).
+        points: label -> one (FPR, TPR) point to mark (e.g. a certified operating point).
+        note: the verdict line, boxed under the title.
+        status: the verdict's status (``privacy_bug``, ``estimate_above_claim``,
+            ``consistent``): the box's colour.
     """
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 5))
-    grid = theory_fpr()
-    for ax, log in zip(axes, (False, True), strict=True):
-        for name, (s_in, s_out) in scores.items():
-            fpr, tpr, _ = roc_curve(s_in, s_out)
-            ax.step(fpr, tpr, where="post", label=f"{name} (empirical)")
-        for label, tpr in (theory or {}).items():
-            ax.plot(grid, tpr, ":", lw=2, label=label)
-        for label, (x, y) in (points or {}).items():
-            ax.plot([x], [y], "o", ms=7, mfc="none", mew=2, label=label)
-        ax.plot([1e-6, 1], [1e-6, 1], color="grey", lw=0.5, label="chance")
-        if log:
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            lo = 0.5 / max(len(s[1]) for s in scores.values())
-            ax.set_xlim(lo, 1)
-            ax.set_ylim(lo, 1)
-        ax.set_xlabel("false positive rate")
-        ax.set_ylabel("true positive rate")
-        ax.set_title(("log-log " if log else "") + "ROC")
-        ax.legend(fontsize=7, loc="lower right")
-    fig.suptitle(title + (f"\n{note}" if note else ""), fontsize=9)
-    fig.tight_layout()
-    return save_figure(fig, path)
+    return save_figure(roc_figure(scores, theory, title, points, note, status), path)
 
 
 def theory_fpr() -> np.ndarray:
@@ -80,21 +205,54 @@ def theory_fpr() -> np.ndarray:
     return np.logspace(-5, 0, 200)
 
 
-def plot_score_histograms(
-    scores: Mapping[str, tuple[np.ndarray, np.ndarray]], path: str | Path, title: str = ""
-) -> Path:
-    """One panel per attack: histograms of member (in) and non-member (out) scores."""
+def histogram_figure(
+    scores: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    title: str = "",
+    thresholds: Mapping[str, float] | None = None,
+    note: str = "",
+    status: str | None = None,
+):
+    """The figure of ``plot_score_histograms`` (a matplotlib Figure, not saved)."""
     plt = pyplot()
     k = len(scores)
-    fig, axes = plt.subplots(1, k, figsize=(4.5 * k, 3.5), squeeze=False)
+    header = 1.0 + 0.17 * len(_wrap(title, max(7.0, 5.2 * k))) if title else 0.6
+    fig, axes = plt.subplots(1, k, figsize=(max(7.0, 5.2 * k), 3.8 + header), squeeze=False)
     for ax, (name, (s_in, s_out)) in zip(axes[0], scores.items(), strict=True):
-        both = np.concatenate([s_in, s_out])
-        bins = np.linspace(both.min(), both.max(), 50)
-        ax.hist(s_out, bins=bins, alpha=0.6, label=f"out (n={len(s_out)})", density=True)
-        ax.hist(s_in, bins=bins, alpha=0.6, label=f"in (n={len(s_in)})", density=True)
-        ax.set_title(name)
-        ax.set_xlabel("score")
-        ax.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    return save_figure(fig, path)
+        both = np.concatenate([np.asarray(s_in), np.asarray(s_out)])
+        bins = score_bins(both)
+        ax.hist(
+            s_out, bins=bins, alpha=0.6, label=f"non-members (out, n={len(s_out)})", density=True
+        )
+        ax.hist(s_in, bins=bins, alpha=0.6, label=f"members (in, n={len(s_in)})", density=True)
+        t = (thresholds or {}).get(name)
+        if isinstance(t, (int, float)) and np.isfinite(t):
+            ax.axvline(t, color="k", ls="--", lw=1, label=f"claim-test threshold {t:.3g}")
+        ax.set_title(f"{name}: {len(bins) - 1} bins for {both.size} scores", fontsize=10)
+        ax.set_xlabel(f"{name} score")
+        ax.set_ylabel("density")
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout(rect=(0, 0, 1, add_header(fig, title, note, status)))
+    return fig
+
+
+def plot_score_histograms(
+    scores: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    path: str | Path,
+    title: str = "",
+    thresholds: Mapping[str, float] | None = None,
+    note: str = "",
+    status: str | None = None,
+) -> Path:
+    """One panel per attack: densities of member (in) and non-member (out) scores.
+
+    Args:
+        scores: attack name -> (scores_in, scores_out).
+        path: the PNG to write.
+        title: the figure title (threat model, numbers).
+        thresholds: attack name -> the claim test's threshold, drawn as a vertical line.
+        note, status: the verdict, boxed under the title (see ``plot_roc``).
+
+    Bins follow the pooled sample size (``score_bins``); the y-axis is a density, so groups
+    of different sizes compare.
+    """
+    return save_figure(histogram_figure(scores, title, thresholds, note, status), path)
