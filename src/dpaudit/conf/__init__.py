@@ -15,6 +15,7 @@ Importing this package registers, in Hydra's ConfigStore:
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -152,12 +153,21 @@ def help_text() -> str:
     return "\n".join(lines).replace("$", "$$")
 
 
+def _help_when_asked() -> str:
+    """``help_text()`` when ``--help`` was asked for. Hydra resolves its own config on every
+    run, and the allowed names come from registries that import torch: an ordinary run or
+    ``--cfg job`` should not pay for that."""
+    if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
+        return help_text()
+    return "dpaudit --help (the full text is generated only when asked for)"
+
+
 def register() -> None:
     """Store the schema and the help config in Hydra's ConfigStore (idempotent)."""
     cs = ConfigStore.instance()
     cs.store(name=SCHEMA_NAME, node=DpauditConfig)
     if not OmegaConf.has_resolver("dpaudit_help"):
-        OmegaConf.register_new_resolver("dpaudit_help", help_text)
+        OmegaConf.register_new_resolver("dpaudit_help", _help_when_asked)
     cs.store(
         group="hydra/help",
         name="dpaudit",
