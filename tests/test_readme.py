@@ -3,8 +3,6 @@
 import re
 from pathlib import Path
 
-import pytest
-
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -42,11 +40,36 @@ def test_python_api_snippets_run(tmp_path, monkeypatch, capsys):
     assert 0 < float(lower) <= float(truth)
 
 
-@pytest.mark.parametrize("command", ["main job", "tests"])
-def test_two_commands_are_documented(command):
+def bash_blocks(heading: str) -> list[str]:
+    section = README.read_text().split(heading + "\n", 1)[1].split("\n## ", 1)[0]
+    return [b.strip() for b in re.findall(r"```bash\n(.*?)```", section, flags=re.S)]
+
+
+def test_ci_runs_exactly_the_readme_test_command_first():
+    main_job, tests = bash_blocks("## Two commands (fresh machine, from the repository root)")
+    ci = [line for line in (README.parent / ".ci" / "run").read_text().splitlines()
+          if line and not line.startswith("#")]
+    # After the shell options, the first command CI runs is the README's, verbatim.
+    assert ci[:3] == ["set -euo pipefail", 'cd "$(dirname "$0")/.."', tests]
+    install = 'pip install -c requirements/dev.txt -e ".[dev,docs]"'
+    assert tests.startswith("python3 -m venv .venv && . .venv/bin/activate && " + install)
+    assert tests.endswith("&& ruff check . && pytest")
+    # Both commands install from the lock; the main job is the same install without extras.
+    venv = tests.split(" && pip")[0]
+    assert main_job == venv + " && pip install -c requirements/dev.txt -e . && dpaudit"
+
+
+def test_links_point_into_the_repository():
+    """README and the package docstring name only files that exist in the repository."""
+    import dpaudit
+
+    root = README.parent
     text = README.read_text()
-    if command == "tests":
-        ci = (README.parent / ".ci" / "run").read_text().strip().splitlines()[-1]
-        assert ci in text  # CI runs exactly the README's test command
-    else:
-        assert "pip install torch==2.13.0 && pip install -e . && dpaudit" in text
+    targets = re.findall(r"\]\(([^)#\s]+)[^)]*\)", text)
+    targets = [t for t in targets if not t.startswith(("http://", "https://"))]
+    assert targets, "README has no relative links?"
+    for t in targets:
+        assert (root / t).exists(), f"README links to {t}, which is not in the repository"
+    for t in re.findall(r"``([\w./-]+\.(?:md|ipynb|py|txt))``", dpaudit.__doc__):
+        assert (root / t).exists(), f"dpaudit's docstring names {t}, not in the repository"
+    assert "DESIGN.md" not in text and "DESIGN.md" not in dpaudit.__doc__

@@ -12,8 +12,9 @@ The most used names are available at the top level (imported on first use, so th
     dpaudit.run_audit(output_dir="out", dp={...}, canary={...})
     dpaudit.audit_report(hook, privacy_engine=engine, output_dir="out")  # your own loop
 
-How to read a report (certified evidence vs estimates, the claim test, the verdict):
-``docs/evidence.md`` in the repository.
+``dir(dpaudit)`` lists this API and the subpackages. In the repository: the user guide
+``docs/`` (``docs/index.md``; how to read a report: ``docs/evidence.md``), the tutorial
+``notebooks/audit_your_opacus_model.ipynb`` and ``README.md``.
 """
 
 from __future__ import annotations
@@ -38,8 +39,21 @@ _LAZY = {
 
 __all__ = ["__version__", *_LAZY]
 
+# Subpackages and modules (``import dpaudit.stats`` etc.); shown by ``dir(dpaudit)``.
+_SUBMODULES = (
+    "accounting", "attacks", "canaries", "capture", "cli", "conf", "covariance", "data",
+    "experiment", "meanlab", "models", "report", "stats", "threat_model", "validity",
+)
+
 
 def __getattr__(name: str):
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"dpaudit.{name}")
     raise AttributeError(f"module 'dpaudit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public API (``__all__``) and the subpackages, not the module's internals."""
+    return sorted({*__all__, *_SUBMODULES})

@@ -52,10 +52,30 @@ def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None)
 def run_audit(
     settings: AuditSettings | None = None, output_dir: str | Path | None = None, **groups
 ) -> dict:
-    """Run the audit that ``settings`` (or Hydra-style group mappings) describe.
+    """Run one audit end to end: train with DP-SGD (Opacus) with canaries, score them, bound
+    epsilon and test the accountant's claim. The same function the ``dpaudit`` CLI calls.
 
-    Returns the result dictionary; with ``output_dir`` also writes ``results.json``, the plots
-    and prints the console table.
+    Args:
+        settings: the whole audit as an ``AuditSettings``; ``None`` (default) builds one from
+            ``groups`` on top of the defaults (``AuditSettings()`` is the CLI's default audit).
+            Checked before any training; a bad value raises ``ValueError`` naming it.
+        output_dir: directory for ``results.json``, the plots and (multi-run) the saved
+            ``runs/``; the console table is printed too. ``None``: nothing is written or
+            printed. Required when ``audit.mode == "multi_run"``; rerunning into the same
+            directory resumes the finished runs.
+        **groups: instead of ``settings``, partial settings by group name, as plain dicts with
+            the CLI's keys: ``data``, ``model``, ``dp``, ``canary``, ``attack``, ``audit``
+            (e.g. ``dp={"noise_multiplier": 4.0, "steps": 200}``), and the scalars ``seed``,
+            ``device`` and ``progress``. Unknown groups or keys raise ``ValueError``; passing
+            both ``settings`` and groups too.
+
+    Returns:
+        The result dictionary that ``results.json`` holds: ``attacks`` (score summaries),
+        ``claim`` (the claim test per attack), ``bounds`` (every epsilon bound with its
+        method, kind ``certified`` / ``estimate``, confidence and operating point), ``theory``
+        (the threat model and its accountants), ``verdict`` (``status``, ``privacy_bug``,
+        ``message``, best certified and estimated epsilon next to the claimed one), and the
+        run's settings and timing. How to read it: ``docs/evidence.md``.
     """
     if settings is None:
         settings = AuditSettings.from_mappings(**groups)

@@ -96,11 +96,42 @@ def epsilon_lower_bound(
 ) -> EpsilonBound:
     """Lower bound (certified, or an estimate under a stated model) on epsilon at ``delta``.
 
-    Higher score = "member". ``scores_in``: scores of the targets that were in the training
-    set (or canaries included); ``scores_out``: those that were not. Perfect separation is a
-    normal case: the result is the largest epsilon the sample sizes can certify. Reversed
-    scores give epsilon 0.0 (module doc). ``delta = 0`` (pure DP) works for the methods that
-    allow it and raises ValueError naming ``delta`` for the others.
+    The membership attack is a score per target, higher meaning "member"; the bound says how
+    much privacy loss the scores of members and non-members demonstrate. Perfect separation is
+    a normal case: the result is the largest epsilon the sample sizes can certify. Reversed
+    scores (members significantly lower) give epsilon 0.0 with an ``OrientationWarning``.
+
+    Args:
+        scores_in: 1-D array-like of finite scores of the targets that were members (in the
+            training set, or canaries included).
+        scores_out: 1-D array-like of finite scores of the targets that were not members.
+        delta: the delta of (epsilon, delta)-DP at which epsilon is bounded, in (0, 1);
+            ``delta = 0`` (pure DP) is allowed by ``"clopper_pearson"``, ``"one_run"`` and
+            ``"density"`` and raises ``ValueError`` naming ``delta`` for the others.
+        confidence: probability, in (0, 1), with which a certified bound holds (for an
+            estimate: the level of its intervals). Default 0.95.
+        method: one of ``METHODS``. Certified: ``"clopper_pearson"`` (threshold attack with
+            Clopper-Pearson intervals), ``"one_run"`` (Steinke, Nasr & Jagielski 2023),
+            ``"density"`` (Koskela & Mohammadi). Estimates, each with its ``assumption``:
+            ``"gdp"`` (a GDP-shaped curve), ``"gaussian"`` (Gaussian equal-variance scores),
+            ``"density_tv"`` (a Gaussian mechanism), ``"fdp_one_run"`` (Mahloujifar et al.
+            2024).
+        **options: the method's own options (any other raises ``ValueError``):
+            ``selection`` (a threshold strategy from ``dpaudit.stats.threshold_selection``)
+            for ``"clopper_pearson"`` / ``"gdp"``; ``grid`` for ``"one_run"``; ``bin_rule``,
+            ``n_bins``, ``end_quantiles``, ``edges`` for ``"density"`` / ``"density_tv"``;
+            ``check_level`` for ``"gaussian"``; ``guess_fractions``, ``sides`` for
+            ``"fdp_one_run"``.
+
+    Returns:
+        An ``EpsilonBound``: ``epsilon`` (0.0 when nothing can be shown), ``kind``
+        (``"certified"`` or ``"estimate"``), the ``assumption`` of an estimate, the
+        ``confidence`` and ``delta`` used, the sample sizes and the operating point
+        (``threshold``, ``fpr_upper``, ``fnr_upper``, ``mu_lower``) where the method has one.
+
+    Raises:
+        ValueError: an unknown method or option, scores that are empty, not 1-D or not
+            finite, or ``delta`` / ``confidence`` out of range; the message names the argument.
     """
     spec = METHOD_REGISTRY.get(method)
     if spec is None:
