@@ -102,9 +102,10 @@ def epsilon_lower_bound(
     scores (members significantly lower) give epsilon 0.0 with an ``OrientationWarning``.
 
     Args:
-        scores_in: 1-D array-like of finite scores of the targets that were members (in the
-            training set, or canaries included).
-        scores_out: 1-D array-like of finite scores of the targets that were not members.
+        scores_in: array-like of finite scores (flattened) of the targets that were members
+            (in the training set, or canaries included).
+        scores_out: array-like of finite scores (flattened) of the targets that were not
+            members.
         delta: the delta of (epsilon, delta)-DP at which epsilon is bounded, in (0, 1);
             ``delta = 0`` (pure DP) is allowed by ``"clopper_pearson"``, ``"one_run"`` and
             ``"density"`` and raises ``ValueError`` naming ``delta`` for the others.
@@ -130,8 +131,8 @@ def epsilon_lower_bound(
         (``threshold``, ``fpr_upper``, ``fnr_upper``, ``mu_lower``) where the method has one.
 
     Raises:
-        ValueError: an unknown method or option, scores that are empty, not 1-D or not
-            finite, or ``delta`` / ``confidence`` out of range; the message names the argument.
+        ValueError: an unknown method or option, scores that are empty or not finite, or
+            ``delta`` / ``confidence`` out of range; the message names the argument.
     """
     spec = METHOD_REGISTRY.get(method)
     if spec is None:
