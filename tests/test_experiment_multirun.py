@@ -175,12 +175,15 @@ def test_damaged_run_files_are_named_set_aside_and_redone(finished, tmp_path, ca
     with pytest.raises(ValueError, match=r"5 run file\(s\) .* not usable: run_00000\.json"):
         aggregate(out, settings)
     damaged = {n: (out / "runs" / n).read_bytes() for n in reasons}
+    partial = out / "runs" / ".run_00005.json.x1y2.tmp"  # a writer killed mid-write
+    partial.write_text('{"scores": ')
     with caplog.at_level(logging.WARNING, logger="dpaudit.experiment.multirun"):
         again = run_audit(output_dir=out, **MULTI)
     lines = [r.getMessage() for r in caplog.records if "moved to" in r.getMessage()]
     assert len(lines) == 5 and all("\n" not in line for line in lines)
     for name, reason in reasons.items():
         assert any(name in line and reason in line for line in lines)
+    assert not partial.exists()  # an unfinished temp file is no run file: removed
     kept = sorted((out / "runs" / "quarantine").iterdir())  # set aside, never deleted
     assert [k.name.split(".json.")[0] + ".json" for k in kept] == sorted(reasons)
     assert {k.name.split(".json.")[0] + ".json": k.read_bytes() for k in kept} == damaged

@@ -289,6 +289,8 @@ def run_multi(settings: AuditSettings, out: Path) -> RunRecord:
                     )
         else:
             save_settings(out, settings)
+        for tmp in Path(out, RUNS_DIR).glob(".run_*.json.*.tmp"):  # a killed writer's partial
+            tmp.unlink()  # never a run file: write_json renames only complete files
         good, bad = scan_runs(out, settings)
         for err in bad:
             dest = quarantine(err.path)

@@ -39,7 +39,14 @@ def write_json(path: str | os.PathLike, obj) -> Path:
 
 
 def _umask() -> int:
-    """The process umask (read by setting and restoring it; there is no getter)."""
+    """The process umask: from /proc on Linux (no change of process state, safe with
+    threads), else read by setting and restoring it (there is no portable getter)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpaudit.report.files import _umask
 from dpaudit.stats import roc_curve
 
 MAX_BINS = 50
@@ -49,9 +50,7 @@ def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
     fmt = path.suffix.lstrip(".") or "png"
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        mask = os.umask(0o022)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600: use the user's umask
         with os.fdopen(fd, "wb") as fh:
             fig.savefig(fh, dpi=dpi, format=fmt)
         os.replace(tmp, path)
