@@ -11,17 +11,21 @@ unless ``--threads``; the machine load (``os.getloadavg``) is printed beside eve
    canaries: project and lift). Memory: the process' peak resident set while building the
    precision and scoring 3 steps, minus the resident set before the references existed, as a
    ratio to the reference matrix (1.0 = nothing beyond the references).
-2. ``audit``: an MLP with ~1M parameters (784 -> hidden -> 10) trained with Opacus (Poisson
-   batches, expected B = 64, sigma = 1, C = 1) with K input canaries (``AuditHook``), scored by
+2. ``audit``: the 1M-parameter MLP of ``bench_capture.py`` (Flatten, Linear(3072, 320), ReLU,
+   Linear(320, 10): 0.99M parameters) on synthetic CIFAR-shaped inputs whose coordinate
+   variances decay as 1/k (a power-law spectrum, as images have; N(0, I) inputs would give
+   reference gradients with a flat spectrum, where no truncation helps), trained with Opacus
+   (fixed batches B = 64, sigma = 1, C = 1) with K input canaries (``AuditHook``), scored by
    the scalar product, the covariance score or GLiR (n_r clipped per-sample gradients of the
    model at theta_0 as references, Woodbury precision with rel_ridge = 1e-3, noise-aware), and
    the covariance score with a truncated reference span (``--explained``). The configurations
-   start from the same seed (same Poisson batches) and run one step each per round in a
+   start from the same seed (same batches) and run one step each per round in a
    rotated order; printed: median [min-max] of the per-round ratios covariance-step /
    scalar-step (and GLiR / scalar), the set-up time (Woodbury + noise shift, no truncation and
    with ``explained_variance``), and peak memory while building the precision and running
    covariance-scored steps, as a ratio to (reference matrix + model parameters): the
-   process' peak minus its resident set before the build, plus the references and the model.
+   process' peak minus its resident set before the build, plus the references and the model;
+   and the peak of two covariance-scored steps minus that of two scalar-scored steps.
 
 Run: ``python benchmarks/bench_covariance.py`` (both parts; ``--part score|audit``,
 ``--dims 1e5 1e6``, ``--canaries 16``, ``--refs 256``, ``--rounds 8``, ``--threads 1``).
@@ -131,7 +135,14 @@ def score_part(d: int, n_r: int, k: int, rounds: int) -> dict:
 
 
 def _mlp(hidden: int) -> nn.Module:
-    return nn.Sequential(nn.Linear(784, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+    return nn.Sequential(nn.Flatten(), nn.Linear(3072, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+
+
+def _inputs(n: int, gen: torch.Generator) -> torch.Tensor:
+    """(n, 3, 32, 32) inputs, coordinate k with variance proportional to 1/(k+1), mean 1."""
+    scale = 1.0 / torch.arange(1, 3073, dtype=torch.float32).sqrt()
+    scale *= (3072 / (scale**2).sum()).sqrt()
+    return (torch.randn(n, 3072, generator=gen) * scale).reshape(n, 3, 32, 32)
 
 
 def _reference_grads(model: nn.Module, x, y, clip: float, chunk: int = 32) -> torch.Tensor:
@@ -163,7 +174,7 @@ def audit_part(hidden: int, n_r: int, k: int, rounds: int, explained: float) -> 
 
     gen = torch.Generator().manual_seed(0)
     n_data, batch = 64 * 40, 64
-    x = torch.randn(n_data + k + n_r, 784, generator=gen)
+    x = _inputs(n_data + k + n_r, gen)
     y = torch.randint(0, 10, (n_data + k + n_r,), generator=gen)
     xc, yc = x[n_data : n_data + k], y[n_data : n_data + k]
     xr, yr = x[n_data + k :], y[n_data + k :]
@@ -175,10 +186,16 @@ def audit_part(hidden: int, n_r: int, k: int, rounds: int, explained: float) -> 
         loader = DataLoader(
             TensorDataset(x[:n_data], y[:n_data]),
             batch_size=batch,
+            shuffle=True,
             generator=torch.Generator().manual_seed(0),
         )
         model, opt, loader = PrivacyEngine().make_private(
-            module=model, optimizer=opt, data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0
+            module=model,
+            optimizer=opt,
+            data_loader=loader,
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            poisson_sampling=False,
         )
         hook = AuditHook(opt, model, InputCanaries(xc, yc), scores=scores_fn()).attach()
         return model, opt, loader, hook
@@ -218,7 +235,7 @@ def audit_part(hidden: int, n_r: int, k: int, rounds: int, explained: float) -> 
         f"cov ev={explained}": lambda: [CovarianceScore(op_ev)],
     }
     runs = {name: setup(fn) for name, fn in configs.items()}
-    streams = {name: iter(r[2]) for name, r in runs.items()}
+    streams = {name: _endless(r[2]) for name, r in runs.items()}
 
     def one_step(name):
         model, opt, _, _ = runs[name]
@@ -240,6 +257,13 @@ def audit_part(hidden: int, n_r: int, k: int, rounds: int, explained: float) -> 
         for name in names[r % len(names) :] + names[: r % len(names)]:
             times[name].append(one_step(name))
     peak_steps = _peak() - before_steps
+    step_peaks = {}
+    for name in ("scalar", "covariance"):
+        gc.collect()
+        _reset_peak()
+        for _ in range(2):
+            one_step(name)
+        step_peaks[name] = _peak()
     scal = np.array(times["scalar"])
     out = {
         "d": d,
@@ -258,10 +282,16 @@ def audit_part(hidden: int, n_r: int, k: int, rounds: int, explained: float) -> 
         "peak_build_ev_ratio": (refs_bytes + model_bytes + peak_build_ev)
         / (refs_bytes + model_bytes),
         "peak_steps_extra_MB": peak_steps / 2**20,
+        "cov_step_peak_minus_scalar_MB": (step_peaks["covariance"] - step_peaks["scalar"]) / 2**20,
         "refs_MB": refs_bytes / 2**20,
         "load": os.getloadavg(),
     }
     return out
+
+
+def _endless(loader):
+    while True:
+        yield from loader
 
 
 def _child(args) -> None:
@@ -290,7 +320,7 @@ def main() -> None:
     parser.add_argument("--canaries", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--hidden", type=int, default=1258)  # 784*1258 + 1258 + 12590: 1.0M
+    parser.add_argument("--hidden", type=int, default=320)  # 3072*320 + 320 + 3210: 0.99M
     parser.add_argument("--explained", type=float, default=0.9)
     parser.add_argument("--child", choices=["score", "audit"], help=argparse.SUPPRESS)
     parser.add_argument("--d", type=float, help=argparse.SUPPRESS)
@@ -327,7 +357,7 @@ def main() -> None:
             ]
         )
         print(
-            f"\n[audit] MLP d = {r['d']}, B = {r['B']} (Poisson), K = {r['K']} input canaries, "
+            f"\n[audit] MLP d = {r['d']}, B = {r['B']}, K = {r['K']} input canaries, "
             f"n_r = {r['n_r']} clipped per-sample reference gradients"
         )
         print(f"scalar-scored audited step: {r['scalar_step_ms']:.0f} ms (median)")
@@ -342,7 +372,8 @@ def main() -> None:
             f"peak memory while building: {r['peak_build_ratio']:.2f} x (references "
             f"{r['refs_MB']:.0f} MB + model {4 * r['d'] / 2**20:.0f} MB), "
             f"{r['peak_build_ev_ratio']:.2f} x with explained_variance; extra peak during the "
-            f"audited steps (all four configurations): {r['peak_steps_extra_MB']:.0f} MB"
+            f"audited steps (all four configurations): {r['peak_steps_extra_MB']:.0f} MB; "
+            f"covariance-step peak - scalar-step peak: {r['cov_step_peak_minus_scalar_MB']:.0f} MB"
         )
         print(f"load {tuple(round(v, 2) for v in r['load'])}")
 
