@@ -205,7 +205,6 @@ FAMILIES = {
         _plain,
         dead=[("embed.weight", (v, e)) for v in (VOCAB - 2, VOCAB - 1) for e in range(4)],
         token_inputs=True,
-        modes=("hooks", "functorch"),
     ),
     "transformer_mask": Family(
         "transformer_mask",
@@ -215,7 +214,6 @@ FAMILIES = {
         dead=[("embed.weight", (v, e)) for v in (VOCAB - 2, VOCAB - 1) for e in range(8)],
         token_inputs=True,
         keyword_forward=True,
-        modes=("hooks", "functorch"),
     ),
     "mlp_dropout": Family(
         "mlp_dropout",
@@ -385,9 +383,11 @@ def reference_clipped_grads(
     targets: torch.Tensor,
     clip: float,
     train: bool = True,
+    autocast: bool = False,
 ) -> torch.Tensor:
     """(K, d) per-example gradients at ``theta`` by K single-example backward passes on a fresh
-    copy of the plain model, clipped with Opacus' flat rule min(1, C / (||g|| + 1e-6))."""
+    copy of the plain model (forward under bf16 autocast when ``autocast``, as in training),
+    clipped in float32 with Opacus' flat rule min(1, C / (||g|| + 1e-6))."""
     model = family.model()
     params = [p for p in model.parameters() if p.requires_grad]
     torch.nn.utils.vector_to_parameters(theta.clone(), params)
@@ -396,7 +396,9 @@ def reference_clipped_grads(
     for k in range(len(targets)):
         model.zero_grad()
         xs = tuple(x[k : k + 1] for x in inputs)
-        loss = nn.functional.cross_entropy(family.forward(model, xs), targets[k : k + 1])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = family.forward(model, xs)
+        loss = nn.functional.cross_entropy(out.float(), targets[k : k + 1])
         g = torch.autograd.grad(loss, params, allow_unused=True)
         g = torch.cat(
             [
@@ -404,6 +406,7 @@ def reference_clipped_grads(
                 for gi, p in zip(g, params, strict=True)
             ]
         )
+        g = g.float()
         rows.append(g * (clip / (g.norm() + 1e-6)).clamp(max=1.0))
     return torch.stack(rows)
 
