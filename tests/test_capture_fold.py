@@ -320,3 +320,33 @@ def test_folded_rows_in_a_coordinate_view_equal_the_gathered_full_rows():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     for a, full in zip(recs["batch-view"].refs, recs["batch-full"].refs, strict=True):
         torch.testing.assert_close(a, full[:, coords], rtol=0, atol=0)
+
+
+class _Keeper(StepScore):
+    """Keeps the canary gradients it is handed without copying them (as a trace does)."""
+
+    name = "keeper"
+
+    def __init__(self):
+        self.kept, self.copies = [], []
+
+    def step(self, canary_grads, released, ctx):
+        self.kept.append(canary_grads)
+        self.copies.append(canary_grads.clone())
+        return canary_grads @ released
+
+
+def test_kept_canary_gradients_are_not_overwritten_by_later_steps():
+    """The fold reuses its (K, d) clip buffer only while nothing else holds it: a score that
+    keeps the tensors it was handed still reads every step's own values afterwards."""
+    keeper = _Keeper()
+    run = private_run(
+        DATA, logreg(NF),
+        lambda opt, model: AuditHook(
+            opt, model, InputCanaries(X[:5], Y[:5]), scores=(keeper,), input_pass="batch"
+        ),
+    )
+    assert run.hook.folded_steps == len(keeper.kept) > 3
+    for kept, copy in zip(keeper.kept, keeper.copies, strict=True):
+        assert torch.equal(kept, copy)
+    assert not torch.equal(keeper.copies[0], keeper.copies[1])

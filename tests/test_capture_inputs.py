@@ -60,6 +60,22 @@ class TokenLSTM(nn.Module):
         return self.head(out[:, -1])
 
 
+class BagOfTokens(nn.Module):
+    """EmbeddingBag (Opacus' grad sampler needs its flat-tokens + offsets form) behind a
+    batch-first forward(tokens, lengths): padded (B, L) tokens, each row's first ``lengths``
+    tokens are its bag. The recipe for token models that use offsets."""
+
+    def __init__(self, vocab=20, dim=6):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(vocab, dim, mode="mean")
+        self.head = nn.Linear(dim, 3)
+
+    def forward(self, tokens, lengths):
+        keep = torch.arange(tokens.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)
+        offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)[:-1]])
+        return self.head(self.bag(tokens[keep], offsets))
+
+
 class AttentionBlock(nn.Module):
     """Token embedding + one DPMultiheadAttention layer with a key padding mask, masked mean
     pooling -> classes. ``need_weights`` is a non-tensor keyword replayed from the call."""
@@ -126,6 +142,14 @@ FAMILIES = {
             args=(torch.randn(4, 3, generator=_gen(92)),),
         ),
         lambda m, x, side: m(x, side),
+    ),
+    "tokens-embeddingbag": (
+        BagOfTokens,
+        lambda n, s: (tokens(n, s), torch.randint(1, 6, (n,), generator=_gen(s + 5))),
+        lambda: InputCanaries(
+            tokens(4, 90), labels(4, 91), args=(torch.tensor([1, 5, 3, 2]),)
+        ),
+        lambda m, t, lengths: m(t, lengths),
     ),
     "tokens-lstm": (
         TokenLSTM,

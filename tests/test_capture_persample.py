@@ -124,3 +124,41 @@ def test_summed_loss_output_grad_equals_autograd(loss):
     got = summed_loss_output_grad(fn, out, y)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
     assert not got.requires_grad
+
+
+class _Gated(nn.Module):
+    """forward(x, side, gate=..., scale=...): a second positional input, a per-example keyword
+    tensor and a shared non-tensor keyword."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(5, 4), nn.Linear(2, 4), nn.Linear(4, 3)
+
+    def forward(self, x, side, gate, scale=1.0):
+        return self.head(torch.tanh(self.a(x) + self.b(side)) * gate * scale)
+
+
+def test_per_example_args_kwargs_and_shared_kwargs_agree_with_autograd_loop():
+    torch.manual_seed(2)
+    plain = _Gated()
+    x, side, gate = torch.randn(6, 5), torch.randn(6, 2), torch.rand(6, 1) + 0.5
+    y = torch.randint(0, 3, (6,))
+    rows = []
+    for i in range(6):
+        plain.zero_grad()
+        out = plain(x[i : i + 1], side[i : i + 1], gate=gate[i : i + 1], scale=1.5)
+        nn.functional.cross_entropy(out, y[i : i + 1]).backward()
+        g = torch.cat([p.grad.reshape(-1) for p in plain.parameters()])
+        rows.append(g * min(1.0, 0.4 / (float(g.norm()) + 1e-6)))
+    want = torch.stack(rows)
+    gsm = GradSampleModule(_Gated())
+    gsm._module.load_state_dict(plain.state_dict())
+    for backend in ("func", "opacus"):
+        got = per_sample_clipped_grads(
+            gsm, x, y, nn.functional.cross_entropy, 0.4, backend=backend,
+            args=(side,), kwargs={"gate": gate}, shared_kwargs={"scale": 1.5},
+        )
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match=r"kwargs\['gate'\] must be a tensor with the 6"):
+        per_sample_clipped_grads(gsm, x, y, nn.functional.cross_entropy, 0.4,
+                                 args=(side,), kwargs={"gate": gate[:2]})

@@ -89,7 +89,8 @@ def _same_states(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 def _exclusively_held(t: torch.Tensor) -> bool:
     """Whether nothing but this tensor object references its storage (no view, no numpy array
-    kept by a score or a trace): then it may be overwritten. False when torch cannot say."""
+    kept by a score or a trace): then it may be overwritten. False when torch cannot say. Only
+    views of ``t`` may be handed out: other references to ``t`` itself are not counted."""
     count = getattr(torch._C, "_storage_Use_Count", None)
     if count is None:  # pragma: no cover - private API; fall back to a fresh buffer
         return False
@@ -397,10 +398,10 @@ class BatchFold:
         ):
             out = torch.empty((k, width), dtype=dtype, device=selected[0].device)
         self._out = out
-        self._result = (
-            *clip_rows(list(rows.values()), selected, self.max_grad_norm, out=out),
-            False,
-        )
+        _, norms = clip_rows(list(rows.values()), selected, self.max_grad_norm, out=out)
+        # handed out as a view: whoever keeps it holds a reference to the storage, which
+        # _exclusively_held sees at the next step (the buffer itself is only ever ours)
+        self._result = (out.view(out.shape), norms, False)
 
     def _clip_view(self, per_param, selected, k):
         """Clipped rows at the view's coordinates only: norms over every parameter, then the
