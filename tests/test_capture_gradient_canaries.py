@@ -89,3 +89,22 @@ def test_sparse_validation():
         GradientCanaries(late)
     big = GradientCanaries.dirac(range(100), 1.0, 10**9)  # never (100, 1e9) dense
     assert big.dim == 10**9 and big.norms().max() == 1.0 and big.support().numel() == 100
+
+
+def test_sparse_canaries_in_view_coordinates_match_dense_ones():
+    view = [*dirac_coords(ZERO, NF)[:6], 5, 77, 300, 401]  # Dirac slots and live weights
+    sparse = GradientCanaries.dirac([0, 2, 4, 7], 1.0, len(view), policy="every_step")
+    dense = GradientCanaries(sparse.vectors)
+
+    def run(c):
+        return private_run(
+            DATA,
+            logreg(NF),
+            lambda o, m: AuditHook(o, m, c, coordinates=view, keep_per_step=True),
+            batch_size=64,
+        )
+
+    a, b = run(sparse), run(dense)
+    assert not a.hook.routed and a.hook.scored_dim == len(view)
+    assert torch.equal(flat_params(a.model), flat_params(b.model))
+    np.testing.assert_allclose(a.hook.per_step()["scalar"], b.hook.per_step()["scalar"], rtol=1e-6)
