@@ -253,8 +253,14 @@ class AuditHook:
             patches = [InstancePatch(opt, "step_hook", self._step_hook, "AuditHook")]
         if self._insertion.active:
             patches.append(InstancePatch(opt, "add_noise", self._add_noise, "AuditHook"))
-        for p in patches:
-            p.apply()
+        applied = []
+        try:
+            for p in patches:
+                applied.append(p.apply())
+        except RuntimeError:  # leave the optimizer as it was
+            for p in reversed(applied):
+                p.restore()
+            raise
         self._patches = patches
         self._add_noise_patch = patches[1] if len(patches) > 1 else None
         self._inputs.attach()
