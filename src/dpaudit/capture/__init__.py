@@ -5,6 +5,12 @@ Opacus training loop and streams per-canary scores; ``InputCanaries`` / ``Gradie
 describe what is audited; ``Trace`` writes released gradients to disk in chunks. Input canaries
 are folded into the training batch's own forward/backward (``fold``) unless that is impossible
 or ``input_pass="separate"`` asks for one extra per-sample pass per step (``persample``).
+
+The hook's phases live in their own modules: ``insertion`` (gradient canaries added to the
+clipped sum before noise), ``view`` (the coordinate view and the released gradient),
+``input_grads`` (input canaries' clipped gradients), ``accumulate`` (score accumulation);
+``support`` lists the supported Opacus set-ups and refuses the others; ``patching`` is the one
+save/restore helper for the optimizer attributes dpaudit patches.
 """
 
 from dpaudit.capture.canaries import GradientCanaries, InputCanaries
