@@ -44,7 +44,7 @@ class Released(StepScore):
         return canary_grads @ released
 
 
-def ghost_run(hook_fn=None, epochs=2):
+def ghost_run(hook_fn=None, epochs=2, reduction="mean"):
     """One seeded ghost-clipping run; returns (applied gradients per step, hook, optimizer)."""
     torch.manual_seed(0)
     model = nn.Linear(NF, 10)
@@ -53,10 +53,11 @@ def ghost_run(hook_fn=None, epochs=2):
         module=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
         data_loader=loader,
-        criterion=nn.CrossEntropyLoss(),
+        criterion=nn.CrossEntropyLoss(reduction=reduction),
         noise_multiplier=SIGMA,
         max_grad_norm=CLIP,
         grad_sample_mode="ghost",
+        loss_reduction=reduction,
         noise_generator=torch.Generator().manual_seed(1),
     )
     applied = []
@@ -78,20 +79,23 @@ def ghost_run(hook_fn=None, epochs=2):
     return torch.stack(applied), hook, opt
 
 
-def test_ghost_gradient_canaries_enter_the_applied_gradient_once_and_are_scored_on_it():
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_ghost_gradient_canaries_enter_the_applied_gradient_once_and_are_scored_on_it(reduction):
     coords = dirac_coords(ZERO, NF)
     k = len(coords) - len(coords) % 3
     coords = coords[:k]
     pols = ["every_step", "never", "bernoulli"] * (k // 3)
     can = GradientCanaries.dirac(coords, CLIP, D, policy=pols, inclusion_prob=0.5, seed=3)
     score = Released()
-    base, _, opt = ghost_run()
-    applied, hook, _ = ghost_run(lambda o, m: AuditHook(o, m, can, scores=(score,)))
+    base, _, opt = ghost_run(reduction=reduction)
+    applied, hook, _ = ghost_run(
+        lambda o, m: AuditHook(o, m, can, scores=(score,)), reduction=reduction
+    )
     assert type(opt).__name__ == "DPOptimizerFastGradientClipping"
     assert not hook.routed  # a test score: dense rows, full released gradient
     inc = hook.inclusions()  # (K, T)
     assert inc[0::3].all() and not inc[1::3].any() and 0 < inc[2::3].mean() < 1
-    b_exp = opt.expected_batch_size
+    b_exp = opt.expected_batch_size if reduction == "mean" else 1.0
     expected = base.clone()
     for t in range(len(base)):
         for j, c in enumerate(coords):
