@@ -237,6 +237,7 @@ class Options:
     accumulate: int = 1  # manual accumulation: backward passes per optimizer step
     autocast: bool = False  # bf16 autocast on CPU around the forward
     clipping: str = "flat"
+    ddp: bool = False  # DPDDP in an initialised process group (Opacus' distributed optimizer)
 
     def label(self) -> str:
         parts = [self.mode]
@@ -250,6 +251,8 @@ class Options:
             parts.append("bf16")
         if self.clipping != "flat":
             parts.append(self.clipping)
+        if self.ddp:
+            parts.append("ddp")
         return "-".join(parts)
 
 
@@ -282,6 +285,10 @@ def make_private(family: Family, opts: Options, seed: int = 0):
     """(model, optimizer, criterion, loader, engine) from Opacus' make_private, seeded."""
     torch.manual_seed(seed)
     model = family.model()
+    if opts.ddp:
+        from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
+
+        model = DPDDP(model)
     data = TensorDataset(*family.data(seed))
     loader = DataLoader(data, batch_size=BATCH, generator=torch.Generator().manual_seed(seed))
     engine = PrivacyEngine()
@@ -305,6 +312,7 @@ def make_private(family: Family, opts: Options, seed: int = 0):
 
 def trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     module = getattr(model, "_module", model)
+    module = getattr(module, "module", module)  # DPDDP
     return [(n, p) for n, p in module.named_parameters() if p.requires_grad]
 
 
@@ -371,6 +379,7 @@ def run(
         thetas=torch.stack(thetas),
         final=flat(params),
         epsilon=engine.accountant.get_epsilon(delta=1e-5),
+        expected_batch_size=opt.expected_batch_size,
         history=list(engine.accountant.history),
     )
 
