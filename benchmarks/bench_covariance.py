@@ -2,6 +2,8 @@
 
 Two parts, each size in a fresh subprocess (peak memory is per process), one torch thread
 unless ``--threads``; the machine load (``os.getloadavg``) is printed beside every ratio.
+Times are wall clock and process CPU time (``time.process_time``); on a loaded machine the
+CPU-time ratios are the less disturbed ones (waiting for a core is not counted).
 
 1. ``score``: synthetic float32 references (n_r x d, N(0, 1)) and K canary gradients that
    change every step (as input canaries), at d = 1e5 and 1e6. Prints the set-up time of the
@@ -99,34 +101,42 @@ def score_part(d: int, n_r: int, k: int, rounds: int) -> dict:
     ctx = StepContext(0, 1.0, 1.0, 64.0, 64.0 / 60_000)
     gc.collect()
     _reset_peak()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     op = noise_aware(woodbury_precision(refs, rel_ridge=0.1), 1.0, 1.0, 64.0)
-    setup = time.perf_counter() - t0
+    setup, setup_cpu = time.perf_counter() - t0, time.process_time() - c0
     cov = CovarianceScore(op)
     for i in range(3):
         cov.step(canaries[i % 2], released, ctx)
     peak = _peak() - base
     scal = ScalarProduct()
-    ratios_new, ratios_old, t_scal = [], [], []
+    ratios_new, ratios_old, t_scal, cpu_new, cpu_old = [], [], [], [], []
     for i in range(rounds + 1):
         c = canaries[i % 2]
-        t = [time.perf_counter()]
-        scal.step(c, released, ctx)
-        t.append(time.perf_counter())
-        cov.step(c, released, ctx)
-        t.append(time.perf_counter())
-        _old_llr(op, c, released, 64.0)
-        t.append(time.perf_counter())
+        t, u = [time.perf_counter()], [time.process_time()]
+        for fn in (
+            lambda c=c: scal.step(c, released, ctx),
+            lambda c=c: cov.step(c, released, ctx),
+            lambda c=c: _old_llr(op, c, released, 64.0),
+        ):
+            fn()
+            t.append(time.perf_counter())
+            u.append(time.process_time())
         if i:  # the first round warms up
             s, n, o = np.diff(t)
+            su, nu, ou = np.diff(u)
             ratios_new.append(n / s)
             ratios_old.append(o / s)
+            cpu_new.append(nu / su)
+            cpu_old.append(ou / su)
             t_scal.append(s)
     return {
         "d": d,
         "setup_s": setup,
+        "setup_cpu_s": setup_cpu,
         "new_over_scalar": _summary(ratios_new),
         "old_over_scalar": _summary(ratios_old),
+        "new_over_scalar_cpu": _summary(cpu_new),
+        "old_over_scalar_cpu": _summary(cpu_old),
         "scalar_ms": 1e3 * float(np.median(t_scal)),
         "peak_over_refs": peak / refs_bytes,
         "refs_MB": refs_bytes / 2**20,
@@ -217,9 +227,9 @@ def audit_part(hidden: int, n_r: int, k: int, rounds: int, explained: float) -> 
     gc.collect()
     before = _rss()
     _reset_peak()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     op = build()
-    setup_s = time.perf_counter() - t0
+    setup_s, setup_cpu = time.perf_counter() - t0, time.process_time() - c0
     peak_build = _peak() - before
     gc.collect()
     before = _rss()
@@ -240,11 +250,11 @@ def audit_part(hidden: int, n_r: int, k: int, rounds: int, explained: float) -> 
     def one_step(name):
         model, opt, _, _ = runs[name]
         xb, yb = next(streams[name])
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         opt.zero_grad()
         nn.functional.cross_entropy(model(xb), yb).backward()
         opt.step()
-        return time.perf_counter() - t
+        return time.perf_counter() - t, time.process_time() - c
 
     names = list(configs)
     for name in names:  # warm-up
@@ -264,7 +274,9 @@ def audit_part(hidden: int, n_r: int, k: int, rounds: int, explained: float) -> 
         for _ in range(2):
             one_step(name)
         step_peaks[name] = _peak()
-    scal = np.array(times["scalar"])
+    wall = {n: np.array([t[0] for t in v]) for n, v in times.items()}
+    cpu = {n: np.array([t[1] for t in v]) for n, v in times.items()}
+    scal, scal_cpu = wall["scalar"], cpu["scalar"]
     out = {
         "d": d,
         "K": k,
@@ -276,7 +288,10 @@ def audit_part(hidden: int, n_r: int, k: int, rounds: int, explained: float) -> 
         "rank_ev": op_ev.rank_kept,
         "ev_kept": op_ev.explained_variance_kept,
         "scalar_step_ms": 1e3 * float(np.median(scal)),
-        "ratios": {n: _summary(np.array(times[n]) / scal) for n in names if n != "scalar"},
+        "setup_cpu_s": setup_cpu,
+        "scalar_step_cpu_ms": 1e3 * float(np.median(scal_cpu)),
+        "ratios": {n: _summary(wall[n] / scal) for n in names if n != "scalar"},
+        "ratios_cpu": {n: _summary(cpu[n] / scal_cpu) for n in names if n != "scalar"},
         # peak: (refs + model + the extra of building both operators) / (refs + model)
         "peak_build_ratio": (refs_bytes + model_bytes + peak_build) / (refs_bytes + model_bytes),
         "peak_build_ev_ratio": (refs_bytes + model_bytes + peak_build_ev)
@@ -337,14 +352,17 @@ def main() -> None:
     if args.part in ("score", "both"):
         print("\n[score] covariance step / scalar step (K canaries changing every step)")
         print(
-            f"{'d':>9} {'setup s':>8} {'new/scalar':>18} {'old/scalar':>18} {'scalar ms':>9} "
-            f"{'peak/refs':>9} {'refs MB':>8}  load"
+            f"{'d':>9} {'setup s':>8} {'(cpu)':>6} {'new/scalar':>18} {'old/scalar':>18} "
+            f"{'new/scalar cpu':>18} {'old/scalar cpu':>18} {'scalar ms':>9} {'peak/refs':>9} "
+            f"{'refs MB':>8}  load"
         )
         for d in args.dims:
             r = _run_child(["--child", "score", "--d", str(d), *common])
             print(
-                f"{r['d']:>9d} {r['setup_s']:>8.2f} {r['new_over_scalar']:>18} "
-                f"{r['old_over_scalar']:>18} {r['scalar_ms']:>9.2f} {r['peak_over_refs']:>9.2f} "
+                f"{r['d']:>9d} {r['setup_s']:>8.2f} {r['setup_cpu_s']:>6.2f} "
+                f"{r['new_over_scalar']:>18} {r['old_over_scalar']:>18} "
+                f"{r['new_over_scalar_cpu']:>18} {r['old_over_scalar_cpu']:>18} "
+                f"{r['scalar_ms']:>9.2f} {r['peak_over_refs']:>9.2f} "
                 f"{r['refs_MB']:>8.0f}  {tuple(round(v, 2) for v in r['load'])}"
             )
     if args.part in ("audit", "both"):
@@ -360,11 +378,15 @@ def main() -> None:
             f"\n[audit] MLP d = {r['d']}, B = {r['B']}, K = {r['K']} input canaries, "
             f"n_r = {r['n_r']} clipped per-sample reference gradients"
         )
-        print(f"scalar-scored audited step: {r['scalar_step_ms']:.0f} ms (median)")
-        for name, ratio in r["ratios"].items():
-            print(f"{name:>16s} / scalar step: {ratio}")
         print(
-            f"set-up (woodbury + noise shift): {r['setup_s']:.2f} s, rank {r['rank']}; with "
+            f"scalar-scored audited step: {r['scalar_step_ms']:.0f} ms wall, "
+            f"{r['scalar_step_cpu_ms']:.0f} ms CPU (median)"
+        )
+        for name, ratio in r["ratios"].items():
+            print(f"{name:>16s} / scalar step: wall {ratio}, CPU {r['ratios_cpu'][name]}")
+        print(
+            f"set-up (woodbury + noise shift): {r['setup_s']:.2f} s wall, "
+            f"{r['setup_cpu_s']:.2f} s CPU, rank {r['rank']}; with "
             f"explained_variance={args.explained}: {r['setup_ev_s']:.2f} s, rank {r['rank_ev']} "
             f"({r['ev_kept']:.3f} of the variance)"
         )
