@@ -132,3 +132,20 @@ def test_dir_lists_the_public_api():
         assert getattr(dpaudit, name) is not None
     with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
         dpaudit.nonexistent
+
+
+def test_docker_check_reads_the_base_image_and_its_torchvision():
+    """.ci/check_docker_torch's parsing, against PyTorch's published torch/torchvision pairs."""
+    import importlib.util
+    from importlib.machinery import SourceFileLoader
+
+    loader = SourceFileLoader("check_docker_torch", str(ROOT / ".ci" / "check_docker_torch"))
+    mod = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(mod)
+    assert mod.base_image(ROOT / "Dockerfile").startswith("pytorch/pytorch:")
+    known = {"2.5.1": "0.20.1", "2.6.0": "0.21.0", "2.7.1": "0.22.1", "2.13.0": "0.28.0"}
+    for torch_v, vision_v in known.items():
+        image = f"pytorch/pytorch:{torch_v}-cuda12.4-cudnn9-runtime"
+        assert mod.base_versions(image) == (torch_v, vision_v)
+    with pytest.raises(SystemExit, match="expected pytorch/pytorch"):
+        mod.base_versions("nvcr.io/nvidia/pytorch:25.01-py3")
