@@ -4,7 +4,7 @@
 (float32 inputs, int64 labels) and a ``DatasetInfo`` with the number of classes and the input
 shape. ``"digits"`` ships with scikit-learn (no download), so tests and the default experiment
 run offline; ``"synthetic"`` is a seeded Gaussian mixture; ``"fmnist"`` and ``"cifar10"`` need
-torchvision (``pip install dpaudit[vision]``), imported only when asked for.
+torchvision (the ``vision`` extra: ``pip install -e '.[vision]'``), imported only when asked for.
 """
 
 from __future__ import annotations
@@ -112,7 +112,9 @@ def _torchvision():
         import torchvision
     except Exception as err:  # ImportError, or a broken install
         raise ImportError(
-            "this dataset needs torchvision, which is not usable here: pip install dpaudit[vision]"
+            "this dataset needs torchvision, which is not usable here: install the release "
+            "built for your torch (torchvision 0.28.0 for torch 2.13.0), e.g. from the "
+            "repository root: pip install -c requirements/dev.txt -e '.[vision]'"
         ) from err
     return torchvision
 
