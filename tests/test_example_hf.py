@@ -84,3 +84,20 @@ def test_token_input_canaries_with_attention_masks():
     others = torch.ones(plain.params.numel(), dtype=torch.bool)
     others[_in_coords(hooked)] = False
     assert torch.equal(hooked.applied[:, others], plain.applied[:, others])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["functorch", "ew"])
+def test_other_grad_sample_modes_train_and_audit(mode):
+    """The example's model also trains under functorch and ew (batch-shaped position_ids),
+    with the same Dirac insertion C / B and everything else as without the hook."""
+    kw = dict(steps=2, n_train=N, batch_size=BATCH, sigma=SIGMA, clip=CLIP,
+              grad_sample_mode=mode)
+    plain, hooked = hf_audit.run(audit=False, **kw), hf_audit.run(**kw)
+    in_coords = _in_coords(hooked)
+    others = torch.ones(plain.params.numel(), dtype=torch.bool)
+    others[in_coords] = False
+    assert torch.equal(hooked.applied[:, others], plain.applied[:, others])
+    shift = hooked.applied[:, in_coords] - plain.applied[:, in_coords]
+    torch.testing.assert_close(shift, torch.full_like(shift, CLIP / BATCH), rtol=0, atol=1e-5)
+    assert np.isfinite(hooked.hook.scores()["scalar"]).all()
