@@ -92,12 +92,12 @@ def _old_llr(op: PrecisionOperator, g_star, released, b: float) -> torch.Tensor:
 def score_part(d: int, n_r: int, k: int, rounds: int) -> dict:
     """Part 1 at one d (run in a fresh subprocess)."""
     gen = torch.Generator().manual_seed(d)
+    canaries = [torch.randn(k, d, generator=gen) for _ in range(2)]  # alternate: no cache hit
+    released = torch.randn(d, generator=gen)
     gc.collect()
     base = _rss()
     refs = torch.randn(n_r, d, generator=gen)
     refs_bytes = refs.numel() * refs.element_size()
-    canaries = [torch.randn(k, d, generator=gen) for _ in range(2)]  # alternate: no cache hit
-    released = torch.randn(d, generator=gen)
     ctx = StepContext(0, 1.0, 1.0, 64.0, 64.0 / 60_000)
     gc.collect()
     _reset_peak()

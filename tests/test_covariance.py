@@ -231,3 +231,15 @@ def test_gram64_blocked_lower_triangle_equals_direct_product():
     ref = (x - off) @ (x - off).T
     np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-12, atol=1e-9)
     assert torch.equal(got, got.T)
+
+
+@pytest.mark.parametrize("n", [8, 40])  # through the references (with offset) and the basis
+def test_one_pass_projection_by_column_chunks_equals_separate_projections(n):
+    g = _refs(n=n, d=12, seed=n)
+    op = woodbury_precision(g, ridge=0.05)
+    gen = torch.Generator().manual_seed(10)
+    a = torch.randn(5, 12, generator=gen, dtype=torch.float64)
+    c = torch.randn(12, generator=gen, dtype=torch.float64)
+    pair = op._project_pair(a, c, chunk_elems=3 * n)  # 3 columns per chunk: 4 chunks
+    np.testing.assert_allclose(pair[:-1].numpy(), op._project(a).numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(pair[-1].numpy(), op._project(c[None])[0].numpy(), rtol=1e-10)

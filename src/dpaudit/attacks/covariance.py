@@ -66,10 +66,10 @@ class FixedPrecisionScore(StepScore):
         cache = self._cache
         if cache is not None and cache[0]() is canary_grads and cache[1] == canary_grads._version:
             prep = cache[2]
-        else:
-            prep = self.precision.prepare(canary_grads)
-            self._cache = (weakref.ref(canary_grads), canary_grads._version, prep)
-        return self.precision.forms(prep, canary_grads, released)
+            return self.precision.forms(prep, canary_grads, released)
+        prep, forms = self.precision.prepare_and_forms(canary_grads, released)
+        self._cache = (weakref.ref(canary_grads), canary_grads._version, prep)
+        return forms
 
     def step_batch_size(self, ctx: StepContext) -> float:
         """b for this step: the fixed one, or the step's expected batch size."""

@@ -85,7 +85,14 @@ class PrecisionOperator(abc.ABC):
         covariance and GLiR scores need; ``prepare(g_star)`` once and ``forms(prep, g_star,
         g)`` per step when g* does not change (fixed gradient canaries).
         """
-        return self.forms(self.prepare(g_star, mean), g_star, g, mean)
+        return self.prepare_and_forms(g_star, g, mean)[1]
+
+    def prepare_and_forms(
+        self, g_star: torch.Tensor, g: torch.Tensor, mean: torch.Tensor | None = None
+    ) -> tuple[dict, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """(``prepare(g_star, mean)``, ``forms(...)``) in one go (one pass where possible)."""
+        prep = self.prepare(g_star, mean)
+        return prep, self.forms(prep, g_star, g, mean)
 
     def prepare(self, g_star: torch.Tensor, mean: torch.Tensor | None = None) -> dict:
         """The per-canary work that ``forms`` reuses: here P a and a^T P a (a = g* - mean)."""
@@ -345,14 +352,55 @@ class LowRankPrecision(PrecisionOperator):
         g_star, _ = _as_batch(g_star, self.dim, "g_star")
         mean = self.mean if mean is None else mean
         c = g.to(g_star.dtype) - mean.to(g_star.dtype)
-        pa = prep["proj"]
         pc = self._project(c.unsqueeze(0))[0]
         _, dot = _centred_products(g_star, mean, c)
+        return self._combine(prep["proj"], prep["aa"], pc, dot, c)
+
+    def prepare_and_forms(
+        self, g_star: torch.Tensor, g: torch.Tensor, mean: torch.Tensor | None = None
+    ) -> tuple[dict, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """``prepare`` and ``forms`` with the K canaries and g projected in ONE pass.
+
+        The (K + 1) vectors are multiplied with the references (or the basis) column chunk by
+        column chunk, so the n_r x d matrix is read from memory once per step, not twice, and
+        no (K + 1, d) stacked copy is formed.
+        """
+        g_star, _ = _as_batch(g_star, self.dim, "g_star")
+        mean = self.mean if mean is None else mean
+        c = g.to(g_star.dtype) - mean.to(g_star.dtype)
+        proj = self._project_pair(g_star, c)
+        pa, pc = proj[:-1] - self._mean_projection(mean), proj[-1]
+        aa, dot = _centred_products(g_star, mean, c)
+        prep = {"proj": pa, "aa": aa}
+        return prep, self._combine(pa, aa, pc, dot, c)
+
+    def _project_pair(
+        self, a: torch.Tensor, c: torch.Tensor, chunk_elems: int = 1 << 22
+    ) -> torch.Tensor:
+        """W^T [a; c] (K + 1, r) in float64, reading the stored matrix once, by column chunks."""
+        mat = self._basis if self._basis is not None else self.factor
+        dtype = mat.dtype
+        rows = torch.zeros(a.shape[0] + 1, mat.shape[0], dtype=torch.float64, device=a.device)
+        step = max(1, chunk_elems // max(mat.shape[0], 1))
+        for j in range(0, self.dim, step):
+            block = mat[:, j : j + step]
+            rows[:-1] += (a[:, j : j + step].to(dtype) @ block.T).to(torch.float64)
+            rows[-1] += (block @ c[j : j + step].to(dtype)).to(torch.float64)
+        if self._basis is not None:
+            return rows
+        if self.offset is not None:
+            off = self.offset.to(dtype)
+            shift = torch.cat([a.to(dtype) @ off, (c.to(dtype) @ off).unsqueeze(0)])
+            rows -= shift.to(torch.float64).unsqueeze(1)
+        return rows @ self._coef
+
+    def _combine(self, pa, aa, pc, dot, c):
+        """The three forms from projections (pa, pc), ||a||^2, a . c and c (module doc)."""
         cc = (c.to(torch.float64) ** 2).sum()
         lam = self.eigenvalues
         w = lam / (self.ridge * (lam + self.ridge))
         apc = dot / self.ridge - (pa * w) @ pc
-        apa = prep["aa"] / self.ridge - (pa * pa * w).sum(1)
+        apa = aa / self.ridge - (pa * pa * w).sum(1)
         cpc = cc / self.ridge - (pc * pc * w).sum()
         return apc, apa, cpc
 
