@@ -17,7 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("transformers")
+
+@pytest.fixture(autouse=True)
+def _transformers():
+    """Skip cleanly without transformers (imported here, not at collection: it takes seconds)."""
+    pytest.importorskip("transformers")
 
 _PATH = Path(__file__).resolve().parents[1] / "experiments" / "hf_audit.py"
 _spec = importlib.util.spec_from_file_location("hf_audit", _PATH)
