@@ -161,7 +161,6 @@ class BatchFold:
         self._cat_cache: dict[tuple, torch.Tensor] = {}
         self._target_cache: dict[torch.device, list[torch.Tensor]] = {}
         self._handles: list = []
-        self._patches: list[InstancePatch] = []
         self._random: bool | None = None if probe else False  # None: not probed yet
         self._probing = False
         self._armed = True  # folding allowed until this logical step's first forward
