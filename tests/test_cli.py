@@ -109,7 +109,7 @@ def test_missing_launcher_plugin_names_the_extra(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)
     assert proc.returncode == 2
-    assert "pip install 'dpaudit[launchers]'" in proc.stderr
+    assert "pip install -e '.[launchers]'" in proc.stderr
     assert "hydra-joblib-launcher" in proc.stderr
 
 

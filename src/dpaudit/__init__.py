@@ -14,7 +14,8 @@ The most used names are available at the top level (imported on first use, so th
 
 ``dir(dpaudit)`` lists this API and the subpackages. In the repository: the user guide
 ``docs/`` (``docs/index.md``; how to read a report: ``docs/evidence.md``), the tutorial
-``notebooks/audit_your_opacus_model.ipynb`` and ``README.md``.
+``notebooks/audit_your_opacus_model.ipynb`` and ``README.md``. Module docstrings cite sections
+of the design reference ``docs/design.md`` as "DESIGN x.y".
 """
 
 from __future__ import annotations

@@ -82,7 +82,9 @@ def missing_launcher(argv: list[str]) -> str | None:
         if not found:
             return (
                 f"hydra/launcher={name} needs the Hydra launcher plugin {package}, which is not "
-                "installed: pip install 'dpaudit[launchers]' (or pip install " + package + ")"
+                "installed: pip install -e '.[launchers]' in the dpaudit checkout (or pip install "
+                + package
+                + ")"
             )
     return None
 

@@ -118,7 +118,7 @@ def help_text() -> str:
         "  dpaudit experiment=PRESET                 a preset (below)",
         "  dpaudit GROUP=OPTION KEY=VALUE ...        e.g. canary=input dp.noise_multiplier=2",
         "  dpaudit -m dp.noise_multiplier=2,4        a sweep (hydra/launcher=cpu_parallel or",
-        "                                            slurm_gpu: pip install 'dpaudit[launchers]')",
+        "                                            slurm_gpu: pip install -e '.[launchers]')",
         "  dpaudit --cfg job [overrides]             print the composed config, run nothing",
         "Outputs go to Hydra's run directory (hydra.run.dir=DIR), log in <dir>/cli.log.",
         "Exit status 3: the verdict is a PRIVACY BUG (fail_on_bug=false: 0).",
