@@ -243,3 +243,12 @@ def test_one_pass_projection_by_column_chunks_equals_separate_projections(n):
     pair = op._project_pair(a, c, chunk_elems=3 * n)  # 3 columns per chunk: 4 chunks
     np.testing.assert_allclose(pair[:-1].numpy(), op._project(a).numpy(), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(pair[-1].numpy(), op._project(c[None])[0].numpy(), rtol=1e-10)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("method", ["woodbury", "ledoit_wolf", "dense", "diagonal"])
+def test_non_finite_references_are_refused(bad, method):
+    g = _refs(n=40, d=12).float()
+    g[17, 5] = bad
+    with pytest.raises(ValueError, match="NaN or inf"):
+        estimate_precision(g, method, ridge=0.1)
