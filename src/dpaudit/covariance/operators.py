@@ -383,9 +383,9 @@ class LowRankPrecision(PrecisionOperator):
         rows = torch.zeros(a.shape[0] + 1, mat.shape[0], dtype=torch.float64, device=a.device)
         step = max(1, chunk_elems // max(mat.shape[0], 1))
         for j in range(0, self.dim, step):
-            block = mat[:, j : j + step]
-            rows[:-1] += (a[:, j : j + step].to(dtype) @ block.T).to(torch.float64)
-            rows[-1] += (block @ c[j : j + step].to(dtype)).to(torch.float64)
+            # one product per chunk for the K + 1 vectors ((K + 1) x step temporary)
+            both = torch.cat([a[:, j : j + step].to(dtype), c[j : j + step].to(dtype)[None]])
+            rows += (both @ mat[:, j : j + step].T).to(torch.float64)
         if self._basis is not None:
             return rows
         if self.offset is not None:
