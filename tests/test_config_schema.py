@@ -31,7 +31,7 @@ def test_default_config_is_audit_settings_defaults(hydra_conf):
     """`dpaudit` with no arguments runs AuditSettings(): the two cannot drift apart."""
     cfg = compose("config")
     assert settings_of(cfg) == AuditSettings().to_dict()
-    assert cfg.task._target_ == "dpaudit.experiment.audit_task"
+    assert cfg.task._target_ == "dpaudit.tasks.audit.audit_task"
 
 
 @pytest.mark.parametrize("group", list(GROUPS))

@@ -17,7 +17,6 @@ import pytest
 
 from dpaudit.experiment import AuditSettings, aggregate, run_audit
 from dpaudit.experiment.collect import collect_sweep
-from dpaudit.experiment.collect import main as aggregate_main
 from dpaudit.experiment.multirun import (
     DirectoryBusyError,
     checksum,
@@ -29,6 +28,7 @@ from dpaudit.experiment.multirun import (
 )
 from dpaudit.experiment.run import RunRecord
 from dpaudit.experiment.threat import threat_model_for
+from dpaudit.tasks.aggregate import main as aggregate_main
 
 MULTI = {
     "model": {"name": "logreg"},

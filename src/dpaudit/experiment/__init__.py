@@ -10,7 +10,6 @@ import importlib
 # Imported on first use, so that ``dpaudit.experiment.settings`` (the CLI's config schema)
 # stays free of torch.
 _LAZY = {
-    "audit_task": "dpaudit.experiment.audit",
     "evaluate": "dpaudit.experiment.audit",
     "run_audit": "dpaudit.experiment.audit",
     "BUGS": "dpaudit.experiment.bugs",
@@ -41,7 +40,6 @@ __all__ = [
     "aggregate",
     "audit_report",
     "audit_run",
-    "audit_task",
     "evaluate",
     "plant_bug",
     "run_audit",

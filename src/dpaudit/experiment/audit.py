@@ -4,7 +4,7 @@ evaluation of pooled scores (DESIGN 3).
 ``run_audit`` is the user-facing entry point: it runs the one-run audit (K canaries, each a
 member with probability 1/2, one training, ``run.audit_run``) or the multi-run audit
 (``multirun.run_multi``), evaluates the bounds against the theory, and writes the report.
-``audit_task`` is the same for Hydra.
+The Hydra task over it is ``dpaudit.tasks.audit.audit_task``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dpaudit.experiment.run import RunRecord, audit_run
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.threat import threat_model_for
 
-__all__ = ["audit_task", "evaluate", "run_audit"]
+__all__ = ["evaluate", "run_audit"]
 
 
 def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None) -> dict:
@@ -94,8 +94,3 @@ def run_audit(
     if output_dir is not None:
         write_report(result, run, Path(output_dir), settings)
     return result
-
-
-def audit_task(output_dir: str | None = None, **groups) -> dict:
-    """Hydra task (``experiment=audit_*``): group mappings in, report written to output_dir."""
-    return run_audit(output_dir=output_dir, **groups)

@@ -1,4 +1,5 @@
-"""``dpaudit-aggregate``: re-evaluate a multi-run audit directory, or summarise a sweep.
+"""Re-evaluate a multi-run audit directory, or summarise a sweep (``dpaudit-aggregate``,
+``dpaudit.tasks.aggregate``).
 
 * A multi-run audit directory (it has ``runs/`` and ``settings.json``): pool every verified
   run record (never a run twice, never one from other settings, never a corrupt or edited
@@ -8,22 +9,18 @@
   ``sweep_summary.json`` (with each job's settings and the provenance of the summary) and a
   table; jobs without results (unfinished) are listed as pending.
 
-Every user error (missing directory, no runs, a one-run directory, corrupt files, mismatched
-settings, a directory in use) is one line on stderr and exit status 2, never a traceback.
+A user error (missing directory, no runs, a one-run directory, corrupt files, mismatched
+settings, a directory in use) raises ValueError, ``DirectoryBusyError`` or OSError.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 
 from dpaudit.experiment.audit import evaluate
 from dpaudit.experiment.multirun import (
     RUNS_DIR,
-    SETTINGS_FILE,
-    DirectoryBusyError,
     DirectoryLock,
     aggregate,
     load_settings,
@@ -31,8 +28,6 @@ from dpaudit.experiment.multirun import (
 from dpaudit.experiment.report import write_report
 from dpaudit.report import format_table, write_json
 from dpaudit.report.provenance import SCHEMA_VERSION, provenance
-
-EXIT_USER_ERROR = 2
 
 
 def reaggregate(directory: str | Path) -> dict:
@@ -128,30 +123,3 @@ def collect_sweep(directory: str | Path) -> dict:
     if pending:
         print(f"pending (no results.json yet): {', '.join(pending)}")
     return summary
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Console entry point ``dpaudit-aggregate DIR`` (exit 2 with one line on a user error)."""
-    parser = argparse.ArgumentParser(prog="dpaudit-aggregate", description=__doc__.split("\n")[0])
-    parser.add_argument("directory", type=Path, help="multi-run audit or Hydra sweep directory")
-    args = parser.parse_args(argv)
-    d = args.directory
-    try:
-        if not d.exists():
-            raise ValueError(f"{d} does not exist")
-        if not d.is_dir():
-            raise ValueError(f"{d} is not a directory")
-        if (d / RUNS_DIR).is_dir() or (d / SETTINGS_FILE).exists():
-            reaggregate(d)
-        else:
-            summary = collect_sweep(d)
-            if summary["unreadable"]:
-                bad = "; ".join(summary["unreadable"].values())
-                raise ValueError(f"{len(summary['unreadable'])} job(s) left out: {bad}")
-    except (ValueError, DirectoryBusyError, OSError) as err:
-        print(f"dpaudit-aggregate: error: {err}", file=sys.stderr)
-        raise SystemExit(EXIT_USER_ERROR) from None
-
-
-if __name__ == "__main__":
-    main()

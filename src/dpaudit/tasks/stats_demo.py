@@ -2,7 +2,7 @@
 
 Out scores ~ N(0, 1), in scores ~ N(mu, 1): the optimal test of a mu-GDP mechanism, so the true
 epsilon at delta is ``gdp_epsilon(mu, delta)``. A sound method must stay below it; a tight one
-gets close. This is the CLI's ``experiment=stats_demo`` task.
+gets close. This is the CLI's ``experiment=stats_demo`` task, over ``dpaudit.stats``.
 """
 
 from __future__ import annotations
