@@ -4,7 +4,7 @@ Candidates (in-distribution, mislabeled, blank and crafted inputs; Dirac and ran
 gradient canaries of norm C) are scored by ||g - mu_0||^2_P at theta_0 with any
 ``dpaudit.covariance`` estimator, then selected (top-K, easy / medium / hard, stratified,
 capped in-distribution). The predicted DP-SGD leakage of each choice lives here too (the
-seed 001 Figure 3 experiment that uses all this is ``dpaudit.experiment.figure3``).
+seed 001 Figure 3 experiment that uses all this is ``dpaudit.tasks.figure3``).
 """
 
 from dpaudit.canaries.leakage import PredictedLeakage, predicted_leakage

@@ -18,10 +18,10 @@ from torch.utils.data import TensorDataset
 
 from dpaudit.attacks import ScalarProduct
 from dpaudit.capture import InputCanaries, resolve_parameter_names
-from dpaudit.experiment.figure3 import figure3
 from dpaudit.experiment.settings import DPSettings
 from dpaudit.experiment.training import train_audited
 from dpaudit.models import build_model
+from dpaudit.tasks.figure3 import figure3
 
 
 def preset(name: str, *overrides: str):
@@ -36,7 +36,7 @@ def task(cfg) -> dict:
 @pytest.mark.parametrize("name", ["fig3_fmnist", "fig3_cifar10"])
 def test_gpu_presets_follow_the_paper_setting(name):
     t = task(preset(name))
-    assert t["_target_"] == "dpaudit.experiment.figure3.figure3"
+    assert t["_target_"] == "dpaudit.tasks.figure3.figure3"
     assert t["dp"]["batch_size"] == 64 and t["dp"]["lr"] == 1e-3 and t["dp"]["epochs"] == 1
     assert t["n_references"] == 1000 and t["candidates"] is None
     assert t["sampling"] == "shuffle"
@@ -86,6 +86,9 @@ def test_cifar10_preset_code_path_runs_on_digits(tmp_path):
         assert e["covariance"]["n_in"] + e["covariance"]["n_out"] == 3 * 2
     for name in ("figure3.json", "figure3_roc.png", "mahalanobis_candidates.png"):
         assert (tmp_path / name).stat().st_size > 0
+    # only the settings the experiment reads (its canaries and attacks are its own arguments)
+    assert sorted(rep["settings"]) == ["data", "device", "dp", "model", "progress", "seed"]
+    assert rep["settings"]["model"]["name"] == "cnn" and rep["settings"]["data"]["name"] == "digits"
 
 
 def test_shuffle_sampling_makes_one_pass_per_epoch():
