@@ -89,8 +89,8 @@ FOLD_BMM = (
     "the second step; exact without BatchMemoryManager and with input_pass='separate')"
 )
 KNOWN: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
-    ("lstm_tokens", "hooks-bmm3"): (("trajectory",), FOLD_BMM),
-    ("transformer_mask", "hooks-bmm3"): (("trajectory",), FOLD_BMM),
+    # FOLD_BMM is fixed: batches of 1-3 rows are no longer folded under input_pass="auto"
+    # (fold.MIN_FOLD_ROWS), and the probe checks that appending rows leaves the batch's bits
 }
 
 

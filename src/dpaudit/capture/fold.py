@@ -28,7 +28,13 @@ Training is therefore unchanged bit for bit (same clipped sum, same noise, same 
 the batch rows' arithmetic is row-independent. A forward that draws random numbers (dropout)
 would draw them for B + K rows and shift the batch's masks and every later draw, so a model
 with such modules in training mode is never folded (``random_modules``), and every folded
-forward is checked to leave the global RNG untouched (RuntimeError otherwise). Only a training
+forward is checked to leave the global RNG untouched (RuntimeError otherwise). Bit-for-bit
+also needs kernels that compute each row independently of how many rows there are: true of
+CPU matrix products from 4 rows up (measured), not for 1-3 rows (small-matrix kernels), and
+not promised by GPU libraries. So under ``input_pass="auto"`` batches of fewer than
+``MIN_FOLD_ROWS`` rows take the separate pass, and the probe forward is replayed once with the
+canary rows appended (no grad, forked RNG): if the batch's outputs change by a bit, nothing is
+ever folded. ``input_pass="batch"`` folds regardless (exact up to such rounding). Only a training
 forward of the wrapped model is folded, never one inside ``per_sample_clipped_grads``; when no
 fold happened in a logical step (a forward that does not match), ``take()`` returns None and the
 hook falls back to the separate pass.
@@ -51,6 +57,10 @@ from dpaudit.capture.persample import (
     in_per_sample_pass,
     summed_loss_output_grad,
 )
+
+# Batches of 1 to 3 rows are not folded under input_pass="auto": CPU matrix kernels for so few
+# rows round differently from the blocked kernels used once the canary rows are appended.
+MIN_FOLD_ROWS = 4
 
 # Modules that draw random numbers in training mode, with the attribute giving their rate.
 _RANDOM_MODULES: tuple[tuple[type, str], ...] = (
@@ -161,7 +171,9 @@ class BatchFold:
         self._cat_cache: dict[tuple, torch.Tensor] = {}
         self._target_cache: dict[torch.device, list[torch.Tensor]] = {}
         self._handles: list = []
-        self._random: bool | None = None if probe else False  # None: not probed yet
+        # None: not probed yet; True: never fold (random forward, or rows not independent)
+        self._random: bool | None = None if probe else False
+        self._min_rows = MIN_FOLD_ROWS if probe else 0
         self._probing = False
         self._armed = True  # folding allowed until this logical step's first forward
         self._rng_before: list[torch.Tensor] | None = None
@@ -283,9 +295,15 @@ class BatchFold:
         b = self._batch_rows(args, kwargs) if self._foldable else None
         if b is None:
             return None
+        if 0 < b < self._min_rows:
+            return None
         self._rng_before = rng_states(tensors)
         self._in_call = True
         self._folded_b = b
+        return self._concat(args, kwargs)
+
+    def _concat(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """The call's arguments with the canaries' rows behind each tensor they carry."""
         npos, names = self.signature
         new_args = tuple(
             torch.cat([a, self._canary_slot(i, a)]) if i < npos else a for i, a in enumerate(args)
@@ -295,12 +313,32 @@ class BatchFold:
             new_kwargs[n] = torch.cat([kwargs[n], self._canary_slot(n, kwargs[n])])
         return new_args, new_kwargs
 
+    def _rows_independent(self, module, args, kwargs, output) -> bool:
+        """Whether the probed forward's batch outputs come out bit for bit the same with the
+        canary rows appended (one extra no-grad forward, off the global RNG): matrix kernels
+        that pick their algorithm by the number of rows would change the batch's rounding."""
+        b = self._batch_rows(args, kwargs) if self._foldable else None
+        if b is None or b < self._min_rows or not isinstance(output, torch.Tensor):
+            return True  # nothing to compare now; such calls are not folded anyway
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        cuda = sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
+        new_args, new_kwargs = self._concat(args, kwargs)
+        with torch.no_grad(), torch.random.fork_rng(devices=cuda):
+            full = module(*new_args, **new_kwargs)
+        return (
+            isinstance(full, torch.Tensor)
+            and full.shape[0] == b + self.num_rows
+            and bool(torch.equal(full[:b], output.detach()))
+        )
+
     def _post_forward(self, module, args, kwargs, output):
         if self._probing:
             self._probing = False
             tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
             self._random = not _same_states(self._rng_before, rng_states(tensors))
             self._rng_before = None
+            if not self._random and not self._rows_independent(module, args, kwargs, output):
+                self._random = True  # never fold: the batch's arithmetic would change
             return None
         if not self._in_call:
             return None
