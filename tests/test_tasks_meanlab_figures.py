@@ -7,8 +7,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import call, get_method
 
-from dpaudit.meanlab import figures as fig
 from dpaudit.meanlab import theory as th
+from dpaudit.tasks import meanlab_figures as fig
 
 CONF = Path(fig.__file__).resolve().parents[1] / "conf"
 PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("meanlab_*.yaml"))
