@@ -15,9 +15,9 @@ import numpy as np
 from dpaudit.experiment.evaluation import split_scores
 from dpaudit.experiment.run import resolve_device
 from dpaudit.report import format_table, plot_roc, plot_score_histograms, write_json
-from dpaudit.report.plots import theory_fpr
 from dpaudit.report.provenance import provenance
 from dpaudit.stats import gdp_tradeoff
+from dpaudit.stats.roc import theory_fpr
 from dpaudit.threat_model import ThreatModel
 
 

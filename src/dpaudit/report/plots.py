@@ -21,6 +21,7 @@ import numpy as np
 
 from dpaudit.report.files import _umask
 from dpaudit.stats import roc_curve
+from dpaudit.stats.roc import theory_fpr
 
 MAX_BINS = 50
 # The verdict's colour on a figure: red for a certified violation, orange for an estimate
@@ -197,11 +198,6 @@ def plot_roc(
             ``consistent``): the box's colour.
     """
     return save_figure(roc_figure(scores, theory, title, points, note, status), path)
-
-
-def theory_fpr() -> np.ndarray:
-    """The FPR grid on which theoretical ROC curves are evaluated for plotting."""
-    return np.logspace(-5, 0, 200)
 
 
 def histogram_figure(

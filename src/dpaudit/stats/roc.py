@@ -13,6 +13,12 @@ import numpy as np
 from dpaudit.stats._validate import check_scores
 
 
+def theory_fpr() -> np.ndarray:
+    """The FPR grid (1e-5 to 1, 200 log-spaced points) on which theoretical ROC and trade-off
+    curves are evaluated, for the report's JSON and its plots alike."""
+    return np.logspace(-5, 0, 200)
+
+
 def count_at_or_above(sorted_scores: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
     """Number of entries of an ascending array that are ``>= t`` for each threshold ``t``."""
     return sorted_scores.size - np.searchsorted(sorted_scores, thresholds, side="left")
