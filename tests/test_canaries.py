@@ -1,4 +1,4 @@
-"""Canary sources, Algorithm 3 ranking and selection, Algorithm 6, predicted leakage, plots."""
+"""Canary sources, Algorithm 3 ranking and selection, Algorithm 6, predicted leakage."""
 
 import numpy as np
 import pytest
@@ -14,8 +14,6 @@ from dpaudit.canaries import (
     in_distribution,
     mahalanobis_scores,
     mislabeled,
-    plot_canary_grid,
-    plot_score_distribution,
     predicted_leakage,
     random_direction_canaries,
     rank_along_trajectory,
@@ -208,21 +206,3 @@ def test_predicted_leakage_closed_form_and_epoch_sum_simulation():
     s = ((noise + shift) @ a - a @ diff[0] / (2 * b)).sum(axis=2)
     assert auc(s[1], s[0]) == pytest.approx(float(one.auc_summed_score[0]), abs=0.03)
     assert float(one.auc_summed_score[0]) == pytest.approx(ndtr(np.sqrt(m[0] / steps) / np.sqrt(2)))
-
-
-def test_plots_write_pngs(tmp_path):
-    x, y, _, _ = _digits_setup()
-    scores = np.random.default_rng(0).lognormal(size=200)
-    sel = select_canaries(scores, "easy_medium_hard", k=3)
-    p1 = plot_score_distribution(scores, sel, tmp_path / "dist.png")
-    groups = sel.by_label()
-    p2 = plot_canary_grid(
-        {k: x[torch.as_tensor(v)] for k, v in groups.items()},
-        tmp_path / "grid.png",
-        targets_by_label={k: y[torch.as_tensor(v)] for k, v in groups.items()},
-        scores_by_label={k: scores[v] for k, v in groups.items()},
-    )
-    for p in (p1, p2):
-        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 2000
-    with pytest.raises(ValueError, match="empty"):
-        plot_canary_grid({}, tmp_path / "none.png")

@@ -4,11 +4,11 @@ Candidates (in-distribution, mislabeled, blank and crafted inputs; Dirac and ran
 gradient canaries of norm C) are scored by ||g - mu_0||^2_P at theta_0 with any
 ``dpaudit.covariance`` estimator, then selected (top-K, easy / medium / hard, stratified,
 capped in-distribution). The predicted DP-SGD leakage of each choice lives here too (the
-seed 001 Figure 3 experiment that uses all this is ``dpaudit.tasks.figure3``).
+seed 001 Figure 3 experiment that uses all this is ``dpaudit.tasks.figure3``; the figures of
+canary choice are ``dpaudit.report.canary_plots``).
 """
 
 from dpaudit.canaries.leakage import PredictedLeakage, predicted_leakage
-from dpaudit.canaries.plots import plot_canary_grid, plot_score_distribution
 from dpaudit.canaries.ranking import (
     STRATEGIES,
     Ranking,
@@ -46,8 +46,6 @@ __all__ = [
     "in_distribution",
     "mahalanobis_scores",
     "mislabeled",
-    "plot_canary_grid",
-    "plot_score_distribution",
     "predicted_leakage",
     "random_direction_canaries",
     "rank_along_trajectory",

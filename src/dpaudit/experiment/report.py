@@ -242,7 +242,8 @@ def write_audit_report(
             status=v["status"],
         )
         if candidate_scores is not None:
-            from dpaudit.canaries import Selection, plot_score_distribution
+            from dpaudit.canaries import Selection
+            from dpaudit.report.canary_plots import plot_score_distribution
 
             cand = np.asarray(candidate_scores)
             idx = np.asarray(chosen, dtype=np.int64)

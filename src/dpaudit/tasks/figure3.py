@@ -24,13 +24,7 @@ import numpy as np
 from torch.utils.data import TensorDataset
 
 from dpaudit.attacks import CovarianceScore, ScalarProduct
-from dpaudit.canaries import (
-    plot_canary_grid,
-    plot_score_distribution,
-    predicted_leakage,
-    rank_candidates,
-    select_canaries,
-)
+from dpaudit.canaries import predicted_leakage, rank_candidates, select_canaries
 from dpaudit.capture import InputCanaries, resolve_parameter_names
 from dpaudit.covariance import noise_aware
 from dpaudit.experiment.canary_setup import LOSS
@@ -39,6 +33,7 @@ from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.training import SAMPLINGS, poisson_sample_rate, train_audited
 from dpaudit.models import build_model
 from dpaudit.report import format_table, plot_roc, write_json
+from dpaudit.report.canary_plots import plot_canary_grid, plot_score_distribution
 from dpaudit.stats import auc, tpr_at_fpr
 
 CLASSES = ("easy", "medium", "hard")
