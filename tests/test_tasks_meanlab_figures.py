@@ -7,6 +7,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import call, get_method
 
+import dpaudit.conf  # noqa: F401  (registers the config schema the presets compose with)
 from dpaudit.meanlab import theory as th
 from dpaudit.tasks import meanlab_figures as fig
 
