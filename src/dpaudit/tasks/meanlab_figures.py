@@ -14,13 +14,6 @@ import numpy as np
 from dpaudit.meanlab import linreg
 from dpaudit.meanlab import scores as sc
 from dpaudit.meanlab import theory as th
-from dpaudit.meanlab._plotting import (
-    FPR_GRID,
-    histogram_figure,
-    line_figure,
-    roc_figure,
-    write_json,
-)
 from dpaudit.meanlab.distributions import (
     as_rng,
     bernoulli_product,
@@ -29,6 +22,13 @@ from dpaudit.meanlab.distributions import (
 )
 from dpaudit.meanlab.games import fixed_target_game, oracle_score
 from dpaudit.meanlab.mechanisms import ExactMean, NoisyMean, SubsampledMean
+from dpaudit.report.meanlab_plots import (
+    FPR_GRID,
+    histogram_figure,
+    line_figure,
+    roc_figure,
+    write_json,
+)
 from dpaudit.stats import auc, roc_curve, tpr_at_fpr
 
 FPRS = (0.01, 0.05, 0.1, 0.3)
