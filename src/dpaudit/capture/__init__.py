@@ -1,6 +1,6 @@
 """Training hooks that record the white-box view of Opacus DP-SGD (DESIGN 3, 4.3).
 
-``AuditHook`` (alias ``WhiteBoxRecorder``) attaches to the ``DPOptimizer`` of an unchanged
+``AuditHook`` attaches to the ``DPOptimizer`` of an unchanged
 Opacus training loop and streams per-canary scores; ``InputCanaries`` / ``GradientCanaries``
 describe what is audited; ``Trace`` writes released gradients to disk in chunks. Input canaries
 are folded into the training batch's own forward/backward (``fold``) unless that is impossible
@@ -14,7 +14,7 @@ save/restore helper for the optimizer attributes dpaudit patches.
 """
 
 from dpaudit.capture.canaries import GradientCanaries, InputCanaries
-from dpaudit.capture.hook import AuditHook, WhiteBoxRecorder, infer_sample_rate
+from dpaudit.capture.hook import AuditHook, infer_sample_rate
 from dpaudit.capture.persample import per_sample_clipped_grads, trainable_parameter_names
 from dpaudit.capture.selection import resolve_parameter_names
 from dpaudit.capture.trace import Trace, load_trace
@@ -24,7 +24,6 @@ __all__ = [
     "GradientCanaries",
     "InputCanaries",
     "Trace",
-    "WhiteBoxRecorder",
     "infer_sample_rate",
     "load_trace",
     "per_sample_clipped_grads",

@@ -78,7 +78,7 @@ from dpaudit.capture.support import (
 from dpaudit.capture.trace import Trace
 from dpaudit.capture.view import CoordinateView, check_coordinates
 
-__all__ = ["INPUT_PASSES", "AuditHook", "WhiteBoxRecorder", "infer_sample_rate"]
+__all__ = ["INPUT_PASSES", "AuditHook", "infer_sample_rate"]
 
 # scores that read the released gradient only through <g*, g_t> (and g* itself): on sparse
 # canaries they give the same values on the union of the supports as on the full vector
@@ -432,5 +432,3 @@ class AuditHook:
         self._require_steps()
         return np.stack(self._inclusions, axis=1)
 
-
-WhiteBoxRecorder = AuditHook
