@@ -48,7 +48,7 @@ def test_synthetic_mixture_is_seeded_and_learnable():
 def test_vision_sets_need_torchvision(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchvision", None)  # import fails
     for name in ("fmnist", "cifar10"):
-        with pytest.raises(ImportError, match=r"dpaudit\[vision\]"):
+        with pytest.raises(ImportError, match=r"'\.\[vision\]'"):
             load_dataset(name, root="unused")
 
 

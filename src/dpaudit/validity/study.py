@@ -103,8 +103,11 @@ def validity_study(
 
     Returns:
         Rows (dicts, scenario-major, methods in the given order) with: ``method``,
-        ``scenario``, ``kind`` ("certified" / "estimate", from the returned bounds; "mixed"
-        if they differ), ``assumption``, ``truth``, ``exactness``, ``delta``, ``confidence``,
+        ``scenario``, ``kind`` ("certified" / "estimate", from the applicable returned bounds;
+        "mixed" if they differ; "not applicable" if none applied), ``frac_not_applicable``
+        (repetitions whose bound was not applicable, e.g. one_run with m * delta not << 1;
+        their trivial 0 counts as not above the truth), ``assumption``, ``truth``,
+        ``exactness``, ``delta``, ``confidence``,
         ``reps``, ``n_in``, ``n_out``; ``frac_above`` (fraction of repetitions with
         epsilon > truth) and ``frac_above_se`` (its standard error), ``nominal`` (1 -
         confidence) and ``nominal_se`` (s.e. of a fraction at the nominal rate),
@@ -122,6 +125,7 @@ def validity_study(
         eps = np.zeros((len(meths), reps))
         valid = np.zeros((len(meths), reps), dtype=bool)
         kinds: list[set[str]] = [set() for _ in meths]
+        not_applicable = np.zeros(len(meths), dtype=int)
         assumptions: list[set[str | None]] = [set() for _ in meths]
         seconds = np.zeros(len(meths))
         t_scen = time.perf_counter()
@@ -136,15 +140,21 @@ def validity_study(
                     )
                 seconds[j] += time.perf_counter() - t0
                 eps[j, rep], valid[j, rep] = b.epsilon, b.valid
-                kinds[j].add(b.kind)
-                assumptions[j].add(b.assumption)
+                if b.applicable:
+                    kinds[j].add(b.kind)
+                    assumptions[j].add(b.assumption)
+                else:  # the trivial 0, counted as not above the truth
+                    not_applicable[j] += 1
         for j, (method, _) in enumerate(meths):
             above = eps[j] > truth
             frac = float(np.mean(above))
             nominal = 1.0 - float(confidence)
             with np.errstate(divide="ignore", invalid="ignore"):
                 ratio = eps[j] / truth if np.isfinite(truth) else np.zeros(reps)
-            kind = kinds[j].pop() if len(kinds[j]) == 1 else "mixed"
+            if not kinds[j]:
+                kind = "not applicable"
+            else:
+                kind = kinds[j].pop() if len(kinds[j]) == 1 else "mixed"
             named = sorted(a for a in assumptions[j] if a is not None)
             row = {
                 "method": method,
@@ -156,6 +166,7 @@ def validity_study(
                 "delta": float(delta),
                 "confidence": float(confidence),
                 "reps": int(reps),
+                "frac_not_applicable": float(not_applicable[j]) / reps,
                 "n_in": int(n_in),
                 "n_out": int(n_out),
                 "frac_above": frac,
