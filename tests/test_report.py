@@ -181,7 +181,7 @@ def test_report_files_describe_themselves_and_belong_together(tmp_path):
     import stat
 
     from dpaudit.experiment.evaluation import split_scores
-    from dpaudit.experiment.report import write_audit_report
+    from dpaudit.experiment.outputs import write_audit_report
 
     result = _bug_audit(tmp_path)
     assert result["verdict"]["status"] == "privacy_bug"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dpaudit.experiment.evaluation import evaluate_audit
 from dpaudit.experiment.multirun import run_multi
-from dpaudit.experiment.report import audit_mode, write_report
+from dpaudit.experiment.outputs import audit_mode, write_report
 from dpaudit.experiment.run import RunRecord, audit_run
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.threat import threat_model_for

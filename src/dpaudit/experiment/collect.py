@@ -25,7 +25,7 @@ from dpaudit.experiment.multirun import (
     aggregate,
     load_settings,
 )
-from dpaudit.experiment.report import write_report
+from dpaudit.experiment.outputs import write_report
 from dpaudit.report import format_table, write_json
 from dpaudit.report.provenance import SCHEMA_VERSION, provenance
 

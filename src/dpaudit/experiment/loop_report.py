@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from dpaudit.experiment.evaluation import DEFAULT_METHODS, evaluate_scores, split_scores
-from dpaudit.experiment.report import audit_mode, write_audit_report
+from dpaudit.experiment.outputs import audit_mode, write_audit_report
 from dpaudit.threat_model import ThreatModel
 
 

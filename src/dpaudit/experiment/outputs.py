@@ -1,4 +1,4 @@
-"""Write an audit's report: results.json, ROC / histogram / candidate plots, console table.
+"""Write an audit's outputs: results.json, ROC / histogram / candidate plots, console table.
 
 The table and the plots keep the two kinds of evidence apart: certified numbers (the claim
 test, mu_lower, sigma_upper, certified bounds) and estimates (each with the model it assumes).
