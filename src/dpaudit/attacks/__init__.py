@@ -9,8 +9,8 @@ from dpaudit.attacks.batch_size import BatchSizeScore
 from dpaudit.attacks.covariance import CovarianceScore, PerStepCovarianceScore, covariance_llr
 from dpaudit.attacks.glir import GLiRScore, ncx2_logcdf
 from dpaudit.attacks.mixture import MixtureLR, mixture_log_lr
+from dpaudit.attacks.replay import aggregate_steps, score_trace
 from dpaudit.attacks.scalar import ScalarProduct
-from dpaudit.attacks.trace import aggregate_steps, score_trace
 
 __all__ = [
     "BatchSizeScore",
