@@ -13,7 +13,7 @@ clipped sum before noise), ``view`` (the coordinate view and the released gradie
 save/restore helper for the optimizer attributes dpaudit patches.
 """
 
-from dpaudit.capture.canaries import GradientCanaries, InputCanaries
+from dpaudit.capture.canary_kinds import GradientCanaries, InputCanaries
 from dpaudit.capture.hook import AuditHook, infer_sample_rate
 from dpaudit.capture.persample import per_sample_clipped_grads, trainable_parameter_names
 from dpaudit.capture.selection import resolve_parameter_names

@@ -64,7 +64,7 @@ from dpaudit.attacks.base import StepContext, StepScore
 from dpaudit.attacks.mixture import MixtureLR
 from dpaudit.attacks.scalar import ScalarProduct
 from dpaudit.capture.accumulate import ScoreAccumulator
-from dpaudit.capture.canaries import Canaries, InputCanaries, as_canary_list
+from dpaudit.capture.canary_kinds import Canaries, InputCanaries, as_canary_list
 from dpaudit.capture.input_grads import INPUT_PASSES, InputGradients, all_finite, check_reference
 from dpaudit.capture.insertion import GradientInsertion, check_gradient_canaries
 from dpaudit.capture.patching import InstancePatch
