@@ -24,7 +24,7 @@ poisson_sampling=False for it), poisson on/off, bf16 autocast (references replay
 compared at bf16 tolerance), DPDDP with two gloo processes; per-layer and adaptive clipping
 are asserted to be refused at construction by name. Dropout models: the canaries' masks are
 the hook's private draw, so (c) checks their norms only. Known defects are strict xfails
-(``KNOWN``, ``FOLD_DDP``): a fix shows up as XPASS, to be removed there.
+(``KNOWN``): a fix shows up as XPASS, to be removed there.
 """
 
 from __future__ import annotations
@@ -353,20 +353,11 @@ def ddp_ranks(tmp_path_factory):
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
-FOLD_DDP = (
-    "fold under DPDDP on the masked transformer: the applied gradient differs from the "
-    "un-hooked run's by float rounding (3.7e-9 at the third step; exact with "
-    "input_pass='separate' and in one process)"
-)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "fam_name",
     [
-        pytest.param(
-            "transformer_mask", marks=pytest.mark.xfail(strict=True, reason=FOLD_DDP)
-        ),
+        "transformer_mask",
         "mlp_dropout",
     ],
 )
