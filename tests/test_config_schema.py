@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from dpaudit.cli import unused_overrides
 from dpaudit.conf import help_text, option_text, preset_names, task_references
-from dpaudit.experiment.settings import GROUPS, SELECTIONS, AuditSettings, choices_of
+from dpaudit.experiment.settings import CANARY_SELECTIONS, GROUPS, AuditSettings, choices_of
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def test_help_lists_presets_groups_and_allowed_values():
     for group in GROUPS:
         for option in preset_names(group):
             assert f"  {option}" in text
-    assert "allowed: " + " | ".join(SELECTIONS) in text
+    assert "allowed: " + " | ".join(CANARY_SELECTIONS) in text
     data_name = next(f for f in fields(GROUPS["data"]) if f.name == "name")
     assert "allowed: " + " | ".join(choices_of(data_name)) in text  # from the registry
     assert "_target_" not in text and "task:" not in text

@@ -25,7 +25,7 @@ DIRECTIONS = ("dirac", "random")
 PLACEMENTS = ("least_active", "random_live")
 GRADIENT_POLICIES = ("every_step", "bernoulli")
 VIEWS = ("full", "auto")
-SELECTIONS = ("top", "easy", "medium", "hard", "stratified", "random")
+CANARY_SELECTIONS = ("top", "easy", "medium", "hard", "stratified", "random")
 MODES = ("one_run", "multi_run")
 OPTIMIZERS = ("sgd", "adam")
 
@@ -209,7 +209,7 @@ class CanarySettings:
                      "coordinates (O(K^2) per step), full the whole gradient", VIEWS)
     source: str = _opt("mislabeled", "input: candidate pool", "INPUT_SOURCES")
     selection: str = _opt("top", "input: which ranked candidates (easy/medium/hard need 3 x "
-                          "count candidates)", SELECTIONS)
+                          "count candidates)", CANARY_SELECTIONS)
     candidates: int = _opt(200, "input: size of the candidate pool, >= count")
     n_references: int = _opt(128, "reference points for Algorithm 3's covariance")
     estimator: str = _opt("ledoit_wolf", "input: Algorithm 3's covariance estimator",
@@ -229,7 +229,7 @@ class CanarySettings:
         if self.inclusion_prob is not None:
             _unit("canary", "inclusion_prob", self.inclusion_prob, closed_right=True)
         _choice("canary", "source", self.source, _registry_names("INPUT_SOURCES"))
-        _choice("canary", "selection", self.selection, SELECTIONS)
+        _choice("canary", "selection", self.selection, CANARY_SELECTIONS)
         _positive("canary", "candidates", self.candidates, integer=True)
         _positive("canary", "n_references", self.n_references, integer=True)
         _choice("canary", "estimator", self.estimator, _registry_names("ESTIMATORS"))
@@ -258,7 +258,7 @@ class AttackSettings:
 
 
 @dataclass
-class AuditModeSettings:
+class AuditGroupSettings:
     """How membership is drawn and how the scores are turned into bounds (``audit`` group)."""
 
     mode: str = _opt("one_run", "one_run: K canaries in one training; multi_run: `runs` "
@@ -299,7 +299,7 @@ class AuditSettings:
     Attributes:
         data, model, dp, canary, attack, audit: the groups (``DataSettings``,
             ``ModelSettings``, ``DPSettings``, ``CanarySettings``, ``AttackSettings``,
-            ``AuditModeSettings``); ``describe_settings()`` lists every field with its
+            ``AuditGroupSettings``); ``describe_settings()`` lists every field with its
             one-line help and allowed values.
         seed: seed of the data split, the initial model, the canaries and the training.
         device: torch device ("cpu", "cuda", "cuda:1", ...); None: CUDA when available.
@@ -311,7 +311,7 @@ class AuditSettings:
     dp: DPSettings = field(default_factory=DPSettings)
     canary: CanarySettings = field(default_factory=CanarySettings)
     attack: AttackSettings = field(default_factory=AttackSettings)
-    audit: AuditModeSettings = field(default_factory=AuditModeSettings)
+    audit: AuditGroupSettings = field(default_factory=AuditGroupSettings)
     seed: int = _opt(0, "seed of the data split, model, canaries and training noise")
     device: str | None = _opt(None, "torch device: cpu, cuda, cuda:N (null: CUDA when "
                               "available, else CPU)")
@@ -366,7 +366,7 @@ GROUPS = {
     "dp": DPSettings,
     "canary": CanarySettings,
     "attack": AttackSettings,
-    "audit": AuditModeSettings,
+    "audit": AuditGroupSettings,
 }
 
 
