@@ -188,9 +188,11 @@ def _hydra_main(cfg: DictConfig):
         with warnings.catch_warnings():
             warnings.showwarning = router
             result = call(cfg.task, output_dir=str(out))
-    except (ValueError, InstantiationException) as exc:  # a bad setting: one line
+    except (ValueError, RuntimeError, InstantiationException) as exc:  # user error: one line
         err = exc.__cause__ if isinstance(exc, InstantiationException) else exc
-        if not isinstance(err, ValueError):
+        from dpaudit.report.lock import DirectoryBusyError  # only on this path (matplotlib)
+
+        if not isinstance(err, ValueError | DirectoryBusyError):
             raise
         file_log.error("error: %s", err)
         if hc.mode != RunMode.RUN or os.environ.get("HYDRA_FULL_ERROR") == "1":
