@@ -206,7 +206,7 @@ class Recorder(StepScore):
 
 
 def run(model_fn, features, call, canaries=None, input_pass="auto", steps=3, n=48,
-        autocast=False, record=None, batch=16):
+        autocast=False, record=None, batch=16, seed=0):
     """``steps`` DP-SGD steps; Poisson sampling and noise on the global RNG. Returns the
     trained GradSampleModule, the hook (or None) and the recorder."""
     torch.manual_seed(0)
@@ -224,7 +224,9 @@ def run(model_fn, features, call, canaries=None, input_pass="auto", steps=3, n=4
     if canaries is not None:
         module_ref = [model]
         rec = record(module_ref, canaries) if record else Recorder(module_ref, canaries)
-        hook = AuditHook(opt, model, canaries, scores=(rec,), input_pass=input_pass).attach()
+        hook = AuditHook(
+            opt, model, canaries, scores=(rec,), input_pass=input_pass, seed=seed
+        ).attach()
     done = 0
     while done < steps:
         for *xs, y in loader:
@@ -290,6 +292,35 @@ def test_dropout_training_is_unchanged_bit_for_bit(functional, input_pass):
     assert hook.steps == 4 and hook.folded_steps == 0  # random forwards are never folded
     for got in rec.got:
         assert torch.isfinite(got).all() and float(got.norm(dim=1).max()) <= C * (1 + 1e-6)
+
+
+def test_hook_seed_draws_the_canaries_dropout_and_never_the_training():
+    """``AuditHook(seed=)`` seeds the separate pass's private stream: the same seed gives the
+    same canary gradients under dropout, another seed other masks; training is the same."""
+    feats = FAMILIES["two-inputs"][1]
+
+    def features(n, s):
+        return feats(n, s)[:1]
+
+    canaries = InputCanaries(torch.randn(4, 6, generator=_gen(5)), labels(4, 6))
+    runs = [
+        run(lambda: DropoutMLP(), features, lambda m, x: m(x), canaries, steps=2, seed=seed)
+        for seed in (3, 3, 4)
+    ]
+    (m0, _, r0), (m1, _, r1), (m2, _, r2) = runs
+    assert torch.equal(params(m0), params(m1)) and torch.equal(params(m0), params(m2))
+    assert all(torch.equal(a, b) for a, b in zip(r0.got, r1.got, strict=True))
+    assert not any(torch.equal(a, b) for a, b in zip(r0.got, r2.got, strict=True))
+    model = DropoutMLP()
+    model, opt, _ = PrivacyEngine().make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(TensorDataset(torch.randn(8, 6), labels(8, 0)), batch_size=4),
+        noise_multiplier=1.0,
+        max_grad_norm=C,
+    )
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        AuditHook(opt, model, canaries, seed=1.5)
 
 
 def test_dropout_refuses_forced_fold():

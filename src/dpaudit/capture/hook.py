@@ -105,8 +105,9 @@ class AuditHook:
     ``hook.attach()`` (or ``with hook:``) around the unchanged training loop; afterwards
     ``hook.scores()`` gives each score's (K,) accumulated values. ``params`` selects parameter
     or module names (default: all trainable) for everything recorded and scored.
-    ``reference=(inputs, targets[, loss_fn])`` provides reference points whose clipped
-    gradients at theta_t are passed to scores with ``requires_reference_grads``.
+    ``reference=(inputs, targets[, loss_fn])`` or an ``InputCanaries`` (which may carry
+    ``args`` / ``kwargs``) provides reference points whose clipped gradients at theta_t are
+    passed to scores with ``requires_reference_grads``.
     ``sample_rate`` defaults to the one in Opacus' accountant hook. ``coordinates`` restricts
     everything recorded and scored to those indices of the flattened selection (module doc);
     gradient canaries, trace bases and scores then have ``dim = len(coordinates)`` columns,
@@ -114,7 +115,8 @@ class AuditHook:
     gradients are computed: ``"auto"`` folds them into the batch's forward/backward when the
     model is a batch-first Opacus ``GradSampleModule`` and the step's forward can be folded,
     else a separate pass; ``"batch"`` requires folding (error otherwise); ``"separate"``
-    always uses the separate pass.
+    always uses the separate pass. ``seed`` seeds the separate pass's private random stream
+    (e.g. the canaries' dropout masks; the training's own streams are never touched).
 
     Sparse gradient canaries (``GradientCanaries.dirac`` / ``sparse``) cost O(K x |support|)
     per step: they are inserted at their support only, and when they are the only canaries,
@@ -139,6 +141,7 @@ class AuditHook:
         check_finite: bool = True,
         coordinates: Sequence[int] | np.ndarray | torch.Tensor | None = None,
         input_pass: str = "auto",
+        seed: int = 0,
     ) -> None:
         if not isinstance(optimizer, DPOptimizer):
             raise ValueError(
@@ -148,6 +151,8 @@ class AuditHook:
         check_optimizer_supported(optimizer)
         if not isinstance(model, nn.Module):
             raise ValueError(f"model must be a torch nn.Module, got {type(model).__name__}")
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise ValueError(f"seed must be an integer, got {seed!r}")
         self.optimizer = optimizer
         self.model = model
         self.max_grad_norm = float(optimizer.max_grad_norm)
@@ -229,6 +234,7 @@ class AuditHook:
             self.max_grad_norm,
             input_pass=input_pass,
             check_finite=self.check_finite,
+            seed=seed,
         )
 
         self._patches: list[InstancePatch] = []
