@@ -108,3 +108,17 @@ def test_sparse_canaries_in_view_coordinates_match_dense_ones():
     assert not a.hook.routed and a.hook.scored_dim == len(view)
     assert torch.equal(flat_params(a.model), flat_params(b.model))
     np.testing.assert_allclose(a.hook.per_step()["scalar"], b.hook.per_step()["scalar"], rtol=1e-6)
+
+
+def test_norm_rule_accepts_float32_canaries_built_at_c_and_refuses_larger_ones():
+    """One slack (NORM_SLACK, shared with the settings' canary.norm check): float32 rows scaled
+    to norm C have computed norms a few 1e-9 above C, which a 1e-9 slack would refuse."""
+    from dpaudit.capture.gradient_canaries import NORM_SLACK
+    from dpaudit.capture.insertion import check_gradient_canaries
+
+    c = GradientCanaries.random_directions(64, 1000, norm=3.0, seed=0)
+    assert bool((c.norms() > 3.0 * (1 + 1e-9)).any())
+    check_gradient_canaries([c], 1000, 3.0, "all parameters")  # accepted
+    big = GradientCanaries.random_directions(4, 1000, norm=3.0 * (1 + 10 * NORM_SLACK), seed=0)
+    with pytest.raises(ValueError, match="norm <= C"):
+        check_gradient_canaries([big], 1000, 3.0, "all parameters")

@@ -17,6 +17,13 @@ import torch
 
 POLICIES = ("every_step", "bernoulli", "never")
 
+# The one rule for a canary's norm, ||g*|| <= C * (1 + NORM_SLACK), wherever it is checked (the
+# hook's check of the canaries it is given, the settings' canary.norm). The slack is relative
+# float rounding: a row scaled to norm C in float32 has a computed norm up to a few float32
+# ulps (~1e-7 relative) above C, which 1e-9 would refuse; 1e-6 changes the sensitivity by a
+# factor 1 + 1e-6, far below any bound's resolution.
+NORM_SLACK = 1e-6
+
 
 _CHUNK_ROWS = 64  # rows of a dense (K, d) matrix validated at a time (no K x d temporaries)
 

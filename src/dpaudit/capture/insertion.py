@@ -20,10 +20,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from dpaudit.capture.gradient_canaries import GradientCanaries
+from dpaudit.capture.gradient_canaries import NORM_SLACK, GradientCanaries
 from dpaudit.capture.view import CoordinateView
-
-NORM_SLACK = 1e-6  # relative float slack on the ||g*|| <= C check
 
 
 def check_gradient_canaries(canaries: Sequence, dim: int, max_grad_norm: float, where: str) -> None:

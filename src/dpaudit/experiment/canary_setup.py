@@ -37,6 +37,7 @@ from dpaudit.capture import (
     per_sample_clipped_grads,
     resolve_parameter_names,
 )
+from dpaudit.capture.gradient_canaries import NORM_SLACK
 from dpaudit.covariance import PrecisionOperator
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.threat import canary_sample_rate
@@ -102,7 +103,7 @@ def setup_canaries(
 def _gradient(settings, model, train_set, references, params, sample_rate, membership):
     c, C = settings.canary, settings.dp.max_grad_norm
     norm = C if c.norm is None else float(c.norm)
-    if norm > C * (1 + 1e-9):
+    if norm > C * (1 + NORM_SLACK):
         raise ValueError(
             f"canary.norm={norm} exceeds the clip norm dp.max_grad_norm={C}: such a canary "
             "is not a valid neighbouring record and can exceed the true epsilon"
