@@ -89,6 +89,31 @@ def test_input_canary_audit_reports_predicted_leakage(tmp_path):
     assert (tmp_path / "candidates_mahalanobis.png").exists()
 
 
+def test_woodbury_covariance_audit_reports_its_truncation(tmp_path):
+    """attack.estimator=woodbury takes the noise's ridge and attack.explained_variance; what
+    it kept is in canary_info.precision (rank <= references, variance kept >= requested)."""
+    cfg = {
+        **TINY,
+        "dp": {"noise_multiplier": 1.0, "steps": 5, "batch_size": 64},
+        "canary": {"kind": "input", "count": 10, "source": "mislabeled", "candidates": 60},
+        "attack": {
+            "scores": ["covariance"], "estimator": "woodbury", "n_references": 32,
+            "explained_variance": 0.9,
+        },
+    }
+    res = run_audit(output_dir=tmp_path, **cfg)
+    kept = res["canary_info"]["precision"]
+    assert kept["n_refs"] == 32 and 1 <= kept["rank"] < 32
+    assert 0.9 <= kept["explained_variance_kept"] <= 1.0
+    assert 0 < kept["ridge"] <= 1.0  # sigma^2 C^2 / b with sigma = 1 and C = 1
+    rows = [b for b in res["bounds"] if b["attack"] == "covariance"]
+    assert rows and all(np.isfinite(b["epsilon"]) for b in rows if b["kind"] != "not applicable")
+    with pytest.raises(ValueError, match=r"attack\.explained_variance must be null unless"):
+        AuditSettings.from_mappings(attack={"explained_variance": 0.9})
+    with pytest.raises(ValueError, match=r"attack\.explained_variance must be in \(0, 1\]"):
+        AuditSettings.from_mappings(attack={"estimator": "woodbury", "explained_variance": 1.5})
+
+
 def test_allowed_names_come_from_the_registries():
     from dpaudit.canaries import INPUT_SOURCES
     from dpaudit.data import DATASETS

@@ -43,7 +43,9 @@ class ScoreContext:
     def precision(self) -> PrecisionOperator:
         """Noise-aware precision, estimated once for all scores that need it: the
         ``attack.estimator`` of the clipped reference gradients at theta_0 plus
-        (sigma^2 C^2 / b) I, what the released mean's covariance is."""
+        (sigma^2 C^2 / b) I, what the released mean's covariance is. ``woodbury`` takes that
+        ridge directly (it needs one) and its optional ``attack.explained_variance``
+        truncation; what it kept is recorded in the canary info (``precision``)."""
         a, dp, setup = self.settings.attack, self.settings.dp, self.setup
         x, y = setup.references
         k = min(a.n_references, len(x))
@@ -52,6 +54,13 @@ class ScoreContext:
         )
         if setup.coordinates is not None:  # the hook's coordinate view
             grads = grads[:, torch.as_tensor(setup.coordinates, device=grads.device)]
+        if a.estimator == "woodbury":  # the noise's ridge regularises the low-rank estimate
+            noise = dp.noise_multiplier**2 * dp.max_grad_norm**2 / self.expected_batch_size
+            op = estimate_precision(
+                grads, "woodbury", ridge=noise, explained_variance=a.explained_variance
+            )
+            self.setup.info["precision"] = op.summary()
+            return op
         base = estimate_precision(grads, a.estimator)
         return noise_aware(base, dp.noise_multiplier, dp.max_grad_norm, self.expected_batch_size)
 

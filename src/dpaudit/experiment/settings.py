@@ -246,6 +246,10 @@ class AttackSettings:
     )
     estimator: str = _opt("ledoit_wolf", "covariance / glir precision estimator", "ESTIMATORS")
     n_references: int = _opt(128, "reference points for the covariance / glir precision")
+    explained_variance: float | None = _opt(
+        None, "woodbury only: keep the fewest reference components reaching this share of the "
+        "variance (null: all; the kept rank is reported in canary_info.precision)"
+    )
 
     def check(self) -> None:
         attacks = _registry_names("ATTACKS")
@@ -255,6 +259,11 @@ class AttackSettings:
             _choice("attack", "scores", s, attacks)
         _choice("attack", "estimator", self.estimator, _registry_names("ESTIMATORS"))
         _positive("attack", "n_references", self.n_references, integer=True)
+        if self.explained_variance is not None:
+            if self.estimator != "woodbury":
+                _fail("attack", "explained_variance", "null unless attack.estimator=woodbury "
+                      "(it truncates woodbury's reference span)", self.explained_variance)
+            _unit("attack", "explained_variance", self.explained_variance, closed_right=True)
 
 
 @dataclass
