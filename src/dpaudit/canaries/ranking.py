@@ -17,6 +17,7 @@ from torch import nn
 
 from dpaudit.capture.persample import LossFn, per_sample_clipped_grads
 from dpaudit.covariance import PrecisionOperator, estimate_precision
+from dpaudit.seeds import as_generator
 from dpaudit.stats._validate import check_open_unit, check_scores
 
 STRATEGIES = ("top", "easy_medium_hard", "stratified", "in_distribution")
@@ -106,7 +107,7 @@ def select_canaries(
         _need(n, k * num_strata, strategy)
         if seed is None:
             raise ValueError("stratified selection draws at random: pass seed")
-        rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+        rng = as_generator(seed)
         asc = order[::-1]
         bins = np.array_split(asc, num_strata)  # equal-count score-quantile bins, low to high
         idx_parts, labels = [], []

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from dpaudit.seeds import as_generator
 from dpaudit.stats._validate import check_positive
 
 
@@ -53,12 +54,6 @@ class InputCandidates:
         )
 
 
-def _rng(seed: int | np.random.Generator | None) -> np.random.Generator:
-    if seed is None:
-        raise ValueError("seed must be an int or a numpy Generator (every draw is seeded)")
-    return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-
-
 def in_distribution(
     inputs: torch.Tensor,
     targets: torch.Tensor,
@@ -72,7 +67,7 @@ def in_distribution(
     else:
         if not 1 <= int(num) <= n:
             raise ValueError(f"num must be in [1, {n}], got {num!r}")
-        idx = np.sort(_rng(seed).choice(n, size=int(num), replace=False))
+        idx = np.sort(as_generator(seed).choice(n, size=int(num), replace=False))
     t = torch.as_tensor(idx, device=inputs.device)
     return InputCandidates(inputs[t], targets[t], ["in_distribution"] * len(idx), idx)
 
@@ -87,7 +82,7 @@ def mislabeled(
     """Copies of real examples with the label replaced by a different, uniformly drawn class."""
     if int(num_classes) < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes!r}")
-    rng = _rng(seed)
+    rng = as_generator(seed)
     base = in_distribution(inputs, targets, num, rng)
     old = base.targets.cpu().numpy()
     shift = rng.integers(1, int(num_classes), size=old.shape[0])

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
 
+from dpaudit import seeds
 from dpaudit.canaries import (
     INPUT_SOURCES,
     InputCandidates,
@@ -70,7 +71,7 @@ def _tensors(ds: Dataset, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
 
 def draw_membership(count: int, inclusion: float, seed: int) -> np.ndarray:
     """Independent Bernoulli(inclusion) membership bits, one per canary (one-run audits)."""
-    rng = np.random.default_rng([seed, 0xC0FFEE])
+    rng = seeds.stream(seed, seeds.MEMBERSHIP)
     return rng.random(count) < inclusion
 
 
@@ -84,7 +85,7 @@ def setup_canaries(
     """Build the canaries of ``settings.canary`` at the model's current (initial) parameters."""
     c, seed = settings.canary, settings.seed
     device = next(model.parameters()).device
-    rng = np.random.default_rng([seed, 1])
+    rng = seeds.stream(seed, seeds.CANARY_SETUP)
     n = len(train_set)
     n_ref = min(c.n_references, n)
     ref_idx = rng.choice(n, size=n_ref, replace=False)
@@ -119,7 +120,7 @@ def _gradient(settings, model, train_set, references, params, sample_rate, membe
     view = None
     if c.direction == "dirac":
         activity = data_gradient_activity(model, train_set, C, params)
-        tiebreak = np.random.default_rng([settings.seed, 2]).random(dim)
+        tiebreak = seeds.stream(settings.seed, seeds.DIRAC_TIEBREAK).random(dim)
         dead = int((activity == 0).sum())
         if c.placement == "random_live":
             live = np.flatnonzero(activity > 0)
@@ -128,7 +129,9 @@ def _gradient(settings, model, train_set, references, params, sample_rate, membe
                     f"canary.count={c.count} exceeds the {len(live)} live coordinates of "
                     f"{params} (canary.placement=random_live): lower canary.count"
                 )
-            pick = np.random.default_rng([settings.seed, 4]).choice(len(live), c.count, False)
+            pick = seeds.stream(settings.seed, seeds.LIVE_PLACEMENT).choice(
+                len(live), c.count, False
+            )
             coords = np.sort(live[pick])
         else:
             coords = np.lexsort((tiebreak, activity))[: c.count]
@@ -158,9 +161,8 @@ def _gradient(settings, model, train_set, references, params, sample_rate, membe
     # ``threat.canary_sample_rate``; the data's q here: gradient canaries leave the data as is).
     q_c = canary_sample_rate(settings, sample_rate) if c.policy == "bernoulli" else None
     policies = [c.policy if b else "never" for b in membership]
-    canaries = GradientCanaries(
-        vectors, policy=policies, inclusion_prob=q_c, seed=[settings.seed, 3]
-    )
+    inclusion_seed = [settings.seed, seeds.BERNOULLI_INCLUSION]
+    canaries = GradientCanaries(vectors, policy=policies, inclusion_prob=q_c, seed=inclusion_seed)
     return CanarySetup(
         canaries,
         membership,

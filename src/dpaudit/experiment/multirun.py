@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from dpaudit import seeds
 from dpaudit._jsonable import to_jsonable
 from dpaudit.experiment.run import PreparedRun, RunRecord, audit_run, prepare_run, resolve_device
 from dpaudit.experiment.settings import AuditSettings
@@ -84,7 +85,8 @@ def checksum(payload: dict) -> str:
 
 def run_bit(settings: AuditSettings, r: int) -> bool:
     """Membership bit of run r: a seeded Bernoulli(inclusion) draw, independent of order."""
-    return bool(np.random.default_rng([settings.seed, r, 7]).random() < settings.audit.inclusion)
+    draw = np.random.default_rng([settings.seed, r, seeds.RUN_BIT]).random()
+    return bool(draw < settings.audit.inclusion)
 
 
 def run_path(out: Path, r: int) -> Path:
@@ -116,7 +118,7 @@ def run_one(
         cache[bit] = prepare_run(settings, membership)
     record = audit_run(
         settings,
-        run_seed=int(np.random.SeedSequence([settings.seed, r]).generate_state(1)[0]),
+        run_seed=seeds.run_seed(settings.seed, r),
         membership=membership,
         prepared=cache[bit],
     )

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from dpaudit import seeds
 from dpaudit.attacks import StepScore
 from dpaudit.canaries import predicted_leakage
 from dpaudit.capture import per_sample_clipped_grads
@@ -107,7 +108,7 @@ def expected_certified_bound(
     if mu is None:
         s_in, s_out = np.ones(n_in), np.zeros(n_out)
     else:
-        rng = np.random.default_rng([seed, 0xB0B])
+        rng = seeds.stream(seed, seeds.POWER_SIMULATION)
         s_in, s_out = rng.standard_normal(n_in) + mu, rng.standard_normal(n_out)
     res = epsilon_lower_bound(
         s_in, s_out, delta=delta, confidence=confidence, method="clopper_pearson"

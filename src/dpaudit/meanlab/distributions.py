@@ -15,17 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dpaudit.seeds import as_generator
+
 RowSampler = Callable[[np.random.Generator, int], np.ndarray]
 SumSampler = Callable[[np.random.Generator, np.ndarray], np.ndarray]
-
-
-def as_rng(rng: np.random.Generator | int | None) -> np.random.Generator:
-    """Accept a Generator or an integer seed (every draw in the lab is seeded)."""
-    if isinstance(rng, np.random.Generator):
-        return rng
-    if rng is None or isinstance(rng, bool):
-        raise ValueError("rng must be a numpy.random.Generator or an integer seed, got None")
-    return np.random.default_rng(int(rng))
 
 
 @dataclass(frozen=True)
@@ -67,7 +60,7 @@ class ProductDistribution:
 
     def sample(self, rng: np.random.Generator | int, size: int) -> np.ndarray:
         """``size`` i.i.d. rows, shape (size, d) (builds the matrix: use for references only)."""
-        rng = as_rng(rng)
+        rng = as_generator(rng, "rng")
         size = int(size)
         if size < 0:
             raise ValueError(f"size must be >= 0, got {size}")
@@ -86,7 +79,7 @@ class ProductDistribution:
         ``counts`` (non-negative integers) broadcasts against (rounds, d): a scalar, a column
         (rounds, 1) of per-round counts, or a full (rounds, d) array of per-coordinate counts.
         """
-        rng = as_rng(rng)
+        rng = as_generator(rng, "rng")
         c = np.broadcast_to(np.asarray(counts), (int(rounds), self.d))
         if not np.issubdtype(c.dtype, np.integer):
             if not np.all(c == np.round(c)):
@@ -125,7 +118,7 @@ class ProductDistribution:
         chi-square sum of squares), so Figure 6's sweep over n0 costs O(d) per point.
         The centred variance uses the unbiased 1/(n0 - 1) normalisation.
         """
-        rng = as_rng(rng)
+        rng = as_generator(rng, "rng")
         n0 = int(n0)
         if n0 < 2:
             raise ValueError(f"n0 must be >= 2 reference points, got {n0}")
@@ -151,7 +144,7 @@ def bernoulli_product(
         raise ValueError(f"d must be >= 1, got {d}")
     if not 0.0 < float(a) < 0.5:
         raise ValueError(f"a must lie in (0, 0.5) so that p stays inside (0, 1), got {a!r}")
-    p = as_rng(rng).uniform(a, 1.0 - a, size=d)
+    p = as_generator(rng, "rng").uniform(a, 1.0 - a, size=d)
     return bernoulli_from_p(p)
 
 

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpaudit.meanlab import scores as sc
-from dpaudit.meanlab.distributions import ProductDistribution, as_rng, as_target
+from dpaudit.meanlab.distributions import ProductDistribution, as_target
 from dpaudit.meanlab.mechanisms import (
     ExactMean,
     NoisyMean,
     PoissonSubsampledMean,
     SubsampledMean,
 )
+from dpaudit.seeds import as_generator
 
 ScoreFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
@@ -46,7 +47,7 @@ def membership_bits(rounds: int, rng, balanced: bool = False) -> np.ndarray:
     rounds = int(rounds)
     if rounds < 2:
         raise ValueError(f"rounds must be >= 2, got {rounds}")
-    rng = as_rng(rng)
+    rng = as_generator(rng, "rng")
     if balanced:
         b = np.arange(rounds) < rounds // 2
         return rng.permutation(b)
@@ -118,7 +119,7 @@ def fixed_target_game(
     ``scores`` default to {"lr": oracle_score(dist, mechanism)}. With ``score_target`` the
     scores see z_targ instead of z* (the misspecified adversary of Thm 4.3).
     """
-    rng = as_rng(seed)
+    rng = as_generator(seed)
     z = as_target(dist, target)
     zt = None if score_target is None else as_target(dist, score_target)
     scores = _check_scores(scores if scores is not None else {"lr": oracle_score(dist, mechanism)})
@@ -147,7 +148,7 @@ def average_target_game(
     Under b = 1 the target replaces one row of the dataset; under b = 0 it is an independent
     draw. The per-round targets are returned in ``targets``.
     """
-    rng = as_rng(seed)
+    rng = as_generator(seed)
     scores = _check_scores(scores if scores is not None else {"lr": oracle_score(dist, mechanism)})
     if int(chunk) < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")

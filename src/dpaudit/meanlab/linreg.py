@@ -16,7 +16,7 @@ import numpy as np
 from scipy.special import ndtr
 from scipy.stats import chi2
 
-from dpaudit.meanlab.distributions import as_rng
+from dpaudit.seeds import as_generator
 from dpaudit.stats._validate import check_nonnegative, check_positive
 
 
@@ -92,7 +92,7 @@ def simulate_predictions(
     """
     x0 = np.asarray(x0, dtype=np.float64).reshape(-1)
     n, p, D = _dims(n, p, x0.size)
-    rng = as_rng(seed)
+    rng = as_generator(seed)
     rounds = int(rounds)
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -159,7 +159,7 @@ def advantage_sweep(
     One x0 ~ N(0, I_D) for the whole sweep (the papers average Eq. 4 over a few x0).
     ``theory_*`` entries are only reported for ridge = 0 (min-norm).
     """
-    rng = as_rng(seed)
+    rng = as_generator(seed)
     x0 = rng.standard_normal(int(D))
     rows = []
     for g in gammas:

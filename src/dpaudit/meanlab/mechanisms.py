@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpaudit.meanlab.distributions import ProductDistribution, as_rng
+from dpaudit.meanlab.distributions import ProductDistribution
+from dpaudit.seeds import as_generator
 
 
 def _check_n(n: int) -> int:
@@ -64,7 +65,7 @@ class ExactMean:
 
     def sample(self, dist: ProductDistribution, target, members, rng) -> np.ndarray:
         """Outputs (rounds, d) for the given membership bits."""
-        rng = as_rng(rng)
+        rng = as_generator(rng, "rng")
         b = _members(members)
         z = _target(dist, target, b.size)
         s = dist.sample_sum(rng, (self.n - b.astype(np.int64))[:, None], b.size)
@@ -100,7 +101,7 @@ class NoisyMean:
 
     def sample(self, dist: ProductDistribution, target, members, rng) -> np.ndarray:
         """Outputs (rounds, d): exact mean + noise."""
-        rng = as_rng(rng)
+        rng = as_generator(rng, "rng")
         out = ExactMean(self.n).sample(dist, target, members, rng)
         sd = np.sqrt(self.noise_var(dist) / self.n)
         return out + sd * rng.standard_normal(out.shape)
@@ -144,7 +145,7 @@ class SubsampledMean:
 
     def sample(self, dist: ProductDistribution, target, members, rng) -> np.ndarray:
         """Outputs (rounds, d)."""
-        rng = as_rng(rng)
+        rng = as_generator(rng, "rng")
         b = _members(members)
         z = _target(dist, target, b.size)
         shape = (b.size, 1) if self.mode == "shared" else (b.size, dist.d)
@@ -180,7 +181,7 @@ class PoissonSubsampledMean:
 
     def sample(self, dist: ProductDistribution, target, members, rng) -> np.ndarray:
         """Outputs (rounds, d); an empty batch releases 0 (sum 0 over max(K, 1))."""
-        rng = as_rng(rng)
+        rng = as_generator(rng, "rng")
         b = _members(members)
         z = _target(dist, target, b.size)
         others = rng.binomial(self.n - b.astype(np.int64), self.q)

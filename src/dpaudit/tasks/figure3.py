@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import TensorDataset
 
+from dpaudit import seeds
 from dpaudit.attacks import CovarianceScore, ScalarProduct
 from dpaudit.canaries import predicted_leakage, rank_candidates, select_canaries
 from dpaudit.capture import InputCanaries, resolve_parameter_names
@@ -88,7 +89,7 @@ def figure3(
     d, m, dps = settings.data, settings.model, settings.dp
     train, test, info = d.load(seed)
     x_all, y_all = train.tensors
-    rng = np.random.default_rng([seed, 3])
+    rng = seeds.stream(seed, seeds.FIGURE3_GAME)
     perm = rng.permutation(x_all.shape[0])
     ref_idx, rest = perm[:n_references], perm[n_references:]
     cand_idx = rest if candidates is None else rest[:candidates]
@@ -132,7 +133,7 @@ def figure3(
             canaries=canaries,
             scores=[CovarianceScore(precision), ScalarProduct()],
             params=names,
-            seed=int(np.random.SeedSequence([seed, r]).generate_state(1)[0]),
+            seed=seeds.run_seed(seed, r),
             progress=False,
             sampling=sampling,
         )

@@ -15,7 +15,6 @@ from dpaudit.meanlab import linreg
 from dpaudit.meanlab import scores as sc
 from dpaudit.meanlab import theory as th
 from dpaudit.meanlab.distributions import (
-    as_rng,
     bernoulli_product,
     gaussian_product,
     make_target,
@@ -29,13 +28,14 @@ from dpaudit.report.meanlab_plots import (
     roc_figure,
     write_json,
 )
+from dpaudit.seeds import as_generator
 from dpaudit.stats import auc, roc_curve, tpr_at_fpr
 
 FPRS = (0.01, 0.05, 0.1, 0.3)
 
 
 def _lab(seed: int, d: int, a: float):
-    rng = as_rng(seed)
+    rng = as_generator(seed)
     return rng, bernoulli_product(d, a, rng)
 
 
@@ -237,7 +237,7 @@ def reference_points(
     """Figure 6: the plug-in covariance score with n_0 references vs the oracle and the
     scalar product. family="gaussian" uses log-uniform variances in [1/spread, spread] and
     the target mu + radius * sigma (where the geometry correction matters)."""
-    rng = as_rng(seed)
+    rng = as_generator(seed)
     if family == "bernoulli":
         dist = bernoulli_product(d, a, rng)
         z = make_target(dist, target, rng)
@@ -328,7 +328,7 @@ def linreg_sweep(
     ridges=(0.0,),
 ) -> dict:
     """Seed 004: membership advantage vs gamma = p/n for min-norm (and ridge) regression."""
-    rng = as_rng(seed)
+    rng = as_generator(seed)
     res = {"n": n, "D": D, "rounds": rounds, "noise_std": noise_std, "ridge": {}}
     series = []
     for i, lam in enumerate(ridges):
