@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from dpaudit.stats import auc, roc_curve, tpr_at_fpr
+from dpaudit.stats.roc import SUMMARY_FPRS, roc_summary, tpr_key
 
 
 def test_roc_small_example_with_ties():
@@ -36,6 +37,16 @@ def test_tpr_at_fpr_hand_computed_and_array():
     assert tpr_at_fpr(s_in, s_out, 0.0) == 0.25
     assert tpr_at_fpr(s_in, s_out, 0.25) == 0.5
     np.testing.assert_allclose(tpr_at_fpr(s_in, s_out, [0.0, 0.3, 0.5, 1.0]), [0.25, 0.5, 1.0, 1.0])
+
+
+def test_roc_summary_is_the_one_spelling_of_an_attacks_summary():
+    s_in, s_out = [4, 3, 2, 1], [3.5, 2.5, 0.5, 0]  # as above
+    row = roc_summary(s_in, s_out, (0.0, 0.3))
+    assert row == {"auc": auc(s_in, s_out), "tpr_at_fpr_0": 0.25, "tpr_at_fpr_0.3": 0.5,
+                   "n_in": 4, "n_out": 4}
+    assert list(roc_summary(s_in, s_out)) == ["auc", "tpr_at_fpr_0.001", "tpr_at_fpr_0.01",
+                                               "tpr_at_fpr_0.1", "n_in", "n_out"]
+    assert [tpr_key(f) for f in SUMMARY_FPRS] == list(roc_summary(s_in, s_out))[1:4]
 
 
 def test_roc_matches_bruteforce_on_random_discrete_scores():

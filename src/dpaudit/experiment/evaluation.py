@@ -32,11 +32,11 @@ import warnings
 import numpy as np
 
 from dpaudit.experiment.threat import INDEPENDENCE, independent_canaries
-from dpaudit.stats import auc, epsilon_lower_bound, tpr_at_fpr
+from dpaudit.stats import epsilon_lower_bound
 from dpaudit.stats.claim import claim_test, mu_lower_bound, noise_upper_bound
+from dpaudit.stats.roc import SUMMARY_FPRS, roc_summary
 from dpaudit.threat_model import ThreatModel
 
-SUMMARY_FPRS = (1e-3, 1e-2, 1e-1)
 DEFAULT_METHODS = ("clopper_pearson", "one_run", "gdp", "gaussian")
 STATUSES = ("privacy_bug", "estimate_above_claim", "consistent")
 
@@ -62,11 +62,7 @@ def attack_summaries(split: dict) -> dict:
     """AUC and TPR at FPR 0.1% / 1% / 10% of each attack."""
     out = {}
     for name, (s_in, s_out) in split.items():
-        tprs = tpr_at_fpr(s_in, s_out, np.array(SUMMARY_FPRS))
-        row = {"auc": auc(s_in, s_out)}
-        row.update({f"tpr_at_fpr_{f:g}": float(t) for f, t in zip(SUMMARY_FPRS, tprs, strict=True)})
-        row.update(n_in=len(s_in), n_out=len(s_out))
-        out[name] = row
+        out[name] = roc_summary(s_in, s_out, SUMMARY_FPRS)
     return out
 
 

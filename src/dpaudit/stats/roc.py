@@ -12,6 +12,25 @@ import numpy as np
 
 from dpaudit.stats._validate import check_scores
 
+# The FPRs an attack's summary reports the TPR at (the audit's results.json), and the one
+# spelling of its JSON keys: ``tpr_at_fpr_0.001`` etc.
+SUMMARY_FPRS = (1e-3, 1e-2, 1e-1)
+TPR_KEY_PREFIX = "tpr_at_fpr_"
+
+
+def tpr_key(fpr: float) -> str:
+    """The JSON key of the TPR at ``fpr`` in an attack's summary (``tpr_at_fpr_0.01``)."""
+    return f"{TPR_KEY_PREFIX}{fpr:g}"
+
+
+def roc_summary(scores_in, scores_out, fprs=SUMMARY_FPRS) -> dict:
+    """An attack's summary: AUC, the TPR at each of ``fprs`` (keys ``tpr_key``), n_in, n_out."""
+    tprs = np.atleast_1d(tpr_at_fpr(scores_in, scores_out, np.asarray(fprs, dtype=np.float64)))
+    row = {"auc": auc(scores_in, scores_out)}
+    row.update({tpr_key(f): float(t) for f, t in zip(fprs, tprs, strict=True)})
+    row.update(n_in=len(scores_in), n_out=len(scores_out))
+    return row
+
 
 def theory_fpr() -> np.ndarray:
     """The FPR grid (1e-5 to 1, 200 log-spaced points) on which theoretical ROC and trade-off

@@ -35,7 +35,7 @@ from dpaudit.experiment.training import SAMPLINGS, poisson_sample_rate, train_au
 from dpaudit.models import build_model
 from dpaudit.report import format_table, plot_roc, write_json
 from dpaudit.report.canary_plots import plot_canary_grid, plot_score_distribution
-from dpaudit.stats import auc, tpr_at_fpr
+from dpaudit.stats.roc import TPR_KEY_PREFIX, roc_summary
 
 CLASSES = ("easy", "medium", "hard")
 ATTACKS = ("covariance", "scalar")
@@ -168,12 +168,7 @@ def figure3(
             mem = membership[:, cols]
             s_in, s_out = table[a][:, cols][mem], table[a][:, cols][~mem]
             split[f"{cls} / {a}"] = (s_in, s_out)
-            entry[a] = {
-                "auc": auc(s_in, s_out),
-                **{f"tpr_at_fpr_{f:g}": float(tpr_at_fpr(s_in, s_out, f)) for f in fprs},
-                "n_in": int(s_in.size),
-                "n_out": int(s_out.size),
-            }
+            entry[a] = roc_summary(s_in, s_out, fprs)
         results[cls] = entry
     report = {
         "settings": {k: v for k, v in settings.to_dict().items() if k in SETTINGS_USED},
@@ -212,9 +207,9 @@ def console_table(report: dict) -> str:
     for cls, e in report["results"].items():
         row = {"target": cls, "mahalanobis": float(np.mean(e["mahalanobis"]))}
         for a in ATTACKS:
-            tpr = next(k for k in e[a] if k.startswith("tpr_at_fpr_"))
+            tpr = next(k for k in e[a] if k.startswith(TPR_KEY_PREFIX))
             row[f"auc {a}"] = e[a]["auc"]
-            row[f"{tpr.replace('tpr_at_fpr_', 'tpr@')} {a}"] = e[a][tpr]
+            row[f"{tpr.replace(TPR_KEY_PREFIX, 'tpr@')} {a}"] = e[a][tpr]
         row["predicted auc"] = e["predicted_auc_covariance"]
         rows.append(row)
     return format_table(rows)
