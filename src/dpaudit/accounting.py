@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from opacus.accountants import GaussianAccountant, PRVAccountant, RDPAccountant
 
-from dpaudit.stats._validate import check_open_unit, check_positive
+from dpaudit._validate import check_open_unit, check_positive
 
 ACCOUNTANTS = ("rdp", "prv", "gdp")
 _CLASSES = {"rdp": RDPAccountant, "prv": PRVAccountant, "gdp": GaussianAccountant}

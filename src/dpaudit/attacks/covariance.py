@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import torch
 
+from dpaudit._validate import check_positive
 from dpaudit.attacks.base import StepContext, StepScore
 from dpaudit.covariance import PrecisionOperator, estimate_precision, noise_aware
-from dpaudit.stats._validate import check_positive
 
 
 def covariance_llr(

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from dpaudit._validate import check_open_unit, check_positive
 from dpaudit.covariance import PrecisionOperator, noise_aware
 from dpaudit.stats import gdp_auc, gdp_compose, gdp_epsilon
-from dpaudit.stats._validate import check_open_unit, check_positive
 
 
 @dataclass

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from dpaudit._validate import check_positive
 from dpaudit.seeds import as_generator
-from dpaudit.stats._validate import check_positive
 
 
 @dataclass

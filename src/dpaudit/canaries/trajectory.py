@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpaudit._validate import check_nonnegative, check_positive
 from dpaudit.capture.persample import LossFn, per_sample_clipped_grads, unwrap_model
 from dpaudit.covariance import estimate_precision
-from dpaudit.stats._validate import check_nonnegative, check_positive
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from dpaudit._validate import check_nonnegative, check_positive
 from dpaudit.covariance.operators import (
     DENSE_MAX_DIM,
     DensePrecision,
@@ -21,7 +22,6 @@ from dpaudit.covariance.operators import (
     _top_eigen,
     gram64,
 )
-from dpaudit.stats._validate import check_nonnegative, check_positive
 
 METHODS = ("dense", "diagonal", "ledoit_wolf", "oas", "woodbury")
 

@@ -16,8 +16,8 @@ import numpy as np
 from scipy.special import ndtr
 from scipy.stats import chi2
 
+from dpaudit._validate import check_nonnegative, check_positive
 from dpaudit.seeds import as_generator
-from dpaudit.stats._validate import check_nonnegative, check_positive
 
 
 def _dims(n: int, p: int, D: int) -> tuple[int, int, int]:

@@ -21,8 +21,8 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.special import ndtr, ndtri
 
+from dpaudit._validate import check_nonnegative, check_open_unit, check_positive
 from dpaudit.stats import gdp_advantage, gdp_auc, gdp_delta, gdp_epsilon, gdp_tradeoff
-from dpaudit.stats._validate import check_nonnegative, check_open_unit, check_positive
 
 
 def _vec(x, d: int, name: str) -> np.ndarray:

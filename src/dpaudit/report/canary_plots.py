@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dpaudit._validate import check_scores
 from dpaudit.canaries.ranking import Selection
 from dpaudit.report.plots import pyplot as _pyplot
 from dpaudit.report.plots import save_figure, score_bins
-from dpaudit.stats._validate import check_scores
 
 _COLOURS = {"easy": "tab:red", "medium": "tab:orange", "hard": "tab:blue", "top": "tab:red"}
 

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from dpaudit.stats._validate import check_open_unit, check_scores
+from dpaudit._validate import check_open_unit, check_scores
 from dpaudit.stats.clopper_pearson import threshold_bound
 from dpaudit.stats.density import density_bound
 from dpaudit.stats.fdp_one_run import ASSUME_FDP_ONE_RUN, fdp_one_run_bound

@@ -34,7 +34,7 @@ import numpy as np
 from scipy.special import ndtri
 
 from dpaudit._jsonable import to_jsonable
-from dpaudit.stats._validate import check_open_unit, check_scores
+from dpaudit._validate import check_open_unit, check_scores
 from dpaudit.stats.threshold_selection import DEFAULT_SELECTION
 from dpaudit.stats.thresholds import OrientationWarning, orientation_test
 

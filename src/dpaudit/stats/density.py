@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import ndtri
 
-from dpaudit.stats._validate import check_open_unit, check_scores
+from dpaudit._validate import check_open_unit, check_scores
 from dpaudit.stats.gdp import gdp_epsilon
 from dpaudit.stats.histogram import histograms
 from dpaudit.stats.result import ASSUME_GDP, EpsilonBound

@@ -12,7 +12,7 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.special import log_ndtr, ndtr, ndtri
 
-from dpaudit.stats._validate import check_nonnegative, check_open_unit, check_positive
+from dpaudit._validate import check_nonnegative, check_open_unit, check_positive
 
 _MU_MAX = 200.0
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.fft import irfft, next_fast_len, rfft
 
-from dpaudit.stats._validate import check_open_unit, check_positive, check_scores
+from dpaudit._validate import check_open_unit, check_positive, check_scores
 from dpaudit.stats.histogram import histograms
 
 EMPTY_BIN_POLICIES = ("merge", "infinite")

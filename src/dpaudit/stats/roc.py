@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpaudit.stats._validate import check_scores
+from dpaudit._validate import check_scores
 
 # The FPRs an attack's summary reports the TPR at (the audit's results.json), and the one
 # spelling of its JSON keys: ``tpr_at_fpr_0.001`` etc.

@@ -24,7 +24,7 @@ import warnings
 import numpy as np
 from scipy.special import ndtr
 
-from dpaudit.stats._validate import check_open_unit, check_scores
+from dpaudit._validate import check_open_unit, check_scores
 from dpaudit.stats.roc import auc as _auc
 
 

@@ -1,4 +1,5 @@
-"""Input checks shared by the statistics functions: clear errors naming the parameter."""
+"""Input checks shared across the package (statistics, estimators, canaries, the lab): clear
+errors naming the parameter. A leaf: imports nothing from dpaudit."""
 
 from __future__ import annotations
 
