@@ -7,7 +7,7 @@ never d x d), and the noise-aware shift C + (sigma^2 C_clip^2 / b) I of DP-SGD.
 """
 
 from dpaudit.covariance.estimators import (
-    METHODS,
+    ESTIMATORS,
     dense_precision,
     diagonal_precision,
     estimate_precision,
@@ -29,7 +29,7 @@ from dpaudit.covariance.operators import (
 
 __all__ = [
     "DENSE_MAX_DIM",
-    "METHODS",
+    "ESTIMATORS",
     "DensePrecision",
     "DiagonalPrecision",
     "LowRankPrecision",

@@ -23,7 +23,7 @@ from dpaudit.covariance.operators import (
     gram64,
 )
 
-METHODS = ("dense", "diagonal", "ledoit_wolf", "oas", "woodbury")
+ESTIMATORS = ("dense", "diagonal", "ledoit_wolf", "oas", "woodbury")
 
 
 def _check_refs(g: torch.Tensor) -> torch.Tensor:
@@ -287,4 +287,4 @@ def estimate_precision(
         return shrinkage_precision(g, method, centred, ridge)
     if method == "woodbury":
         return woodbury_precision(g, ridge, rel_ridge, centred, rank, explained_variance)
-    raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    raise ValueError(f"method must be one of {ESTIMATORS}, got {method!r}")

@@ -36,7 +36,7 @@ _REGISTRIES = {
     "ATTACKS": ("dpaudit.experiment.scores", "SCORES"),
     "METHODS": ("dpaudit.stats", "METHODS"),
     "BUGS": ("dpaudit.experiment.bugs", "BUGS"),
-    "ESTIMATORS": ("dpaudit.covariance.estimators", "METHODS"),
+    "ESTIMATORS": ("dpaudit.covariance.estimators", "ESTIMATORS"),
 }
 
 
