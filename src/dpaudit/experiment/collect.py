@@ -1,16 +1,8 @@
-"""Re-evaluate a multi-run audit directory, or summarise a sweep (``dpaudit-aggregate``,
-``dpaudit.tasks.aggregate``).
-
-* A multi-run audit directory (it has ``runs/`` and ``settings.json``): pool every verified
-  run record (never a run twice, never one from other settings, never a corrupt or edited
-  one), recompute the bounds and rewrite ``results.json`` and the plots. Runs still missing are
-  reported, not invented.
-* A Hydra sweep directory (``dpaudit -m ...``): collect every job's ``results.json`` into
-  ``sweep_summary.json`` (with each job's settings and the provenance of the summary) and a
-  table; jobs without results (unfinished) are listed as pending.
-
-A user error (missing directory, no runs, a one-run directory, corrupt files, mismatched
-settings, a directory in use) raises ValueError, ``DirectoryBusyError`` or OSError.
+"""The work behind ``dpaudit-aggregate`` (``dpaudit.tasks.aggregate``, whose docstring says
+what each kind of directory gets): ``reaggregate`` pools the verified run records of a
+multi-run audit directory and rewrites its report; ``collect_sweep`` summarises the jobs of a
+Hydra sweep. A user error (missing directory, no runs, a one-run directory, corrupt files,
+mismatched settings, a directory in use) raises ValueError, ``DirectoryBusyError`` or OSError.
 """
 
 from __future__ import annotations
