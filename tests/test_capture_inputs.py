@@ -311,19 +311,13 @@ def test_hook_seed_draws_the_canaries_dropout_and_never_the_training():
     assert torch.equal(params(m0), params(m1)) and torch.equal(params(m0), params(m2))
     assert all(torch.equal(a, b) for a, b in zip(r0.got, r1.got, strict=True))
     assert not any(torch.equal(a, b) for a, b in zip(r0.got, r2.got, strict=True))
-    model = DropoutMLP()
-    model, opt, _ = PrivacyEngine().make_private(
-        module=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        data_loader=DataLoader(TensorDataset(torch.randn(8, 6), labels(8, 0)), batch_size=4),
-        noise_multiplier=1.0,
-        max_grad_norm=C,
-    )
+    model, opt = private_dropout_mlp()
     with pytest.raises(ValueError, match="seed must be an integer"):
         AuditHook(opt, model, canaries, seed=1.5)
 
 
-def test_dropout_refuses_forced_fold():
+def private_dropout_mlp():
+    """A DropoutMLP made private (no training): (GradSampleModule, DPOptimizer)."""
     module = DropoutMLP()
     model, opt, _ = PrivacyEngine().make_private(
         module=module,
@@ -332,6 +326,11 @@ def test_dropout_refuses_forced_fold():
         noise_multiplier=1.0,
         max_grad_norm=C,
     )
+    return model, opt
+
+
+def test_dropout_refuses_forced_fold():
+    model, opt = private_dropout_mlp()
     assert random_modules(model) == ["_module.drop"]
     with pytest.raises(ValueError, match="input_pass='batch': the model draws random numbers"):
         AuditHook(opt, model, InputCanaries(torch.randn(2, 6), labels(2, 0)), input_pass="batch")
