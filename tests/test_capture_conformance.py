@@ -341,16 +341,9 @@ def _ddp_worker(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def ddp_ranks(tmp_path_factory):
-    import socket
+    from test_capture_support import spawn_ranks
 
-    import torch.multiprocessing as mp
-
-    out = tmp_path_factory.mktemp("conformance-ddp")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_ddp_worker, args=(port, str(out)), nprocs=WORLD, join=True)
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return spawn_ranks(_ddp_worker, tmp_path_factory.mktemp("conformance-ddp"), WORLD)
 
 
 @pytest.mark.slow

@@ -13,13 +13,12 @@ their gradients equal a per-example autograd reference clipped at C.
 from __future__ import annotations
 
 import os
-import socket
 import warnings
 
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
+from test_capture_support import spawn_ranks
 from torch import nn
 
 from dpaudit.attacks import StepScore
@@ -166,12 +165,7 @@ def _worker(rank, port, out_dir):
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ddp")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_worker, args=(port, str(out)), nprocs=WORLD, join=True)
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return spawn_ranks(_worker, tmp_path_factory.mktemp("ddp"), WORLD)
 
 
 @pytest.mark.slow
@@ -211,7 +205,7 @@ def test_gradient_canaries_enter_once_and_every_rank_scores_the_applied_gradient
 
 @pytest.mark.slow
 def test_input_canaries_leave_training_unchanged_and_match_autograd_on_every_rank(ranks):
-    from dpaudit.capture.persample import clip_factor
+    from dpaudit.gradients.persample import clip_factor
 
     for r, mode in [(r, mode) for r in ranks for mode in ("input", "input_batch")]:
         plain, run = r["plain"], r[mode]

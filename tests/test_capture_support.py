@@ -131,3 +131,17 @@ def flat_params(model: nn.Module) -> torch.Tensor:
     """All parameters of (the module under) ``model``, flattened in named_parameters order."""
     module = getattr(model, "_module", model)
     return torch.cat([p.detach().reshape(-1).clone() for p in module.parameters()])
+
+
+def spawn_ranks(worker: Callable, out_dir, world: int) -> list:
+    """Run ``worker(rank, port, out_dir)`` in ``world`` spawned processes (gloo on a free local
+    port) and load what each rank saved as ``out_dir/rank{r}.pt``."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(worker, args=(port, str(out_dir)), nprocs=world, join=True)
+    return [torch.load(f"{out_dir}/rank{r}.pt", weights_only=False) for r in range(world)]
