@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from dpaudit import audit_report
 from dpaudit.capture import AuditHook, GradientCanaries, InputCanaries
-from dpaudit.capture.persample import trainable_parameter_names
+from dpaudit.gradients.persample import trainable_parameter_names
 
 warnings.filterwarnings("ignore", module="opacus")
 

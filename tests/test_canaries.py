@@ -21,8 +21,8 @@ from dpaudit.canaries import (
     scale_to_norm,
     select_canaries,
 )
-from dpaudit.capture import per_sample_clipped_grads
 from dpaudit.covariance import DensePrecision, estimate_precision, noise_aware
+from dpaudit.gradients import per_sample_clipped_grads
 from dpaudit.stats import gdp_auc, gdp_epsilon
 from dpaudit.stats.roc import auc
 

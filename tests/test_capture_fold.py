@@ -17,7 +17,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from dpaudit.attacks import StepScore
-from dpaudit.capture import AuditHook, InputCanaries, per_sample_clipped_grads
+from dpaudit.capture import AuditHook, InputCanaries
+from dpaudit.gradients import per_sample_clipped_grads
 from dpaudit.models import build_model
 
 DATA, _ = digits_flat(n_train=300)

@@ -10,7 +10,7 @@ import torch
 from opacus import GradSampleModule
 from torch import nn
 
-from dpaudit.capture import per_sample_clipped_grads
+from dpaudit.gradients import per_sample_clipped_grads
 from dpaudit.models import build_model
 
 warnings.filterwarnings("ignore", module="opacus")
@@ -92,7 +92,7 @@ def test_empty_inputs_and_bad_backend():
 
 
 def test_summed_loss_fast_path_equals_per_example_vmap():
-    from dpaudit.capture.persample import summed_loss
+    from dpaudit.gradients.persample import summed_loss
 
     torch.manual_seed(0)
     out, y = torch.randn(7, 4), torch.randint(0, 4, (7,))
@@ -110,7 +110,7 @@ def test_summed_loss_fast_path_equals_per_example_vmap():
 @pytest.mark.parametrize("loss", ["cross_entropy", "nll_loss", "custom"])
 def test_summed_loss_output_grad_equals_autograd(loss):
     """Closed forms (cross-entropy, NLL) and the autograd fallback agree with autograd."""
-    from dpaudit.capture.persample import summed_loss, summed_loss_output_grad
+    from dpaudit.gradients.persample import summed_loss, summed_loss_output_grad
 
     torch.manual_seed(1)
     out, y = torch.randn(9, 5, dtype=torch.float64), torch.randint(0, 5, (9,))

@@ -93,8 +93,8 @@ def test_realised_batch_size_is_flagged_by_the_batch_size_score(tmp_path, bug):
 
 def test_crafted_inputs_use_blank_features_and_leave_data_weights_untouched():
     from dpaudit.canaries import crafted_inputs
-    from dpaudit.capture import per_sample_clipped_grads
     from dpaudit.data import load_dataset
+    from dpaudit.gradients import per_sample_clipped_grads
 
     train, _, info = load_dataset("digits", seed=0)
     x = train.tensors[0]

@@ -6,8 +6,8 @@ from opacus import PrivacyEngine
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from dpaudit.capture import per_sample_clipped_grads
 from dpaudit.experiment import plant_bug
+from dpaudit.gradients import per_sample_clipped_grads
 
 
 def private(n=64, d=400, batch=16, sigma=2.0, seed=0):

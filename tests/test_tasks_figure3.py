@@ -17,9 +17,10 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from dpaudit.attacks import ScalarProduct
-from dpaudit.capture import InputCanaries, resolve_parameter_names
+from dpaudit.capture import InputCanaries
 from dpaudit.experiment.settings import DPSettings
 from dpaudit.experiment.training import train_audited
+from dpaudit.gradients import resolve_parameter_names
 from dpaudit.models import build_model
 from dpaudit.tasks.figure3 import figure3
 

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from dpaudit._validate import check_open_unit, check_scores
-from dpaudit.capture.persample import LossFn, per_sample_clipped_grads
 from dpaudit.covariance import PrecisionOperator, estimate_precision
+from dpaudit.gradients.persample import LossFn, per_sample_clipped_grads
 from dpaudit.seeds import as_generator
 
 STRATEGIES = ("top", "easy_medium_hard", "stratified", "in_distribution")

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from dpaudit._validate import check_nonnegative, check_positive
-from dpaudit.capture.persample import LossFn, per_sample_clipped_grads, unwrap_model
 from dpaudit.covariance import estimate_precision
+from dpaudit.gradients.persample import LossFn, per_sample_clipped_grads, unwrap_model
 
 
 @dataclass

@@ -4,7 +4,7 @@
 Opacus training loop and streams per-canary scores; ``InputCanaries`` / ``GradientCanaries``
 describe what is audited; ``Trace`` writes released gradients to disk in chunks. Input canaries
 are folded into the training batch's own forward/backward (``fold``) unless that is impossible
-or ``input_pass="separate"`` asks for one extra per-sample pass per step (``persample``).
+or ``input_pass="separate"`` asks for one extra per-sample pass per step (``dpaudit.gradients``).
 
 The hook's phases live in their own modules: ``insertion`` (gradient canaries added to the
 clipped sum before noise), ``view`` (the coordinate view and the released gradient),
@@ -15,8 +15,6 @@ save/restore helper for the optimizer attributes dpaudit patches.
 
 from dpaudit.capture.canary_kinds import GradientCanaries, InputCanaries
 from dpaudit.capture.hook import AuditHook, infer_sample_rate
-from dpaudit.capture.persample import per_sample_clipped_grads, trainable_parameter_names
-from dpaudit.capture.selection import resolve_parameter_names
 from dpaudit.capture.trace import Trace, load_trace
 
 __all__ = [
@@ -26,7 +24,4 @@ __all__ = [
     "Trace",
     "infer_sample_rate",
     "load_trace",
-    "per_sample_clipped_grads",
-    "resolve_parameter_names",
-    "trainable_parameter_names",
 ]

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dpaudit.capture.gradient_canaries import POLICIES, GradientCanaries
-from dpaudit.capture.input_canaries import InputCanaries, LossFn
+from dpaudit.capture.input_canaries import InputCanaries
+from dpaudit.gradients import LossFn
 
 __all__ = ["POLICIES", "Canaries", "GradientCanaries", "InputCanaries", "LossFn", "as_canary_list"]
 

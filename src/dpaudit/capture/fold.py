@@ -50,7 +50,7 @@ from torch import nn
 
 from dpaudit.capture.input_canaries import InputCanaries, argument_kind
 from dpaudit.capture.patching import InstancePatch
-from dpaudit.capture.persample import (
+from dpaudit.gradients.persample import (
     clip_dtype,
     clip_factor,
     clip_rows,

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from dpaudit.capture.input_canaries import argument_kind
-from dpaudit.capture.persample import in_per_sample_pass
+from dpaudit.gradients.persample import in_per_sample_pass
 
 
 @dataclass

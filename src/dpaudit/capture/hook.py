@@ -68,8 +68,6 @@ from dpaudit.capture.canary_kinds import Canaries, InputCanaries, as_canary_list
 from dpaudit.capture.input_grads import INPUT_PASSES, InputGradients, all_finite, check_reference
 from dpaudit.capture.insertion import GradientInsertion, check_gradient_canaries
 from dpaudit.capture.patching import InstancePatch
-from dpaudit.capture.persample import unwrap_model
-from dpaudit.capture.selection import resolve_parameter_names
 from dpaudit.capture.support import (
     check_input_canaries_supported,
     check_optimizer_supported,
@@ -77,6 +75,8 @@ from dpaudit.capture.support import (
 )
 from dpaudit.capture.trace import Trace
 from dpaudit.capture.view import CoordinateView, check_coordinates
+from dpaudit.gradients.persample import unwrap_model
+from dpaudit.gradients.selection import resolve_parameter_names
 
 __all__ = ["INPUT_PASSES", "AuditHook", "infer_sample_rate"]
 

@@ -19,13 +19,13 @@ that are not tensors (e.g. ``need_weights=False``) are taken from the training c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+from dpaudit.gradients import LossFn
 
 
 def argument_kind(dtype: torch.dtype) -> str:

@@ -39,9 +39,9 @@ from torch import nn
 from dpaudit.capture.fold import BatchFold, random_modules
 from dpaudit.capture.forward_watch import ForwardWatcher, Replay
 from dpaudit.capture.input_canaries import InputCanaries, argument_kind
-from dpaudit.capture.persample import per_sample_clipped_grads
 from dpaudit.capture.support import is_distributed, world_size
 from dpaudit.capture.view import CoordinateView
+from dpaudit.gradients.persample import per_sample_clipped_grads
 
 INPUT_PASSES = ("auto", "batch", "separate")
 

@@ -26,7 +26,7 @@ from opacus.optimizers import DPOptimizer
 from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 
 from dpaudit.capture.patching import InstancePatch
-from dpaudit.capture.persample import clip_factor
+from dpaudit.gradients.persample import clip_factor
 
 BUGS = ("none", "halved_noise", "scaled_noise", "unclipped_example", "realised_batch_size")
 

@@ -22,12 +22,12 @@ from torch.utils.data import Dataset
 from dpaudit import seeds
 from dpaudit.attacks import StepScore
 from dpaudit.canaries import predicted_leakage
-from dpaudit.capture import per_sample_clipped_grads
 from dpaudit.experiment.canary_setup import CanarySetup, draw_membership, setup_canaries
 from dpaudit.experiment.scores import build_scores
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.threat import threat_model_for
 from dpaudit.experiment.training import poisson_sample_rate, total_steps, train_audited
+from dpaudit.gradients import per_sample_clipped_grads
 from dpaudit.models import build_model
 from dpaudit.threat_model import ThreatModel
 

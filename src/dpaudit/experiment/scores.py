@@ -21,10 +21,10 @@ from dpaudit.attacks import (
     ScalarProduct,
     StepScore,
 )
-from dpaudit.capture import per_sample_clipped_grads
 from dpaudit.covariance import PrecisionOperator, estimate_precision, noise_aware
 from dpaudit.experiment.canary_setup import LOSS, CanarySetup
 from dpaudit.experiment.settings import AuditSettings
+from dpaudit.gradients import per_sample_clipped_grads
 from dpaudit.threat_model import ThreatModel
 
 

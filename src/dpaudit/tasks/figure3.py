@@ -26,12 +26,13 @@ from torch.utils.data import TensorDataset
 from dpaudit import seeds
 from dpaudit.attacks import CovarianceScore, ScalarProduct
 from dpaudit.canaries import predicted_leakage, rank_candidates, select_canaries
-from dpaudit.capture import InputCanaries, resolve_parameter_names
+from dpaudit.capture import InputCanaries
 from dpaudit.covariance import noise_aware
 from dpaudit.experiment.canary_setup import LOSS
 from dpaudit.experiment.run import resolve_device
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.training import SAMPLINGS, poisson_sample_rate, train_audited
+from dpaudit.gradients import resolve_parameter_names
 from dpaudit.models import build_model
 from dpaudit.report import format_table, plot_roc, write_json
 from dpaudit.report.canary_plots import plot_canary_grid, plot_score_distribution

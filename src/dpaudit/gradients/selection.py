@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from dpaudit.capture.persample import trainable_parameter_names, unwrap_model
+from dpaudit.gradients.persample import trainable_parameter_names, unwrap_model
 
 
 def _strip(name: str) -> str:
