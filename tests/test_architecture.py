@@ -103,3 +103,10 @@ def test_the_graph_is_read_correctly():
     assert ("experiment", "seeds") in edges  # from dpaudit import seeds
     assert ("experiment", "canaries") in edges  # an import inside a function
     assert ("cli", "experiment") in edges
+
+
+def test_dir_of_the_package_lists_every_public_package():
+    import dpaudit
+
+    public = {t for t in LEVEL if not t.startswith("_")}
+    assert public <= set(dir(dpaudit))
