@@ -110,3 +110,15 @@ def test_dir_of_the_package_lists_every_public_package():
 
     public = {t for t in LEVEL if not t.startswith("_")}
     assert public <= set(dir(dpaudit))
+
+
+def test_tests_mirror_the_package():
+    """tests/ has one folder per subpackage of src/dpaudit/ (plus support/ for shared helper
+    modules and examples/ for experiments/), and helper modules hold no tests."""
+    tests = Path(__file__).resolve().parent
+    folders = {d.name for d in tests.iterdir() if d.is_dir() and not d.name.startswith((".", "_"))}
+    packages = {d.name for d in SRC.iterdir() if (d / "__init__.py").is_file()}
+    assert folders - {"support", "examples"} == packages
+    assert not list((tests / "support").glob("test_*.py"))
+    for folder in folders - {"support"}:
+        assert list((tests / folder).glob("test_*.py")), folder

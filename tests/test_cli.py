@@ -25,7 +25,7 @@ def test_stats_demo_writes_sound_bounds(tmp_path):
         # Certified bounds: conservative enough that one seed above the truth would be a bug.
         # The gdp estimate's mu_lower has nearly exact 95% coverage (measured 4.5% of 200
         # repetitions above mu = 1 at this size), so one seed says nothing about its
-        # validity: that is the validity suite's job (tests/test_validity.py).
+        # validity: that is the validity suite's job (tests/validity/test_validity.py).
         for method, kind in kinds.items():
             assert row[method] >= 0.0
             if kind == "certified":

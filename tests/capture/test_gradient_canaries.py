@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_capture_support import digits_flat, dirac_coords, flat_params, logreg, private_run
+from capture_support import digits_flat, dirac_coords, flat_params, logreg, private_run
 
 from dpaudit.attacks import BatchSizeScore, MixtureLR, ScalarProduct
 from dpaudit.capture import AuditHook, GradientCanaries

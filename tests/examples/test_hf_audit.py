@@ -4,7 +4,7 @@ Short runs (4 steps) of the example, compared with the same seeded run without t
 the applied gradients (a step pre-hook on the base optimizer, independent of the hook) are
 identical except on the "in" Dirac coordinates (unused token ids' embedding rows), which move
 by exactly C / B per step; the Dirac scores shift by T C^2 / B on average (closed form, see
-test_capture_conformance); the report's numbers are finite. Skipped without transformers.
+capture/test_conformance.py); the report's numbers are finite. Skipped without transformers.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def _transformers():
     """Skip cleanly without transformers (imported here, not at collection: it takes seconds)."""
     pytest.importorskip("transformers")
 
-_PATH = Path(__file__).resolve().parents[1] / "experiments" / "hf_audit.py"
+_PATH = Path(__file__).resolve().parents[2] / "experiments" / "hf_audit.py"
 _spec = importlib.util.spec_from_file_location("hf_audit", _PATH)
 hf_audit = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(hf_audit)

@@ -15,8 +15,8 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from capture_support import digits_flat, dirac_coords
 from opacus import PrivacyEngine
-from test_capture_support import digits_flat, dirac_coords
 from torch import nn
 from torch.utils.data import DataLoader
 

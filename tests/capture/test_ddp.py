@@ -18,7 +18,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from test_capture_support import spawn_ranks
+from capture_support import spawn_ranks
 from torch import nn
 
 from dpaudit.attacks import StepScore
@@ -125,7 +125,7 @@ def _worker(rank, port, out_dir):
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
     )
     try:
-        from test_capture_support import digits_flat, dirac_coords
+        from capture_support import digits_flat, dirac_coords
 
         from dpaudit.capture import AuditHook, GradientCanaries, InputCanaries
 

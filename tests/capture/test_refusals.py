@@ -68,7 +68,7 @@ def test_unsupported_clipping_is_refused_by_name(opts, needle):
 
 def test_one_process_dpddp_is_accepted_and_records_after_the_all_reduce():
     """A one-rank gloo group: Opacus returns DistributedDPOptimizer; the hook records in
-    ``reduce_gradients`` (two-process checks: test_capture_ddp.py)."""
+    ``reduce_gradients`` (two-process checks: tests/capture/test_ddp.py)."""
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
 
     with socket.socket() as s:

@@ -1,6 +1,6 @@
 """Model families, seeded Opacus runs and independent instruments for the conformance suite.
 
-No tests here (imported by ``test_capture_conformance.py``). Each ``Family`` is one tiny model
+No tests here (imported by ``tests/capture/test_conformance.py``). Each ``Family`` is one tiny model
 of a kind users train with Opacus, with synthetic data and *dead coordinates*: parameter
 entries the data never touch (weights of an input channel or feature that is identically zero,
 embedding rows of token ids that never occur), so their per-example gradients are exactly zero

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from capture_support import digits_flat, dirac_coords, private_run
 from scipy import stats
-from test_capture_support import digits_flat, dirac_coords, private_run
 
 from dpaudit.capture import AuditHook, GradientCanaries, InputCanaries, Trace, load_trace
 from dpaudit.models import build_model

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from capture_support import digits_flat, flat_params, logreg, private_run
 from opacus import PrivacyEngine
-from test_capture_support import digits_flat, flat_params, logreg, private_run
 from torch import nn
 from torch.utils.data import DataLoader
 

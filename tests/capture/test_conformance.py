@@ -341,7 +341,7 @@ def _ddp_worker(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def ddp_ranks(tmp_path_factory):
-    from test_capture_support import spawn_ranks
+    from capture_support import spawn_ranks
 
     return spawn_ranks(_ddp_worker, tmp_path_factory.mktemp("conformance-ddp"), WORLD)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from capture_support import digits_flat, dirac_coords, flat_params, logreg, private_run
 from opacus.optimizers import DPOptimizer
-from test_capture_support import digits_flat, dirac_coords, flat_params, logreg, private_run
 from torch import nn
 
 from dpaudit.attacks import ScalarProduct, StepContext, StepScore, score_trace
