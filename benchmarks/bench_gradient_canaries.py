@@ -25,21 +25,12 @@ import time
 import warnings
 
 
-def child(mode: str, k: int, steps: int, batch: int, width: int) -> dict:
-    """One process: build, warm up 3 steps, time ``steps`` steps; return the measurements."""
+def _make_private(model, x, y, batch: int):
+    """Opacus DP-SGD on fixed batches of ``batch`` rows of (x, y): (model, optimizer)."""
     import torch
     from opacus import PrivacyEngine
-    from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
-    from dpaudit.capture import AuditHook, GradientCanaries
-
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
-    dim = sum(p.numel() for p in model.parameters())
-    x, y = torch.randn(batch * 4, width), torch.randint(0, 10, (batch * 4,))
     model, opt, _ = PrivacyEngine().make_private(
         module=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
@@ -48,20 +39,51 @@ def child(mode: str, k: int, steps: int, batch: int, width: int) -> dict:
         max_grad_norm=1.0,
         poisson_sampling=False,
     )
+    return model, opt
+
+
+def _dirac_hook(opt, model, dim: int, k: int):
+    """An attached AuditHook with k Dirac canaries on random coordinates (half in, half out)."""
+    import torch
+
+    from dpaudit.capture import AuditHook, GradientCanaries
+
+    coords = torch.randperm(dim, generator=torch.Generator().manual_seed(1))[:k]
+    pols = ["every_step", "never"] * (k // 2) + ["never"] * (k % 2)
+    canaries = GradientCanaries.dirac(coords.tolist(), 1.0, dim, policy=pols)
+    return AuditHook(opt, model, canaries).attach()
+
+
+def _step(model, opt, x, y, batch: int, i: int) -> None:
+    """One DP-SGD step on the (i mod 4)-th fixed batch."""
+    from torch import nn
+
+    rows = slice((i % 4) * batch, (i % 4 + 1) * batch)
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()
+    opt.step()
+
+
+def child(mode: str, k: int, steps: int, batch: int, width: int) -> dict:
+    """One process: build, warm up 3 steps, time ``steps`` steps; return the measurements."""
+    import torch
+    from torch import nn
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
+    dim = sum(p.numel() for p in model.parameters())
+    x, y = torch.randn(batch * 4, width), torch.randint(0, 10, (batch * 4,))
+    model, opt = _make_private(model, x, y, batch)
     t0 = time.perf_counter()
     hook = None
     if mode == "dirac":
-        coords = torch.randperm(dim, generator=torch.Generator().manual_seed(1))[:k]
-        pols = ["every_step", "never"] * (k // 2) + ["never"] * (k % 2)
-        canaries = GradientCanaries.dirac(coords.tolist(), 1.0, dim, policy=pols)
-        hook = AuditHook(opt, model, canaries).attach()
+        hook = _dirac_hook(opt, model, dim, k)
     setup = time.perf_counter() - t0
 
     def step(i: int) -> None:
-        xb, yb = x[(i % 4) * batch : (i % 4 + 1) * batch], y[(i % 4) * batch : (i % 4 + 1) * batch]
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(xb), yb).backward()
-        opt.step()
+        _step(model, opt, x, y, batch, i)
 
     for i in range(3):
         step(i)
@@ -80,11 +102,7 @@ def interleaved(k: int, steps: int, batch: int, width: int) -> dict:
     """One process, two identical models (one plain, one audited) stepped alternately: per-step
     paired ratios of wall time and of this process's CPU time (robust to machine load)."""
     import torch
-    from opacus import PrivacyEngine
     from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
-
-    from dpaudit.capture import AuditHook, GradientCanaries
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -94,26 +112,13 @@ def interleaved(k: int, steps: int, batch: int, width: int) -> dict:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
         dim = sum(p.numel() for p in model.parameters())
-        model, opt, _ = PrivacyEngine().make_private(
-            module=model,
-            optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
-            data_loader=DataLoader(TensorDataset(x, y), batch_size=batch),
-            noise_multiplier=1.0,
-            max_grad_norm=1.0,
-            poisson_sampling=False,
-        )
+        model, opt = _make_private(model, x, y, batch)
         if audited:
-            coords = torch.randperm(dim, generator=torch.Generator().manual_seed(1))[:k]
-            pols = ["every_step", "never"] * (k // 2) + ["never"] * (k % 2)
-            canaries = GradientCanaries.dirac(coords.tolist(), 1.0, dim, policy=pols)
-            AuditHook(opt, model, canaries).attach()
+            _dirac_hook(opt, model, dim, k)
         runs.append((model, opt))
 
     def step(model, opt, i):
-        xb, yb = x[(i % 4) * batch : (i % 4 + 1) * batch], y[(i % 4) * batch : (i % 4 + 1) * batch]
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(xb), yb).backward()
-        opt.step()
+        _step(model, opt, x, y, batch, i)
 
     wall, cpu = [], []
     for i in range(steps + 3):
