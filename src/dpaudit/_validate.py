@@ -3,12 +3,25 @@ errors naming the parameter. A leaf: imports nothing from dpaudit."""
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 
+def check_real(value, name: str) -> float:
+    """``value`` as a float when it is a real number (not a string, bool, None or complex)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
+    return float(value)
+
+
 def check_scores(x, name: str) -> np.ndarray:
-    """Return ``x`` as a 1-d float64 array; reject empty or non-finite input."""
-    arr = np.asarray(x, dtype=np.float64)
+    """Return ``x`` as a 1-d float64 array; reject empty, non-real or non-finite input."""
+    raw = np.asarray(x)
+    if raw.dtype.kind not in "biuf":  # complex, strings, objects, dates: not real scores
+        what = "complex" if raw.dtype.kind == "c" else f"dtype {raw.dtype}"
+        raise ValueError(f"{name} must be real numbers, got {what} values")
+    arr = raw.astype(np.float64, copy=False)
     if arr.ndim != 1:
         arr = arr.reshape(-1)
     if arr.size == 0:
@@ -22,24 +35,62 @@ def check_scores(x, name: str) -> np.ndarray:
 
 
 def check_open_unit(value: float, name: str) -> float:
-    """Require ``0 < value < 1`` (probabilities such as delta, confidence, FPR targets)."""
-    v = float(value)
+    """Require a real ``0 < value < 1`` (probabilities such as delta, confidence, FPR targets)."""
+    v = check_real(value, name)
     if not np.isfinite(v) or not 0.0 < v < 1.0:
         raise ValueError(f"{name} must lie in the open interval (0, 1), got {value!r}")
     return v
 
 
 def check_positive(value: float, name: str) -> float:
-    """Require a finite ``value > 0``."""
-    v = float(value)
+    """Require a real, finite ``value > 0``."""
+    v = check_real(value, name)
     if not np.isfinite(v) or v <= 0.0:
         raise ValueError(f"{name} must be a finite positive number, got {value!r}")
     return v
 
 
 def check_nonnegative(value: float, name: str) -> float:
-    """Require a finite ``value >= 0``."""
-    v = float(value)
+    """Require a real, finite ``value >= 0``."""
+    v = check_real(value, name)
     if not np.isfinite(v) or v < 0.0:
         raise ValueError(f"{name} must be a finite non-negative number, got {value!r}")
     return v
+
+
+def check_seed(seed, name: str = "seed") -> int:
+    """Require an integer seed (not a bool); returns it as an ``int``."""
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
+        raise ValueError(f"{name} must be an integer seed, got {seed!r}")
+    return int(seed)
+
+
+def check_real_array(x, name: str) -> np.ndarray:
+    """``x`` (scalar or array) as a finite float64 array; reject strings, complex, NaN, inf."""
+    if x is None or isinstance(x, (str, bytes)):
+        raise ValueError(f"{name} must be real numbers, got {x!r}")
+    raw = np.asarray(x)
+    if raw.dtype.kind not in "biuf":
+        what = "complex" if raw.dtype.kind == "c" else f"dtype {raw.dtype}"
+        raise ValueError(f"{name} must be real numbers, got {what} values")
+    arr = raw.astype(np.float64)
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be finite, got {x!r}")
+    return arr
+
+
+def check_rates(x, name: str) -> np.ndarray:
+    """``x`` (scalar or array) as float64 rates in [0, 1]."""
+    arr = check_real_array(x, name)
+    if np.any((arr < 0.0) | (arr > 1.0)):
+        raise ValueError(f"{name} must lie in [0, 1], got {x!r}")
+    return arr
+
+
+def check_count(value, name: str, minimum: int = 0) -> int:
+    """Require an integer (not a bool, not a float) ``>= minimum``; returns it as an ``int``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)

@@ -149,8 +149,8 @@ def tradeoff_from_profile(alpha, epsilons, deltas) -> np.ndarray:
         raise ValueError("epsilons and deltas must be non-empty and of equal length")
     if np.any(e < 0) or np.any((d < 0) | (d > 1)):
         raise ValueError("epsilons must be >= 0 and deltas in [0, 1]")
-    with np.errstate(over="ignore"):
-        line1 = d + np.exp(e) * a
+    with np.errstate(over="ignore", invalid="ignore"):
+        line1 = np.where(a > 0.0, d + np.exp(e) * a, d)  # e^eps * 0 is 0, also when e^eps = inf
     line2 = 1.0 - np.exp(-e) * (1.0 - d - a)
     tpr = np.minimum(1.0, np.minimum(line1, line2).min(axis=0))
     return np.maximum(tpr, a).reshape(np.shape(alpha))

@@ -31,6 +31,12 @@ RUN_BIT = 7
 FIGURE3_GAME = 3
 # The simulated Clopper-Pearson bound that says before training what an audit can show.
 POWER_SIMULATION = 0xB0B
+# Statistics: the random order in which tied scores are broken (``stats.ties``), drawn
+# independently of membership, so that tied scores neither inflate nor hide evidence.
+TIE_BREAK = 0x71E
+# One-run audits with inclusion probability p != 1/2: the auditor's virtual fair-coin
+# labels (``stats.inclusion.virtual_labels``).
+VIRTUAL_LABELS = 0x1AB
 
 
 def stream(seed, tag: int) -> np.random.Generator:

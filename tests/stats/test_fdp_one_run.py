@@ -11,7 +11,7 @@ from scipy import stats
 from dpaudit.stats import gdp_epsilon
 from dpaudit.stats.fdp_one_run import (
     ASSUME_FDP_ONE_RUN,
-    _worst_case_counts,
+    _guess_counts,
     fdp_one_run_bound,
     largest_refuted_mu,
     refutes_gdp,
@@ -182,16 +182,22 @@ def test_rank_based_and_in_only_for_asymmetric_scores():
     assert moved.epsilon == b.epsilon  # only the order of the scores matters
 
 
-def test_ties_are_broken_against_the_auditor():
+def test_ties_are_broken_at_random():
+    # the scores 1.0 are two members and one non-member, the 0.0s one member and two
+    # non-members: a guess inside a tie group is right with the group's member share, on
+    # average over the tie-break seeds, and never depends on anything but the seed
     s_in, s_out = np.array([0.0, 1.0, 1.0]), np.array([0.0, 0.0, 1.0])
-    correct, t_plus, t_minus = _worst_case_counts(
-        s_in, s_out, np.array([1, 2, 3, 0, 2]), np.array([0, 0, 0, 1, 1])
-    )
-    # top 1 / 2 / 3 in: the tied 1.0s count "out" first; bottom 1 out: the tied 0.0s count
-    # "in" first; top 2 and bottom 1 together: 1 right on top, 0 at the bottom
-    assert correct.tolist() == [0, 1, 2, 0, 1]
-    assert t_plus.tolist() == [1.0, 1.0, 1.0, np.inf, 1.0]
-    assert t_minus.tolist() == [-np.inf, -np.inf, -np.inf, 0.0, 0.0]
+    kp, km = np.array([1, 2, 3, 0, 2]), np.array([0, 0, 0, 1, 1])
+    runs = np.array([_guess_counts(s_in, s_out, kp, km, seed)[0] for seed in range(3000)])
+    # top 1 / 2 / 3 "in": 2/3, 4/3, 2 right; bottom 1 "out": 2/3; top 2 + bottom 1: 4/3 + 2/3
+    expected = np.array([2 / 3, 4 / 3, 2.0, 2 / 3, 2.0])
+    se = runs.std(axis=0) / np.sqrt(len(runs)) + 1e-12
+    assert np.all(np.abs(runs.mean(axis=0) - expected) <= 4 * se)
+    assert runs[:, 2].tolist() == [2] * 3000  # the whole top group: no choice left
+    again = _guess_counts(s_in, s_out, kp, km, 7)
+    np.testing.assert_array_equal(again[0], _guess_counts(s_in, s_out, kp, km, 7)[0])
+    assert again[1].tolist() == [1.0, 1.0, 1.0, np.inf, 1.0]
+    assert again[2].tolist() == [-np.inf, -np.inf, -np.inf, 0.0, 0.0]
 
 
 def test_too_few_canaries_gives_zero():
@@ -239,6 +245,10 @@ def test_options_choose_the_candidates():
         ({"delta": math.nan}, "delta"),
         ({"confidence": 1.0}, "confidence"),
         ({"confidence": 0.0}, "confidence"),
+        ({"inclusion": 0.3}, "inclusion"),
+        ({"inclusion": 1.0}, "inclusion"),
+        ({"inclusion": "0.5"}, "inclusion"),
+        ({"seed": 1.5}, "seed"),
     ],
 )
 def test_bad_options_raise_naming_them(options, name):

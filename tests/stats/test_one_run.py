@@ -9,6 +9,7 @@ from scipy import stats
 
 from dpaudit.stats import epsilon_from_guesses, epsilon_lower_bound, one_run_p_value
 from dpaudit.stats.one_run import guess_counts
+from dpaudit.stats.ties import random_order
 
 
 def _direct(m, r, v, eps, delta):
@@ -57,16 +58,30 @@ def test_randomized_response_never_exceeds_and_gets_close():
     assert 0.85 * eps0 <= lb <= eps0
 
 
-def test_guess_counts_with_ties():
-    s_in = np.sort(np.array([3.0, 3.0, 1.0]))
-    s_out = np.sort(np.array([3.0, 0.0, 0.0]))
-    pooled = np.sort(np.r_[s_in, s_out])
-    # top 1: the threshold is 3.0, so all three tied scores are guessed "in" (2 correct);
-    # bottom 2: both 0.0 guessed "out" (2 correct). (4, 3) overlaps: flagged not ok.
-    r, v, tp, tm, ok = guess_counts(pooled, s_in, s_out, [1, 4, 0], [2, 3, 1])
-    assert (r[0], v[0], tp[0], tm[0], ok[0]) == (5, 4, 3.0, 0.0, True)
-    assert not ok[1]
-    assert (r[2], v[2], tp[2], tm[2]) == (2, 2, np.inf, 0.0)
+def test_guess_counts_exact_k():
+    # labels ordered by ascending score: exactly k+ top guesses "in", k- bottom guesses "out"
+    labels = np.array([False, True, False, True, True])
+    v = guess_counts(labels, [1, 2, 0, 2, 0], [0, 0, 2, 2, 5])
+    assert v.tolist() == [1, 2, 1, 3, 2]
+
+
+def test_one_run_breaks_ties_at_random_and_keeps_r_fixed():
+    # binary scores: ~60% of members and ~40% of non-members score 1. Guesses are exactly k,
+    # and 200 "in" guesses inside the tie group of 1s are right with its member share
+    rng = np.random.default_rng(4)
+    s_in = (rng.random(1000) < 0.6).astype(float)
+    s_out = (rng.random(1000) < 0.4).astype(float)
+    pooled = np.r_[s_in, s_out]
+    labels = np.r_[np.ones(1000, bool), np.zeros(1000, bool)]
+    share_ones = s_in.sum() / pooled.sum()
+    top = [guess_counts(labels[random_order(pooled, seed)], [200], [0])[0] for seed in range(200)]
+    assert np.mean(top) / 200 == pytest.approx(share_ones, abs=0.01)
+    res = epsilon_lower_bound(s_in, s_out, delta=1e-5, method="one_run", seed=3)
+    d = res.details
+    assert d["guesses"] == d["k_plus"] + d["k_minus"] and d["ties_broken_at_random"]
+    assert res.epsilon == epsilon_lower_bound(
+        s_in, s_out, delta=1e-5, method="one_run", seed=3
+    ).epsilon
 
 
 def test_one_run_bound_details_and_grid_validation():

@@ -8,12 +8,15 @@ is allowed, the model an estimate assumes or None). A new method is one module w
   ``selection``, a threshold strategy from ``threshold_selection`` (default
   ``DEFAULT_SELECTION`` = ``Bonferroni()``; ``Split(seed, fraction)``, ``FixedThreshold(value)``,
   ``Naive()`` for demonstrations only). See ``clopper_pearson``.
-* ``"one_run"`` (certified; delta = 0 allowed): grid. See ``one_run``.
+* ``"one_run"`` (certified; delta = 0 allowed): grid, inclusion (the design's inclusion
+  probability, default 1/2; an implausible split is refused), seed (ties, virtual labels).
+  See ``one_run`` and ``inclusion``.
 * ``"density"`` (certified; delta = 0 allowed), ``"density_tv"`` (GDP estimate): bin_rule
   ("eq4.2" | "eq4.1"), n_bins, end_quantiles, edges. See ``density``.
 * ``"gaussian"``: check_level. Parametric fit assuming Gaussian equal-variance scores
   (checked and reported); see ``gaussian_fit``.
-* ``"fdp_one_run"`` (GDP estimate): guess_fractions, sides. See ``fdp_one_run``.
+* ``"fdp_one_run"`` (GDP estimate): guess_fractions, sides, inclusion (1/2 only; an
+  implausible split is refused), seed (ties). See ``fdp_one_run``.
 
 Orientation: the scores are checked once (``thresholds.orientation_test``: one-sided
 Mann-Whitney, p < 1e-3). When members score significantly LOWER than non-members every method
@@ -31,7 +34,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from dpaudit._validate import check_open_unit, check_scores
+from dpaudit._validate import check_open_unit, check_real, check_scores
 from dpaudit.stats.clopper_pearson import threshold_bound
 from dpaudit.stats.density import density_bound
 from dpaudit.stats.fdp_one_run import ASSUME_FDP_ONE_RUN, fdp_one_run_bound
@@ -55,14 +58,17 @@ _SELECTION = frozenset({"selection"})
 METHOD_REGISTRY: dict[str, MethodSpec] = {
     "clopper_pearson": MethodSpec(partial(threshold_bound, "clopper_pearson"), _SELECTION, True),
     "gdp": MethodSpec(partial(threshold_bound, "gdp"), _SELECTION, False, ASSUME_GDP),
-    "one_run": MethodSpec(one_run_bound, frozenset({"grid"}), True),
+    "one_run": MethodSpec(one_run_bound, frozenset({"grid", "inclusion", "seed"}), True),
     "density": MethodSpec(density_bound, _BIN_OPTIONS, True),
     "density_tv": MethodSpec(partial(density_bound, tv_only=True), _BIN_OPTIONS, False, ASSUME_GDP),
     "gaussian": MethodSpec(
         gaussian_bound, frozenset({"check_level"}), False, ASSUME_GAUSSIAN_SCORES
     ),
     "fdp_one_run": MethodSpec(
-        fdp_one_run_bound, frozenset({"guess_fractions", "sides"}), False, ASSUME_FDP_ONE_RUN
+        fdp_one_run_bound,
+        frozenset({"guess_fractions", "sides", "inclusion", "seed"}),
+        False,
+        ASSUME_FDP_ONE_RUN,
     ),
 }
 METHOD_OPTIONS: dict[str, frozenset[str]] = {k: v.options for k, v in METHOD_REGISTRY.items()}
@@ -71,7 +77,7 @@ ORIENTATION_P_VALUE = 1e-3
 
 
 def _check_delta(delta: float, method: str, zero_ok: bool) -> float:
-    d = float(delta)
+    d = check_real(delta, "delta")
     if zero_ok:
         if not np.isfinite(d) or not 0.0 <= d < 1.0:
             raise ValueError(f"delta must lie in [0, 1) for method={method!r}, got {delta!r}")
@@ -119,10 +125,13 @@ def epsilon_lower_bound(
             2024).
         **options: the method's own options (any other raises ``ValueError``):
             ``selection`` (a threshold strategy from ``dpaudit.stats.threshold_selection``)
-            for ``"clopper_pearson"`` / ``"gdp"``; ``grid`` for ``"one_run"``; ``bin_rule``,
-            ``n_bins``, ``end_quantiles``, ``edges`` for ``"density"`` / ``"density_tv"``;
-            ``check_level`` for ``"gaussian"``; ``guess_fractions``, ``sides`` for
-            ``"fdp_one_run"``.
+            for ``"clopper_pearson"`` / ``"gdp"``; ``grid``, ``inclusion``, ``seed`` for
+            ``"one_run"``; ``bin_rule``, ``n_bins``, ``end_quantiles``, ``edges`` for
+            ``"density"`` / ``"density_tv"``; ``check_level`` for ``"gaussian"``;
+            ``guess_fractions``, ``sides``, ``inclusion``, ``seed`` for ``"fdp_one_run"``.
+            ``inclusion`` is the probability with which each canary was made a member,
+            independently (default 1/2): the one-run theorems assume that design, and a
+            member count implausible under it raises ``ValueError`` naming ``inclusion``.
 
     Returns:
         An ``EpsilonBound``: ``epsilon`` (0.0 when nothing can be shown), ``kind``

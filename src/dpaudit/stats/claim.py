@@ -34,11 +34,65 @@ import numpy as np
 from scipy.special import ndtri
 
 from dpaudit._jsonable import to_jsonable
-from dpaudit._validate import check_open_unit, check_scores
-from dpaudit.stats.threshold_selection import DEFAULT_SELECTION
+from dpaudit._validate import check_open_unit, check_positive, check_scores
+from dpaudit.stats.threshold_selection import DEFAULT_SELECTION, check_selection
 from dpaudit.stats.thresholds import OrientationWarning, orientation_test
 
 Curve = Callable[[np.ndarray], np.ndarray]
+
+# FPRs at which a claimed curve is checked before it is used (``check_curve``).
+PROBE_FPR = np.unique(np.concatenate([np.linspace(0.0, 1.0, 201), np.geomspace(1e-12, 1e-2, 41)]))
+_CURVE_TOL = 1e-9  # slack for float rounding in the curve's monotonicity and range checks
+
+
+class CurveError(ValueError):
+    """A claimed trade-off curve is not one: not callable, not finite, outside [0, 1 - FPR]
+    or increasing somewhere (``check_curve``)."""
+
+
+def check_curve(curve, name: str = "tradeoff") -> Curve:
+    """Check that ``curve`` is a trade-off curve on ``PROBE_FPR``; return it.
+
+    A trade-off curve maps FPR alpha in [0, 1] to the smallest FNR any test can have: finite,
+    in [0, 1 - alpha] (the coin-flip test reaches 1 - alpha) and non-increasing. Vectorised
+    evaluation must return one value per alpha. Raises ``CurveError`` (a ValueError) naming
+    ``name`` and the first violation: a NaN, a 2.0 or an increasing curve would otherwise turn
+    into a silent non-rejection or a false one.
+    """
+    if not callable(curve):
+        raise CurveError(f"{name} must be a callable trade-off curve FPR -> FNR, got {curve!r}")
+    try:
+        raw = np.asarray(curve(PROBE_FPR.copy()))
+    except CurveError:
+        raise
+    except Exception as err:  # report any failure as a bad curve, by name
+        raise CurveError(f"{name} could not be evaluated on an array of FPRs: {err!r}") from err
+    if raw.dtype.kind not in "biuf":
+        raise CurveError(f"{name} must return real numbers, got dtype {raw.dtype}")
+    f = raw.astype(np.float64).reshape(-1)
+    if f.size != PROBE_FPR.size:
+        raise CurveError(
+            f"{name} must return one value per FPR: {PROBE_FPR.size} FPRs gave {f.size} values"
+        )
+    bad = ~np.isfinite(f)
+    if bad.any():
+        a = PROBE_FPR[np.argmax(bad)]
+        raise CurveError(f"{name} must be finite, got {f[np.argmax(bad)]} at FPR {a:g}")
+    high = f > 1.0 - PROBE_FPR + _CURVE_TOL
+    if (f < -_CURVE_TOL).any() or high.any():
+        i = int(np.argmax(high | (f < -_CURVE_TOL)))
+        raise CurveError(
+            f"{name} must lie in [0, 1 - FPR] (no test does worse than a coin flip), got "
+            f"{f[i]:.6g} at FPR {PROBE_FPR[i]:g}"
+        )
+    rising = np.diff(f) > _CURVE_TOL
+    if rising.any():
+        i = int(np.argmax(rising))
+        raise CurveError(
+            f"{name} must be non-increasing, but it rises from {f[i]:.6g} at FPR "
+            f"{PROBE_FPR[i]:g} to {f[i + 1]:.6g} at FPR {PROBE_FPR[i + 1]:g}"
+        )
+    return curve
 
 
 @dataclass(frozen=True)
@@ -81,8 +135,16 @@ def rate_bounds(scores_in, scores_out, *, confidence: float, selection=None, obj
     s_in = np.sort(check_scores(scores_in, "scores_in"))
     s_out = np.sort(check_scores(scores_out, "scores_out"))
     beta = 1.0 - check_open_unit(confidence, "confidence")
-    strategy = DEFAULT_SELECTION if selection is None else selection
+    strategy = DEFAULT_SELECTION if selection is None else check_selection(selection)
     return strategy.rate_bounds(s_in, s_out, beta, objective)
+
+
+def _check_rows(rows) -> None:
+    if not all(hasattr(rows, k) for k in ("fpr_upper", "fnr_upper", "thresholds")):
+        raise ValueError(
+            "rows must be the RateBounds of rate_bounds() (or a ClaimTest's .rows), got "
+            f"{type(rows).__name__}"
+        )
 
 
 def _margins(rows, tradeoff: Curve, tradeoff_reverse: Curve):
@@ -127,9 +189,13 @@ def claim_test(
         tradeoff_reverse: the claim for the pair in the other order (default: ``tradeoff``,
             right for symmetric claims such as GDP and a two-sided privacy profile).
     """
-    rev = tradeoff if tradeoff_reverse is None else tradeoff_reverse
+    check_curve(tradeoff, "tradeoff")
+    rev = tradeoff
+    if tradeoff_reverse is not None:
+        rev = check_curve(tradeoff_reverse, "tradeoff_reverse")
     s_in = check_scores(scores_in, "scores_in")
     s_out = check_scores(scores_out, "scores_out")
+    confidence = check_open_unit(confidence, "confidence")
 
     def objective(fpr_u, fnr_u):
         return np.maximum(
@@ -183,6 +249,7 @@ def mu_lower_bound(rows) -> float:
 
     GDP is symmetric, so the other order of the pair gives the same value.
     """
+    _check_rows(rows)
     with np.errstate(divide="ignore", invalid="ignore"):
         mu = ndtri(1.0 - np.asarray(rows.fpr_upper)) - ndtri(np.asarray(rows.fnr_upper))
     mu = np.nan_to_num(mu, nan=0.0, neginf=0.0)
@@ -190,10 +257,16 @@ def mu_lower_bound(rows) -> float:
 
 
 def rejects(rows, tradeoff: Curve, tradeoff_reverse: Curve | None = None) -> bool:
-    """True when some row lies strictly below the claimed curve (in either order)."""
-    forward, reverse = _margins(
-        rows, tradeoff, tradeoff if tradeoff_reverse is None else tradeoff_reverse
-    )
+    """True when some row lies strictly below the claimed curve (in either order).
+
+    Both curves are checked first (``check_curve``: a ``CurveError`` names the bad one).
+    """
+    _check_rows(rows)
+    check_curve(tradeoff, "tradeoff")
+    rev = tradeoff
+    if tradeoff_reverse is not None:
+        rev = check_curve(tradeoff_reverse, "tradeoff_reverse")
+    forward, reverse = _margins(rows, tradeoff, rev)
     return bool(np.max(forward) > 0 or np.max(reverse) > 0)
 
 
@@ -218,11 +291,23 @@ def noise_upper_bound(
 
     def rejected(sigma: float) -> bool:
         try:
-            return rejects(rows, family(sigma))
+            curve = check_curve(family(sigma), f"family({sigma:g})")
+        except CurveError as err:
+            if err.__cause__ is None:  # a malformed curve is an error, not "no evidence"
+                raise
+            return False  # the claim cannot be evaluated (e.g. epsilon out of range)
         except (ValueError, RuntimeError, FloatingPointError, OverflowError):
-            return False  # the claim cannot be evaluated (e.g. epsilon out of range): no evidence
+            return False  # the claim cannot be built at this sigma: no evidence
+        return rejects(rows, curve)
 
-    sigma0 = float(sigma_start)
+    if not callable(family):
+        raise ValueError(f"family must be a callable sigma -> trade-off curve, got {family!r}")
+    sigma0 = check_positive(sigma_start, "sigma_start")
+    rtol = check_positive(rtol, "rtol")
+    span = check_positive(span, "span")
+    step = check_positive(step, "step")
+    if step <= 1.0 or span <= 1.0:
+        raise ValueError(f"step and span must exceed 1, got step={step!r}, span={span!r}")
     if rejected(sigma0):  # walk down to a sigma that is not rejected
         hi = sigma0
         while rejected(hi / step):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import bdtr, betaincinv, ndtr, ndtri
 
+from dpaudit._validate import check_rates, check_real
 from dpaudit.stats.gdp import gdp_epsilon
 from dpaudit.stats.result import ASSUME_GDP, EpsilonBound
 from dpaudit.stats.threshold_selection import (
@@ -41,8 +42,11 @@ def eps_from_rates(fpr, fnr, delta: float):
     Returns max(log((1 - delta - fnr) / fpr), log((1 - delta - fpr) / fnr)) clipped at 0
     (arrays broadcast). A zero rate with positive numerator gives +inf (caller's job to avoid).
     """
-    fpr = np.asarray(fpr, dtype=np.float64)
-    fnr = np.asarray(fnr, dtype=np.float64)
+    fpr = check_rates(fpr, "fpr")
+    fnr = check_rates(fnr, "fnr")
+    delta = check_real(delta, "delta")
+    if not 0.0 <= delta < 1.0:
+        raise ValueError(f"delta must lie in [0, 1), got {delta!r}")
     with np.errstate(divide="ignore", invalid="ignore"):
         a = np.log(np.maximum(1.0 - delta - fnr, 0.0)) - np.log(fpr)
         b = np.log(np.maximum(1.0 - delta - fpr, 0.0)) - np.log(fnr)
@@ -52,10 +56,9 @@ def eps_from_rates(fpr, fnr, delta: float):
 
 def mu_from_rates(fpr, fnr):
     """GDP parameter implied by error rates: z(1 - fpr) - z(fnr) (Nasr et al. 2023)."""
+    fpr, fnr = check_rates(fpr, "fpr"), check_rates(fnr, "fnr")
     with np.errstate(divide="ignore", invalid="ignore"):
-        out = ndtri(1.0 - np.asarray(fpr, dtype=np.float64)) - ndtri(
-            np.asarray(fnr, dtype=np.float64)
-        )
+        out = ndtri(1.0 - fpr) - ndtri(fnr)
     out = np.nan_to_num(out, nan=-np.inf)
     return float(out) if out.ndim == 0 else out
 

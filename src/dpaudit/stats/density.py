@@ -29,15 +29,15 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import ndtri
 
-from dpaudit._validate import check_open_unit, check_scores
+from dpaudit._validate import check_count, check_open_unit, check_real_array, check_scores
 from dpaudit.stats.gdp import gdp_epsilon
 from dpaudit.stats.histogram import histograms
 from dpaudit.stats.result import ASSUME_GDP, EpsilonBound
 
 
 def _check_distribution(x, name: str) -> np.ndarray:
-    arr = np.asarray(x, dtype=np.float64).reshape(-1)
-    if arr.size == 0 or not np.all(np.isfinite(arr)) or np.any(arr < 0):
+    arr = check_real_array(x, name).reshape(-1)
+    if arr.size == 0 or np.any(arr < 0):
         raise ValueError(f"{name} must be a non-empty array of finite non-negative probabilities")
     if abs(arr.sum() - 1.0) > 1e-9:
         raise ValueError(f"{name} must sum to 1, got {arr.sum()!r}")
@@ -53,9 +53,7 @@ def hockey_stick(p, q, epsilon):
     q = _check_distribution(q, "q")
     if p.shape != q.shape:
         raise ValueError(f"p and q must have the same length, got {p.size} and {q.size}")
-    eps = np.asarray(epsilon, dtype=np.float64)
-    if not np.all(np.isfinite(eps)):
-        raise ValueError(f"epsilon must be finite, got {epsilon!r}")
+    eps = check_real_array(epsilon, "epsilon")
     out = _hs(p, q, eps)
     return float(out) if out.ndim == 0 else out
 
@@ -68,6 +66,8 @@ def _hs(p: np.ndarray, q: np.ndarray, eps: np.ndarray) -> np.ndarray:
 
 def canonne_tau(n: int, k: int, beta: float) -> float:
     """TV radius that an n-sample, k-bin empirical distribution is within w.p. >= 1 - beta."""
+    n, k = check_count(n, "n", 1), check_count(k, "k", 1)
+    beta = check_open_unit(beta, "beta")
     return float(max(np.sqrt(k / n), np.sqrt(2.0 * np.log(2.0 / beta) / n)))
 
 
@@ -81,9 +81,7 @@ def histogram_privacy_profile(
     """
     s_in = check_scores(scores_in, "scores_in")
     s_out = check_scores(scores_out, "scores_out")
-    eps = np.asarray(epsilons, dtype=np.float64)
-    if not np.all(np.isfinite(eps)):
-        raise ValueError("epsilons must be finite")
+    eps = check_real_array(epsilons, "epsilons")
     p, q, _ = histograms(s_in, s_out, **bin_options)
     if confidence is None:
         return np.maximum(_hs(p, q, eps), _hs(q, p, eps))

@@ -32,7 +32,11 @@ parameter mu_lower has; it is not implied for mechanisms whose curve has another
 
 Guesses and correction: candidate guess sets are fixed fractions of m (``guess_fractions``) on
 the chosen ``sides`` ("in": top scores, "out": bottom scores, at most m/2 of them; "both":
-half of the guesses each way); exactly that many guesses, ties broken against the auditor.
+half of the guesses each way); exactly that many guesses, ties broken in a seeded random order
+drawn without looking at membership (``stats.ties``).
+
+Design: each canary a member independently with probability 1/2 (``inclusion``; other values
+are refused, and so is a member count implausible under 1/2: ``stats.inclusion``).
 Each candidate is tested at level (1 - confidence) / G, G the number of distinct candidates
 (Bonferroni; G depends only on m and the options, never on the scores).
 """
@@ -44,8 +48,11 @@ import numbers
 import numpy as np
 from scipy.special import ndtr, ndtri
 
+from dpaudit._validate import check_seed
 from dpaudit.stats.gdp import gdp_epsilon
+from dpaudit.stats.inclusion import check_inclusion, require_plausible
 from dpaudit.stats.result import EpsilonBound
+from dpaudit.stats.ties import random_order
 
 ASSUME_FDP_ONE_RUN = (
     "GDP-shaped trade-off curve (f-DP one-run, Mahloujifar et al. 2024; epsilon of mu_lower-GDP)"
@@ -172,20 +179,19 @@ def _candidates(m: int, fractions: np.ndarray, sides: tuple[str, ...]):
     return pairs
 
 
-def _worst_case_counts(s_in: np.ndarray, s_out: np.ndarray, k_plus, k_minus):
+def _guess_counts(s_in: np.ndarray, s_out: np.ndarray, k_plus, k_minus, seed: int):
     """Correct guesses when "in" is guessed for the k+ top and "out" for the k- bottom scores.
 
-    Exactly k+ + k- guesses. Tied scores are ordered against the auditor (an "in" canary
-    below an "out" one), so the count is the smallest any tie-breaking gives; the test is
-    monotone in the count, so it stays valid for the random tie-break it stands for. Returns
+    Exactly k+ + k- guesses; tied scores are ordered at random (``ties.random_order``, drawn
+    without looking at membership), so ties neither help nor hurt the auditor. Returns
     (correct, t_plus, t_minus): t+ the lowest score guessed "in" (+inf if none), t- the
     highest guessed "out" (-inf if none).
     """
     scores = np.concatenate([s_in, s_out])
-    is_out = np.concatenate([np.zeros(s_in.size, bool), np.ones(s_out.size, bool)])
-    order = np.lexsort((is_out, scores))  # by score, "in" first among equal scores
+    is_in = np.concatenate([np.ones(s_in.size, bool), np.zeros(s_out.size, bool)])
+    order = random_order(scores, seed)
     ranked = scores[order]
-    ins_below = np.concatenate([[0], np.cumsum(~is_out[order])])  # "in" among the i lowest
+    ins_below = np.concatenate([[0], np.cumsum(is_in[order])])  # "in" among the i lowest
     m = scores.size
     kp, km = np.asarray(k_plus, dtype=np.int64), np.asarray(k_minus, dtype=np.int64)
     correct = (ins_below[m] - ins_below[m - kp]) + (km - ins_below[km])
@@ -235,7 +241,8 @@ def fdp_one_run_bound(
 
     ``scores_in``: scores (higher = member) of the canaries that were included,
     ``scores_out``: of those excluded; 1-d float64 arrays, each canary included independently
-    with probability 1/2. ``delta`` in (0, 1): epsilon is that of mu_lower-GDP at this delta
+    with probability 1/2 (a split implausible under 1/2 raises ValueError naming
+    ``inclusion``). ``delta`` in (0, 1): epsilon is that of mu_lower-GDP at this delta
     (delta = 0 is refused: every mu > 0 has infinite epsilon there). ``confidence`` in (0, 1).
 
     Options (anything else raises ValueError naming it):
@@ -246,19 +253,29 @@ def fdp_one_run_bound(
       guesses are dropped and duplicates merged.
     * ``sides``: any of "in" (guess "in" for the top scores), "out" (guess "out" for the
       bottom scores), "both" (half of the guesses each way); default ("in", "both").
+    * ``inclusion``: the design's inclusion probability; only 0.5 (the default) is derived.
+    * ``seed``: the random order of tied scores (default 0).
 
     Each candidate is tested at level (1 - confidence) / G, G the number of distinct
     candidates; the best is kept. ``details``: per candidate (``candidates``) k+, k-, correct
     guesses and a refuted mu (the largest for the chosen one; candidates that cannot win are
     not refined), and the chosen one's side, counts and thresholds t+ / t-.
     """
-    unknown = sorted(set(options) - {"guess_fractions", "sides"})
+    allowed = ["guess_fractions", "inclusion", "seed", "sides"]
+    unknown = sorted(set(options) - set(allowed))
     if unknown:
-        raise ValueError(
-            f"unknown option(s) {unknown} for fdp_one_run; allowed: ['guess_fractions', 'sides']"
-        )
+        raise ValueError(f"unknown option(s) {unknown} for fdp_one_run; allowed: {allowed}")
     fractions = _check_fractions(options.get("guess_fractions", DEFAULT_GUESS_FRACTIONS))
     sides = _check_sides(options.get("sides", DEFAULT_SIDES))
+    inclusion = check_inclusion(options.get("inclusion", 0.5))
+    seed = check_seed(options.get("seed", 0))
+    if inclusion != 0.5:
+        raise ValueError(
+            f"inclusion={inclusion:g}: fdp_one_run is derived for canaries included with "
+            "probability 1/2 only (its guess-count recursion uses the symmetric GDP curve; "
+            "for p != 1/2 the virtual fair-coin design makes the curve a subsampled one, not "
+            "derived here); use method='one_run', which takes any inclusion probability"
+        )
     delta = float(delta)
     if not (np.isfinite(delta) and 0.0 < delta < 1.0):
         raise ValueError(
@@ -271,9 +288,17 @@ def fdp_one_run_bound(
 
     s_in = np.sort(np.asarray(scores_in, dtype=np.float64))
     s_out = np.sort(np.asarray(scores_out, dtype=np.float64))
+    split_pv = require_plausible(s_in.size, s_out.size, inclusion, "fdp_one_run")
     m = s_in.size + s_out.size
     pairs = _candidates(m, fractions, sides)
-    details: dict = {"m": m, "n_candidates": len(pairs), "sides": list(sides)}
+    details: dict = {
+        "m": m,
+        "n_candidates": len(pairs),
+        "sides": list(sides),
+        "inclusion": inclusion,
+        "split_p_value": split_pv,
+        "seed": seed,
+    }
     common = {
         "method": "fdp_one_run",
         "confidence": confidence,
@@ -288,7 +313,7 @@ def fdp_one_run_bound(
 
     level = (1.0 - confidence) / len(pairs)
     kp, km = np.array(pairs, dtype=np.int64).T
-    correct, t_plus, t_minus = _worst_case_counts(s_in, s_out, kp, km)
+    correct, t_plus, t_minus = _guess_counts(s_in, s_out, kp, km, seed)
     one_sided = (kp == 0) | (km == 0)
     mu = largest_refuted_mu(kp + km, correct, one_sided, m=m, level=level, prune=True)
     best = int(np.argmax(mu))

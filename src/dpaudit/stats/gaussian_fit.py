@@ -29,6 +29,7 @@ import warnings
 import numpy as np
 from scipy import stats as st
 
+from dpaudit._validate import check_scores
 from dpaudit.stats.gdp import gdp_epsilon
 from dpaudit.stats.result import ASSUME_GAUSSIAN_SCORES, EpsilonBound
 
@@ -43,8 +44,13 @@ class GaussianAssumptionWarning(UserWarning):
 def gaussian_checks(s_in: np.ndarray, s_out: np.ndarray) -> dict:
     """p-values of normality (each side) and equal variance (F test, two-sided).
 
-    A side with fewer than ``MIN_NORMALITY`` scores gets ``None`` (test not run).
+    A side with fewer than ``MIN_NORMALITY`` scores gets ``None`` (test not run); the variance
+    test needs at least 2 scores per side.
     """
+    s_in, s_out = check_scores(s_in, "s_in"), check_scores(s_out, "s_out")
+    for name, s in (("s_in", s_in), ("s_out", s_out)):
+        if s.size < 2:
+            raise ValueError(f"{name} needs at least 2 scores for the variance test, got {s.size}")
     out = {}
     for name, s in (("in", s_in), ("out", s_out)):
         out[f"normal_p_{name}"] = (

@@ -12,7 +12,13 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.special import log_ndtr, ndtr, ndtri
 
-from dpaudit._validate import check_nonnegative, check_open_unit, check_positive
+from dpaudit._validate import (
+    check_nonnegative,
+    check_open_unit,
+    check_positive,
+    check_rates,
+    check_real_array,
+)
 
 _MU_MAX = 200.0
 
@@ -73,9 +79,7 @@ def gdp_tradeoff(alpha, mu: float):
     This is 1 - f(alpha) for the f-DP trade-off function f = G_mu; ``alpha`` may be an array.
     """
     mu = check_nonnegative(mu, "mu")
-    a = np.asarray(alpha, dtype=np.float64)
-    if np.any((a < 0) | (a > 1)) or not np.all(np.isfinite(a)):
-        raise ValueError("alpha must lie in [0, 1]")
+    a = check_rates(alpha, "alpha")
     out = ndtr(ndtri(a) + mu)
     return float(out) if out.ndim == 0 else out
 
@@ -92,7 +96,7 @@ def gdp_advantage(mu: float) -> float:
 
 def gdp_compose(mus) -> float:
     """mu of the composition of independent Gaussian tests: sqrt(sum mu_t^2)."""
-    m = np.asarray(mus, dtype=np.float64)
-    if np.any(m < 0) or not np.all(np.isfinite(m)):
-        raise ValueError("mus must be finite and non-negative")
+    m = check_real_array(mus, "mus")
+    if np.any(m < 0):
+        raise ValueError(f"mus must be finite and non-negative, got {mus!r}")
     return float(np.sqrt(np.sum(m * m)))

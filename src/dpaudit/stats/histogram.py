@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpaudit._validate import check_scores
+
 BIN_RULES = ("eq4.2", "eq4.1")
 _ROUGHNESS_POINTS = 2000
 
@@ -110,6 +112,8 @@ def histograms(
     edges=None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(p_in, p_out, edges): relative bin frequencies of each side on a shared binning."""
+    scores_in = check_scores(scores_in, "scores_in")
+    scores_out = check_scores(scores_out, "scores_out")
     e = (
         check_edges(edges)
         if edges is not None

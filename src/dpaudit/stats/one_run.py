@@ -13,13 +13,17 @@ so eps is rejected at level beta when that p-value is < beta; the lower bound is
 rejected eps (found by bisection, as in their Appendix D). The implementation below is ours,
 vectorised over i, with a conservative truncation of the max (documented in ``p_value``).
 
-Only inclusion probability 1/2 is supported: the theorem is stated for uniform S, and with a
-different inclusion probability the null distribution of the guesses changes (not covered by
-the paper's bound), so no such option is offered.
+Inclusion probability p (``inclusion``, default 1/2): the design of the audit that produced
+the memberships. A split implausible under p is refused (``stats.inclusion.require_plausible``,
+a ValueError naming ``inclusion``). For p != 1/2 the theorem is applied to virtual fair-coin
+labels drawn after training (``stats.inclusion``; derivation in ``docs/one_run_inclusion.md``):
+guesses are scored against those labels and eps is rejected when the theorem rejects
+eps' = log(1 + gamma (e^eps - 1)) at delta' = gamma delta, gamma = 2 min(p, 1 - p).
 
-Guesses from scores: "in" for the k+ highest scores, "out" for the k- lowest (by threshold, so
-tied scores are guessed together and r may exceed k). The (k+, k-) pairs form a small fixed
-grid of fractions of m and the significance is Bonferroni-corrected over the grid.
+Guesses from scores: "in" for exactly the k+ highest scores, "out" for exactly the k- lowest,
+ties between scores broken in a seeded random order drawn without looking at membership
+(``stats.ties``), so r = k+ + k- is fixed, as the theorem requires. The (k+, k-) pairs form a
+small fixed grid of fractions of m and the significance is Bonferroni-corrected over the grid.
 """
 
 from __future__ import annotations
@@ -27,16 +31,36 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import bdtr, bdtrc, expit
 
+from dpaudit._validate import (
+    check_count,
+    check_nonnegative,
+    check_open_unit,
+    check_real,
+    check_seed,
+)
+from dpaudit.stats.inclusion import (
+    amplification,
+    amplified_epsilon,
+    check_inclusion,
+    require_plausible,
+    virtual_labels,
+)
 from dpaudit.stats.result import EpsilonBound
-from dpaudit.stats.roc import count_at_or_above
+from dpaudit.stats.ties import has_ties, random_order
 
 DEFAULT_GRID = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 _WINDOW_SD = 40.0  # binomial mass further than this many sd below the mean is bounded, not summed
 _WINDOW_MAX = 50_000
 
 
-def p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
+def p_value(
+    m: int, r: int, v: int, epsilon: float, delta: float, inclusion: float = 0.5
+) -> float:
     """Upper bound on P[>= v correct of r guesses] under (epsilon, delta)-DP (m canaries).
+
+    ``inclusion``: the design's inclusion probability p; for p != 1/2, ``v`` counts guesses
+    right about the virtual fair-coin labels (module doc) and the bound is the p = 1/2 one at
+    eps' = log(1 + gamma (e^eps - 1)), delta' = gamma delta, gamma = 2 min(p, 1 - p).
 
     The max over i is taken on a window of i that covers the binomial mass down to 40 sd
     below the mean (at most 50,000 values of i); beyond it sum_i / i is bounded by
@@ -44,8 +68,17 @@ def p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
     epsilon can only get smaller (never invalid). Inside the window the max is found by a
     bracketing search (``_window_max``) in O(log W) binomial evaluations, not W.
     """
+    m, r, v = check_count(m, "m"), check_count(r, "r"), check_count(v, "v")
     if not 0 <= v <= r <= m:
         raise ValueError(f"need 0 <= v <= r <= m, got m={m}, r={r}, v={v}")
+    epsilon = check_nonnegative(epsilon, "epsilon")
+    delta = check_real(delta, "delta")
+    if not 0.0 <= delta <= 1.0:
+        raise ValueError(f"delta must lie in [0, 1], got {delta!r}")
+    inclusion = check_inclusion(inclusion)
+    if inclusion != 0.5:
+        gamma = amplification(inclusion)
+        epsilon, delta = float(amplified_epsilon(epsilon, gamma)), gamma * delta
     q = float(expit(epsilon))
     tail = 1.0 if v == 0 else float(bdtrc(v - 1, r, q))  # P[Bin >= v]
     if delta == 0.0 or v == 0:
@@ -91,19 +124,21 @@ def _window_max(r: int, v: int, q: float, w: int, below_v: float) -> tuple[float
     return best, sum_w
 
 
-def _bracket(m: int, r: int, v: int, delta: float, significance: float, tol: float):
+def _bracket(
+    m: int, r: int, v: int, delta: float, significance: float, tol: float, inclusion: float
+):
     """(lo, hi) with p(lo) < significance <= p(hi) (lo = 0 when nothing is rejected)."""
-    if r == 0 or p_value(m, r, v, 0.0, delta) >= significance:
+    if r == 0 or p_value(m, r, v, 0.0, delta, inclusion) >= significance:
         return 0.0, 0.0
     hi = 1.0
-    while p_value(m, r, v, hi, 0.0) < significance:  # delta = 0 bracket: p grows with delta
+    while p_value(m, r, v, hi, 0.0, inclusion) < significance:  # p grows with delta
         hi *= 2.0
         if hi > 1e4:
             break
     lo = 0.0
     while hi - lo > tol * max(1.0, lo):
         mid = 0.5 * (lo + hi)
-        if p_value(m, r, v, mid, delta) < significance:
+        if p_value(m, r, v, mid, delta, inclusion) < significance:
             lo = mid
         else:
             hi = mid
@@ -111,30 +146,35 @@ def _bracket(m: int, r: int, v: int, delta: float, significance: float, tol: flo
 
 
 def epsilon_from_guesses(
-    m: int, r: int, v: int, *, delta: float, significance: float, tol: float = 1e-6
+    m: int,
+    r: int,
+    v: int,
+    *,
+    delta: float,
+    significance: float,
+    tol: float = 1e-6,
+    inclusion: float = 0.5,
 ) -> float:
-    """Largest eps rejected at ``significance``: p_value(m, r, v, eps, delta) < significance."""
-    return _bracket(m, r, v, delta, significance, tol)[0]
+    """Largest eps rejected at ``significance``: p_value(m, r, v, eps, delta, inclusion) <
+    significance (``inclusion``: see ``p_value``)."""
+    significance = check_open_unit(significance, "significance")
+    p_value(m, r, v, 0.0, delta, inclusion)  # checks m, r, v, delta and inclusion by name
+    return _bracket(m, r, v, delta, significance, tol, inclusion)[0]
 
 
-def guess_counts(pooled: np.ndarray, s_in: np.ndarray, s_out: np.ndarray, k_plus, k_minus):
-    """Guesses and correct guesses for the rule "in" if score >= t+, "out" if score <= t-.
+def guess_counts(labels_by_score: np.ndarray, k_plus, k_minus) -> np.ndarray:
+    """Correct guesses when "in" is guessed for exactly the k+ highest scores and "out" for
+    exactly the k- lowest.
 
-    t+ is the k+-th largest pooled score, t- the k- -th smallest (k = 0: no such guesses);
-    tied scores are guessed together, so r can exceed k+ + k-. All inputs sorted ascending;
-    ``k_plus``/``k_minus`` are equal-length integer arrays. Returns (r, v, t_plus, t_minus,
-    ok) arrays; ``ok`` is False where ties make the two guess sets overlap.
+    ``labels_by_score``: each canary's label (True = member, or the virtual label), ordered by
+    ascending score with ties in random order (``ties.random_order``). ``k_plus``/``k_minus``:
+    equal-length integer arrays with k+ + k- <= m.
     """
-    m = pooled.size
+    lab = np.asarray(labels_by_score, dtype=bool)
+    m = lab.size
+    members_below = np.concatenate([[0], np.cumsum(lab)])  # labels True among the i lowest
     kp, km = np.asarray(k_plus, dtype=np.int64), np.asarray(k_minus, dtype=np.int64)
-    t_plus = np.where(kp > 0, pooled[np.clip(m - kp, 0, m - 1)], np.inf)
-    t_minus = np.where(km > 0, pooled[np.clip(km - 1, 0, m - 1)], -np.inf)
-    r_plus = np.where(kp > 0, count_at_or_above(pooled, t_plus), 0)
-    v_plus = np.where(kp > 0, count_at_or_above(s_in, t_plus), 0)
-    r_minus = np.where(km > 0, np.searchsorted(pooled, t_minus, side="right"), 0)
-    v_minus = np.where(km > 0, np.searchsorted(s_out, t_minus, side="right"), 0)
-    ok = ~((kp > 0) & (km > 0) & (t_minus >= t_plus))
-    return r_plus + r_minus, v_plus + v_minus, t_plus, t_minus, ok
+    return (members_below[m] - members_below[m - kp]) + (km - members_below[km])
 
 
 def one_run_bound(
@@ -144,12 +184,18 @@ def one_run_bound(
     delta: float,
     confidence: float,
     grid=DEFAULT_GRID,
+    inclusion: float = 0.5,
+    seed: int = 0,
 ) -> EpsilonBound:
     """Steinke-Nasr-Jagielski lower bound, best over a Bonferroni-corrected (k+, k-) grid.
 
-    ``scores_in`` are the canaries that were included, ``scores_out`` those excluded; each
-    canary must have been included independently with probability 1/2 (module doc).
-    ``grid``: fractions of m for k+ and k- (pairs with k+ + k- <= m, not both 0).
+    ``scores_in`` are the canaries that were included, ``scores_out`` those excluded.
+    ``inclusion``: the probability p with which each canary was included, independently
+    (default 1/2); a split implausible under it raises ValueError naming ``inclusion``, and
+    p != 1/2 uses the virtual fair-coin reduction (module doc). ``grid``: fractions of m for
+    k+ and k- (pairs with k+ + k- <= m, not both 0). ``seed``: the random order of tied
+    scores and, for p != 1/2, the virtual labels (both drawn independently of the scores'
+    membership; the bound holds for every seed).
 
     The bound needs m * delta << 1. When its result is 0 only because of the 2 m delta term
     (the same guesses would reject epsilon = 0 at delta = 0), the result is marked
@@ -161,7 +207,10 @@ def one_run_bound(
         raise ValueError(
             f"grid must be a non-empty 1-d sequence of fractions in [0, 1], got {grid!r}"
         )
-    s_in, s_out = np.sort(scores_in), np.sort(scores_out)
+    p = check_inclusion(inclusion)
+    seed = check_seed(seed)
+    s_in, s_out = np.asarray(scores_in), np.asarray(scores_out)
+    split_pv = require_plausible(s_in.size, s_out.size, p, "one_run")
     m = s_in.size + s_out.size
     ks = np.unique(np.round(fracs * m).astype(np.int64))
     pairs = [(a, b) for a in ks for b in ks if (a > 0 or b > 0) and a + b <= m]
@@ -169,28 +218,50 @@ def one_run_bound(
         raise ValueError(f"grid {grid!r} gives no (k+, k-) pair with at least one guess for m={m}")
     significance = (1.0 - confidence) / len(pairs)
     kp, km = np.array(pairs, dtype=np.int64).T
-    pooled = np.sort(np.concatenate([s_in, s_out]))
-    r_all, v_all, tp_all, tm_all, ok = guess_counts(pooled, s_in, s_out, kp, km)
+    pooled = np.concatenate([s_in, s_out])
+    labels = virtual_labels(s_in.size, s_out.size, p, seed)
+    order = random_order(pooled, seed)
+    ranked = pooled[order]
+    v_all = guess_counts(labels[order], kp, km)
+    r_all = kp + km
+    tp_all = np.where(kp > 0, ranked[np.clip(m - kp, 0, m - 1)], np.inf)
+    tm_all = np.where(km > 0, ranked[np.clip(km - 1, 0, m - 1)], -np.inf)
     rows = []
-    for i in np.flatnonzero(ok):
+    for i in range(len(pairs)):
         r, v = int(r_all[i]), int(v_all[i])
         # coarse delta = 0 bracket: its upper end bounds eps(delta) from above (p grows in delta)
-        ub = _bracket(m, r, v, 0.0, significance, 1e-3)[1]
+        ub = _bracket(m, r, v, 0.0, significance, 1e-3, p)[1]
         rows.append((ub, int(kp[i]), int(km[i]), r, v, float(tp_all[i]), float(tm_all[i])))
     rows.sort(key=lambda row: -row[0])  # visit promising pairs first, stop when none can win
     best = (0.0, None)
     for ub, a, b, r, v, tp, tm in rows:
         if ub <= best[0] and best[1] is not None:
             break
-        eps = epsilon_from_guesses(m, r, v, delta=delta, significance=significance)
+        eps = epsilon_from_guesses(
+            m, r, v, delta=delta, significance=significance, inclusion=p
+        )
         if eps > best[0] or best[1] is None:
             best = (eps, (a, b, r, v, tp, tm))
+    gamma = amplification(p)
     details: dict = {
         "m": m,
         "n_pairs": len(pairs),
         "significance_per_pair": significance,
         "m_delta": m * delta,
+        "inclusion": p,
+        "split_p_value": split_pv,
+        "seed": seed,
+        "ties_broken_at_random": has_ties(np.sort(pooled)),
     }
+    if p != 0.5:
+        details.update(
+            gamma=gamma,
+            virtual_members=int(labels.sum()),
+            reduction=(
+                f"virtual fair-coin labels: eps rejected when eps' = log(1 + {gamma:.4g} "
+                f"(e^eps - 1)) is rejected at delta' = {gamma:.4g} delta"
+            ),
+        )
     threshold = None
     if best[1] is not None:
         a, b, r, v, tp, tm = best[1]
@@ -198,15 +269,15 @@ def one_run_bound(
         threshold = tp
     applicable, note = True, None
     if best[0] == 0.0 and delta > 0.0:
-        blocked = [row for row in rows if p_value(m, row[3], row[4], 0.0, 0.0) < significance]
+        blocked = [row for row in rows if p_value(m, row[3], row[4], 0.0, 0.0, p) < significance]
         if blocked:
             # the guesses reject eps = 0 without the delta term: the 0 is the delta term's
             applicable = False
             note = (
                 f"not applicable: m*delta = {m * delta:.3g} is not << 1 (the bound's 2 m delta "
-                f"term is {2 * m * delta:.3g}); without it these guesses would reject epsilon "
-                "= 0, so the 0 comes from m*delta, not from the scores (Steinke et al. need "
-                "m*delta << 1: use fewer canaries or a smaller delta)"
+                f"term is {2 * m * gamma * delta:.3g}); without it these guesses would reject "
+                "epsilon = 0, so the 0 comes from m*delta, not from the scores (Steinke et al. "
+                "need m*delta << 1: use fewer canaries or a smaller delta)"
             )
     elif m * delta >= 0.1:
         note = (

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpaudit._validate import check_scores
+from dpaudit._validate import check_rates, check_scores
 
 # The FPRs an attack's summary reports the TPR at (the audit's results.json), and the one
 # spelling of its JSON keys: ``tpr_at_fpr_0.001`` etc.
@@ -75,9 +75,7 @@ def tpr_at_fpr(scores_in, scores_out, fpr):
     ``fpr`` may be a scalar in [0, 1] (returns a float) or an array (returns an array).
     At ``fpr = 0`` this is the fraction of members strictly above every non-member.
     """
-    target = np.asarray(fpr, dtype=np.float64)
-    if not np.all(np.isfinite(target)) or np.any((target < 0.0) | (target > 1.0)):
-        raise ValueError(f"fpr must lie in [0, 1], got {fpr!r}")
+    target = check_rates(fpr, "fpr")
     roc_fpr, roc_tpr, _ = roc_curve(scores_in, scores_out)
     # Both coordinates are non-decreasing along the curve, so the best admissible point is the
     # last one whose FPR does not exceed the target; point 0 (FPR = 0) is always admissible.

@@ -38,7 +38,11 @@ The candidate set is fixed by a rule that looks only at the sample SIZES: own-si
 
 A union bound over the 2m bounds of the m candidates at a = beta / (2m) gives the joint
 statement. Nothing about the data enters the candidate set, the ranks or the levels, so there
-is no selection to correct for beyond these m candidates. (jax_privacy corrects over the vertices
+is no selection to correct for beyond these m candidates. Ties: the argument needs a sample
+without ties, so tied scores are ordered by (score, U) with seeded uniforms U drawn without
+looking at membership (``stats.ties``); the candidates are then randomized tests, which the
+claimed trade-off curve binds like any test, and the randomized probability integral
+transform makes the Beta laws above exact again. (jax_privacy corrects over the vertices
 of the empirical ROC's convex hull: a set chosen after looking, for which the union bound is not
 a proof; in our simulation of N(0, 1) vs N(0, 1) with 1000 per side, its rows failed jointly in
 12% of repetitions at a nominal 5%.)
@@ -62,7 +66,9 @@ from typing import ClassVar, Protocol
 import numpy as np
 from scipy.special import betaincinv, ndtri
 
+from dpaudit._validate import check_open_unit, check_real, check_real_array, check_seed
 from dpaudit.stats.roc import count_at_or_above
+from dpaudit.stats.ties import break_ties
 
 Objective = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
@@ -70,10 +76,16 @@ Objective = Callable[[np.ndarray, np.ndarray], np.ndarray]
 def cp_upper(k, n, alpha):
     """One-sided Clopper-Pearson upper bound on a binomial rate: P(rate <= bound) >= 1 - alpha.
 
-    ``k`` successes out of ``n`` (arrays broadcast); the bound is 1 when ``k >= n``.
+    ``k`` successes out of ``n`` (arrays broadcast; ``k`` may be a fractional projected count,
+    the Beta quantile is defined for it); the bound is 1 when ``k == n``. ``alpha`` in (0, 1).
     """
-    k = np.asarray(k, dtype=np.float64)
-    n = np.asarray(n, dtype=np.float64)
+    alpha = check_open_unit(alpha, "alpha")
+    k = check_real_array(k, "k")
+    n = check_real_array(n, "n")
+    if np.any(n < 1) or np.any(n != np.round(n)):
+        raise ValueError(f"n must be positive integers (sample sizes), got {n!r}")
+    if np.any(k < 0) or np.any(k > n):
+        raise ValueError(f"k must be counts in [0, n], got k={k!r} with n={n!r}")
     full = k >= n
     out = betaincinv(k + 1.0, np.where(full, 1.0, n - k), 1.0 - alpha)
     out = np.where(full, 1.0, out)
@@ -174,6 +186,9 @@ class OneSidedCandidates:
     cross: np.ndarray
     n_out: int
     n_in: int
+    fp: np.ndarray
+    fn: np.ndarray
+    ties_broken: bool = False
 
 
 @dataclass(frozen=True)
@@ -184,16 +199,29 @@ class Bonferroni:
     positives by construction, the in candidate at most k false negatives); ranks that do not
     exist on a side are skipped. ``None``: ``default_ranks(n)`` per side. All 2m CP bounds of the
     m candidates are at level beta / (2m).
+
+    Tied scores are ordered by (score, U) with U seeded uniforms (``tie_seed``) drawn without
+    looking at membership (``stats.ties``): the candidates are then randomized tests that
+    split a tie group at a random point, and the proof above applies verbatim. Scores without
+    ties are unaffected (no draw).
     """
 
     ranks: tuple[int, ...] | None = None
+    tie_seed: int = 0
     valid: ClassVar[bool] = True
 
     def __post_init__(self):
         if self.ranks is not None:
             r = np.asarray(self.ranks)
-            if r.ndim != 1 or r.size == 0 or np.any(r < 0) or np.any(r != np.round(r)):
+            if (
+                r.dtype.kind not in "iuf"
+                or r.ndim != 1
+                or r.size == 0
+                or np.any(r < 0)
+                or np.any(r != np.round(r))
+            ):
                 raise ValueError(f"ranks must be non-empty non-negative integers, got {self.ranks}")
+        check_seed(self.tie_seed, "tie_seed")
 
     def _ranks(self, n: int) -> np.ndarray:
         if self.ranks is None:
@@ -202,23 +230,32 @@ class Bonferroni:
         return r[r < n]
 
     def candidates(self, s_in: np.ndarray, s_out: np.ndarray) -> OneSidedCandidates:
-        """The candidate thresholds and their exact one-sided structure (sorted inputs)."""
+        """The candidate thresholds and their exact one-sided structure (sorted inputs).
+
+        With ties the counts are those of the randomized tests (class doc) and
+        ``thresholds`` reports the score value at which each test splits its tie group.
+        """
         k_out, k_in = self._ranks(s_out.size), self._ranks(s_in.size)
         if k_out.size + k_in.size == 0:
             raise ValueError("Bonferroni: no rank exists for these sample sizes")
-        t_out = np.nextafter(s_out[s_out.size - 1 - k_out], np.inf)
-        t_in = s_in[k_in]
+        tb = break_ties(s_in, s_out, self.tie_seed)
+        a_in, a_out = (s_in, s_out) if tb is None else (tb.ranks_in, tb.ranks_out)
+        t_out = np.nextafter(a_out[a_out.size - 1 - k_out], np.inf)
+        t_in = a_in[k_in]
         thresholds = np.concatenate([t_out, t_in])
-        fp, fn = _counts(s_in, s_out, thresholds)
+        fp, fn = _counts(a_in, a_out, thresholds)
         side = np.array(["out"] * k_out.size + ["in"] * k_in.size)
         cross = np.concatenate([fn[: k_out.size], fp[k_out.size :]])
         return OneSidedCandidates(
-            thresholds=thresholds,
+            thresholds=thresholds if tb is None else tb.value(thresholds),
             side=side,
             rank=np.concatenate([k_out, k_in]),
             cross=cross,
             n_out=int(s_out.size),
             n_in=int(s_in.size),
+            fp=fp,
+            fn=fn,
+            ties_broken=tb is not None,
         )
 
     def rate_bounds(self, s_in, s_out, beta, objective=None) -> RateBounds:
@@ -226,7 +263,7 @@ class Bonferroni:
         c = self.candidates(s_in, s_out)
         m = c.thresholds.size
         level = beta / (2 * m)
-        fp, fn = _counts(s_in, s_out, c.thresholds)
+        fp, fn = c.fp, c.fn
         is_out = c.side == "out"
         # own side: bound at the rank (>= the observed count; equal without ties)
         fpr_u = np.where(is_out, cp_upper(c.rank, c.n_out, level), cp_upper(fp, c.n_out, level))
@@ -240,7 +277,8 @@ class Bonferroni:
             fpr_upper=np.asarray(fpr_u, dtype=np.float64),
             fnr_upper=np.asarray(fnr_u, dtype=np.float64),
             level=level,
-            strategy=f"bonferroni over {m} one-sided order statistics",
+            strategy=f"bonferroni over {m} one-sided order statistics"
+            + (f" (ties broken at random, tie_seed={self.tie_seed})" if c.ties_broken else ""),
         )
 
 
@@ -260,8 +298,8 @@ class Split:
     valid: ClassVar[bool] = True
 
     def __post_init__(self):
-        if not 0.0 < float(self.fraction) < 1.0:
-            raise ValueError(f"fraction must lie in (0, 1), got {self.fraction!r}")
+        check_open_unit(self.fraction, "fraction")
+        check_seed(self.seed, "seed")
 
     def rate_bounds(self, s_in, s_out, beta, objective=None) -> RateBounds:
         beta = _check_beta(beta)
@@ -293,7 +331,8 @@ class FixedThreshold:
     valid: ClassVar[bool] = True
 
     def __post_init__(self):
-        if not np.isfinite(float(self.value)):
+        v = check_real(self.value, "value")
+        if not np.isfinite(v):
             raise ValueError(f"value must be a finite threshold, got {self.value!r}")
 
     def rate_bounds(self, s_in, s_out, beta, objective=None) -> RateBounds:

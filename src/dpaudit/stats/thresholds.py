@@ -24,7 +24,7 @@ import warnings
 import numpy as np
 from scipy.special import ndtr
 
-from dpaudit._validate import check_open_unit, check_scores
+from dpaudit._validate import check_open_unit, check_real, check_scores
 from dpaudit.stats.roc import auc as _auc
 
 
@@ -34,7 +34,7 @@ class OrientationWarning(UserWarning):
 
 def fixed_threshold(value: float) -> float:
     """A fixed, pre-registered threshold (validated finite)."""
-    v = float(value)
+    v = check_real(value, "value")
     if not np.isfinite(v):
         raise ValueError(f"value must be a finite threshold, got {value!r}")
     return v
@@ -43,7 +43,9 @@ def fixed_threshold(value: float) -> float:
 def adaptive_threshold(reference_out, n_top: int) -> float:
     """Seed 003's adaptive threshold: mean of the ``n_top`` highest reference non-member scores."""
     ref = check_scores(reference_out, "reference_out")
-    if int(n_top) != n_top or not 1 <= n_top <= ref.size:
+    if isinstance(n_top, bool) or not isinstance(n_top, (int, np.integer)) or not (
+        1 <= n_top <= ref.size
+    ):
         raise ValueError(f"n_top must be an integer in [1, {ref.size}], got {n_top!r}")
     return float(np.mean(np.sort(ref)[ref.size - int(n_top) :]))
 
@@ -63,7 +65,7 @@ def neyman_pearson_threshold(reference_out, alpha: float) -> float:
 
 def apply_threshold(scores, threshold: float) -> np.ndarray:
     """Boolean "member" decisions: score >= threshold."""
-    return check_scores(scores, "scores") >= float(threshold)
+    return check_scores(scores, "scores") >= check_real(threshold, "threshold")
 
 
 def orientation_test(scores_in, scores_out, *, p_value: float = 1e-3) -> tuple[float, float, bool]:
