@@ -1,25 +1,33 @@
-"""Tightness of our threshold bounds against jax_privacy's auditing module, on identical inputs.
+"""Our bounds against jax_privacy's auditing module on identical inputs, over the validity suite.
 
-For each setting (mu, delta) it draws 50 pairs of 1000 member scores ~ N(mu, 1) and 1000
-non-member scores ~ N(0, 1) (the same pairs for both deltas of a mu), runs at 95% confidence
+For every scenario of ``dpaudit.validity.SCENARIOS`` (plus N(4, 1) vs N(0, 1)) and every
+design (equal sides of ``--n``, and ``dpaudit.validity.DESIGNS``: 200 / 5000 Bernoulli both
+ways, 200 / 5000 fixed, one member against 300, ten per side) it draws ``--pairs`` score
+samples (seeded exactly as the validity study draws them) and computes at ``--delta`` and 95%:
 
-* ours: ``epsilon_lower_bound(method="clopper_pearson")`` and ``method="gdp"`` with the default
-  selection (``DEFAULT_SELECTION``: Bonferroni over fixed one-sided order statistics);
-* theirs: ``CanaryScoreAuditor(in, out).epsilon_clopper_pearson(0.05, delta)`` (their default,
-  one-sided, and ``one_sided=False``) and ``.epsilon_from_gdp(0.05, delta)``,
+* ours: ``epsilon_lower_bound`` with ``clopper_pearson``, ``one_run``, ``fdp_one_run`` and
+  ``gdp`` (default options; the one-run methods are told the design's inclusion
+  probability n_in / m);
+* theirs: ``CanaryScoreAuditor(in, out)``'s ``epsilon_clopper_pearson`` (their default,
+  one-sided, and ``one_sided=False``), ``epsilon_one_run``, ``epsilon_one_run_fdp`` and
+  ``epsilon_from_gdp`` (their default Bonferroni threshold strategy; their one-run methods
+  have no inclusion probability and assume 1/2).
 
-and prints the median [min, max] over the pairs of ours - theirs for the CP epsilon and the GDP
-epsilon (and mu: theirs is recovered from their epsilon with ``gdp_mu``).
+It prints, per (scenario, design, method), the median of ours and of theirs, the median
+[min, max] over the pairs of ours - theirs, and how often each exceeded the scenario's true
+epsilon (a certified number may do so in at most 5% of pairs, up to noise: "!" marks theirs
+or ours above 5% + 3 s.e.). A refusal (ours: a split implausible under the stated design, or
+a method not derived for it) prints "refused" and counts as 0.
 
 jax_privacy is never imported into this process and is not a dependency of dpaudit: their
 ``auditing.py`` (it needs numpy, scipy and dp_accounting only) runs in a separate Python, read
-from a checkout given on the command line; the pairs go to it through a temporary .npz file.
+from a checkout given on the command line; the samples go to it through a temporary .npz file.
 
 Run (once: a separate venv and a checkout of google-deepmind/jax_privacy)::
 
     python3 -m venv /tmp/jaxenv && /tmp/jaxenv/bin/pip install numpy scipy dp-accounting
     python benchmarks/bench_vs_jax_privacy.py --jax-privacy /path/to/jax_privacy \\
-        --jax-python /tmp/jaxenv/bin/python
+        --jax-python /tmp/jaxenv/bin/python --json vs_jax.json
 
 ``--jax-privacy`` is the checkout's root (holding ``jax_privacy/auditing.py``) or that file.
 """
@@ -28,123 +36,223 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from dpaudit.stats import epsilon_lower_bound, gdp_mu
+from dpaudit._jsonable import to_jsonable
+from dpaudit.stats import epsilon_lower_bound
+from dpaudit.validity import DESIGNS, SCENARIOS, Design, GaussianShift, draw, draw_rng
 
 CONFIDENCE = 0.95
-MUS = (1.0, 2.0, 4.0)
-DELTAS = (1e-5, 1e-6)
+OURS = ("clopper_pearson", "one_run", "fdp_one_run", "gdp")
+THEIRS = ("cp_one_sided", "cp_two_sided", "one_run", "fdp_one_run", "gdp")
+# which of theirs each of ours is compared with (CP twice: their default and two-sided)
+PAIRS = (
+    ("clopper_pearson", "cp_one_sided"),
+    ("clopper_pearson", "cp_two_sided"),
+    ("one_run", "one_run"),
+    ("fdp_one_run", "fdp_one_run"),
+    ("gdp", "gdp"),
+)
+CERTIFIED = {"clopper_pearson", "one_run", "cp_one_sided", "cp_two_sided"}
 
 # Runs in the jax venv: loads auditing.py by path (not the package, whose __init__ needs jax).
 _THEIRS = r"""
-import importlib.util, json, sys
+import importlib.util, json, sys, warnings
 import numpy as np
+warnings.simplefilter("ignore")
 spec = importlib.util.spec_from_file_location("jp_auditing", sys.argv[1])
 aud = importlib.util.module_from_spec(spec)
 sys.modules["jp_auditing"] = aud
 spec.loader.exec_module(aud)
 data = np.load(sys.argv[2])
-sig = float(sys.argv[3])
-deltas = json.loads(sys.argv[4])
+sig, delta = float(sys.argv[3]), float(sys.argv[4])
 out = {}
 for key in data.files:
-    if not key.endswith("_in"):
+    if not key.endswith("|in"):
         continue
     base = key[:-3]
-    a = aud.CanaryScoreAuditor(data[base + "_in"], data[base + "_out"])
-    out[base] = {
-        str(d): [
-            float(a.epsilon_clopper_pearson(sig, d)),
-            float(a.epsilon_clopper_pearson(sig, d, one_sided=False)),
-            float(a.epsilon_from_gdp(sig, d)),
-        ]
-        for d in deltas
-    }
+    a = aud.CanaryScoreAuditor(data[base + "|in"], data[base + "|out"])
+    row = {}
+    for name, call in (
+        ("cp_one_sided", lambda: a.epsilon_clopper_pearson(sig, delta)),
+        ("cp_two_sided", lambda: a.epsilon_clopper_pearson(sig, delta, one_sided=False)),
+        ("one_run", lambda: a.epsilon_one_run(sig, delta)),
+        ("fdp_one_run", lambda: a.epsilon_one_run_fdp(sig, delta)),
+        ("gdp", lambda: a.epsilon_from_gdp(sig, delta)),
+    ):
+        try:
+            row[name] = float(call())
+        except Exception as err:  # their refusal: reported as such
+            row[name] = repr(err)[:200]
+    out[base] = row
 json.dump(out, open(sys.argv[5], "w"))
 """
 
 
-def make_pairs(n_pairs: int, n: int, seed: int) -> dict[str, np.ndarray]:
-    """``{f"mu{mu}_{i}_in": ..., f"mu{mu}_{i}_out": ...}``: the benchmark's inputs."""
-    rng = np.random.default_rng(seed)
-    pairs = {}
-    for mu in MUS:
-        for i in range(n_pairs):
-            pairs[f"mu{mu:g}_{i}_in"] = rng.normal(mu, 1.0, n)
-            pairs[f"mu{mu:g}_{i}_out"] = rng.normal(0.0, 1.0, n)
-    return pairs
+def settings(n: int) -> list[tuple[object, Design, bool]]:
+    """(scenario, design, keyed) of the comparison: equal sides first (the validity study's
+    own seeding), then every design of ``DESIGNS`` on every scenario."""
+    scens = [*SCENARIOS.values(), GaussianShift(4.0)]
+    out = [(s, Design(n, n), False) for s in scens]
+    out += [(s, d, True) for s in scens for d in DESIGNS.values()]
+    return out
 
 
-def theirs(pairs: dict[str, np.ndarray], jax_python: str, auditing: Path) -> dict:
-    """Their CP (one-sided, two-sided) and GDP epsilons per pair and delta, in their venv."""
+def make_samples(cases, pairs: int, seed: int) -> dict[str, np.ndarray]:
+    """``{"scenario|design|i|in": ..., "...|out": ...}``: the benchmark's inputs."""
+    data = {}
+    for scen, design, keyed in cases:
+        for i in range(pairs):
+            s_in, s_out = draw(scen, design, draw_rng(seed, scen, i, design if keyed else None))
+            data[f"{scen.name}|{design.name}|{i}|in"] = s_in
+            data[f"{scen.name}|{design.name}|{i}|out"] = s_out
+    return data
+
+
+def theirs(data: dict[str, np.ndarray], jax_python: str, auditing: Path, delta: float) -> dict:
+    """Their numbers per sample, computed in their venv."""
     with tempfile.TemporaryDirectory() as tmp:
-        npz, res = Path(tmp) / "pairs.npz", Path(tmp) / "theirs.json"
-        np.savez(npz, **pairs)
+        npz, res = Path(tmp) / "samples.npz", Path(tmp) / "theirs.json"
+        np.savez(npz, **data)
         cmd = [jax_python, "-c", _THEIRS, str(auditing), str(npz), str(1 - CONFIDENCE)]
-        subprocess.run([*cmd, json.dumps(list(DELTAS)), str(res)], check=True)
+        subprocess.run([*cmd, str(delta), str(res)], check=True)
         return json.loads(res.read_text())
 
 
-def ours(s_in: np.ndarray, s_out: np.ndarray, delta: float) -> tuple[float, float, float]:
-    """Our default CP epsilon, GDP epsilon and GDP mu_lower."""
-    kw = {"delta": delta, "confidence": CONFIDENCE}
-    cp = epsilon_lower_bound(s_in, s_out, method="clopper_pearson", **kw)
-    g = epsilon_lower_bound(s_in, s_out, method="gdp", **kw)
-    return cp.epsilon, g.epsilon, float(g.mu_lower)
+def _ours_one(args) -> tuple[str, dict]:
+    key, s_in, s_out, inclusion, delta = args
+    row = {}
+    for method in OURS:
+        opts = {"inclusion": inclusion} if "one_run" in method else {}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                row[method] = epsilon_lower_bound(
+                    s_in, s_out, delta=delta, confidence=CONFIDENCE, method=method, **opts
+                ).epsilon
+        except ValueError as err:  # refused (design not covered, too few scores)
+            row[method] = f"refused: {err}"[:200]
+    return key, row
 
 
-def _summary(x: np.ndarray) -> str:
-    return f"{np.median(x):+7.3f} [{np.min(x):+7.3f}, {np.max(x):+7.3f}]"
+def ours(data, cases, pairs: int, delta: float, jobs: int) -> dict:
+    """Our numbers per sample (in ``jobs`` processes)."""
+    tasks = []
+    for scen, design, _ in cases:
+        for i in range(pairs):
+            base = f"{scen.name}|{design.name}|{i}"
+            tasks.append((base, data[base + "|in"], data[base + "|out"], design.inclusion, delta))
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            return dict(pool.map(_ours_one, tasks, chunksize=4))
+    return dict(map(_ours_one, tasks))
+
+
+def _value(x) -> float:
+    return float(x) if isinstance(x, (int, float)) else 0.0  # a refusal certifies nothing
+
+
+def summarise(cases, pairs: int, our: dict, their: dict, delta: float) -> list[dict]:
+    """One row per (scenario, design, our method, their method)."""
+    rows = []
+    for scen, design, _ in cases:
+        truth = float(scen.true_epsilon(delta))
+        keys = [f"{scen.name}|{design.name}|{i}" for i in range(pairs)]
+        for mine, other in PAIRS:
+            o = np.array([_value(our[k][mine]) for k in keys])
+            t = np.array([_value(their[k][other]) for k in keys])
+            refused_o = sum(isinstance(our[k][mine], str) for k in keys)
+            refused_t = sum(isinstance(their[k][other], str) for k in keys)
+            d = o - t
+            rows.append(
+                {
+                    "scenario": scen.name,
+                    "design": design.name,
+                    "ours": mine,
+                    "theirs": other,
+                    "truth": truth,
+                    "median_ours": float(np.median(o)),
+                    "median_theirs": float(np.median(t)),
+                    "diff_median": float(np.median(d)),
+                    "diff_min": float(np.min(d)),
+                    "diff_max": float(np.max(d)),
+                    "ours_above_truth": float(np.mean(o > truth)),
+                    "theirs_above_truth": float(np.mean(t > truth)),
+                    "ours_refused": refused_o / pairs,
+                    "theirs_refused": refused_t / pairs,
+                    "pairs": pairs,
+                }
+            )
+    return rows
+
+
+def _mark(frac: float, pairs: int, certified: bool) -> str:
+    limit = 0.05 + 3 * np.sqrt(0.05 * 0.95 / pairs)
+    return "!" if certified and frac > limit else " "
+
+
+def print_table(rows: list[dict]) -> None:
+    head = (
+        f"{'scenario':>26} {'design':>17} {'ours':>15} {'theirs':>12} {'truth':>7} "
+        f"{'ours':>7} {'theirs':>7} {'ours - theirs: median [min, max]':>34} "
+        f"{'>truth ours':>11} {'theirs':>7}"
+    )
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        ref_o = " (refused)" if r["ours_refused"] == 1 else ""
+        mark_o = _mark(r["ours_above_truth"], r["pairs"], r["ours"] in CERTIFIED)
+        mark_t = _mark(r["theirs_above_truth"], r["pairs"], r["theirs"] in CERTIFIED)
+        print(
+            f"{r['scenario']:>26} {r['design']:>17} {r['ours']:>15} {r['theirs']:>12} "
+            f"{r['truth']:7.3f} {r['median_ours']:7.3f} {r['median_theirs']:7.3f} "
+            f"{r['diff_median']:+8.3f} [{r['diff_min']:+8.3f}, {r['diff_max']:+8.3f}]     "
+            f"{r['ours_above_truth']:9.2f}{mark_o} {r['theirs_above_truth']:6.2f}{mark_t}"
+            f"{ref_o}"
+        )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jax-privacy", required=True, help="jax_privacy checkout or auditing.py")
     ap.add_argument("--jax-python", required=True, help="python of a venv with dp_accounting")
-    ap.add_argument("--pairs", type=int, default=50)
-    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--pairs", type=int, default=20)
+    ap.add_argument("--n", type=int, default=1000, help="scores per side of the equal design")
+    ap.add_argument("--delta", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=2025)
+    ap.add_argument("--jobs", type=int, default=1, help="processes for our side")
+    ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args()
     auditing = Path(args.jax_privacy)
     if auditing.is_dir():
         auditing = auditing / "jax_privacy" / "auditing.py"
     if not auditing.is_file():
         sys.exit(f"no auditing.py at {auditing}")
-    pairs = make_pairs(args.pairs, args.n, args.seed)
-    their = theirs(pairs, args.jax_python, auditing)
+    cases = settings(args.n)
+    data = make_samples(cases, args.pairs, args.seed)
+    t0 = time.perf_counter()
+    their = theirs(data, args.jax_python, auditing, args.delta)
+    t1 = time.perf_counter()
+    our = ours(data, cases, args.pairs, args.delta, args.jobs)
+    t2 = time.perf_counter()
+    rows = summarise(cases, args.pairs, our, their, args.delta)
     print(
-        f"{args.pairs} pairs of {args.n} in ~ N(mu, 1) / {args.n} out ~ N(0, 1), "
-        f"{CONFIDENCE:.0%} confidence; ours - theirs: median [min, max] over the pairs"
+        f"{args.pairs} samples per (scenario, design), delta {args.delta:g}, "
+        f"{CONFIDENCE:.0%} confidence, seed {args.seed}; theirs {t1 - t0:.0f} s, ours "
+        f"{t2 - t1:.0f} s ({args.jobs} job(s), {os.cpu_count()} hardware threads)"
     )
-    head = (
-        f"{'mu':>4} {'delta':>6} | {'CP eps vs their default (1-sided)':>33} | "
-        f"{'CP eps vs their 2-sided':>29} | {'GDP eps':>29} | {'GDP mu':>29}"
-    )
-    print(head)
-    print("-" * len(head))
-    for mu in MUS:
-        for delta in DELTAS:
-            rows = []
-            for i in range(args.pairs):
-                base = f"mu{mu:g}_{i}"
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    o = ours(pairs[base + "_in"], pairs[base + "_out"], delta)
-                t = their[base][str(delta)]
-                t_mu = gdp_mu(t[2], delta) if t[2] > 0 else 0.0
-                rows.append((o[0] - t[0], o[0] - t[1], o[1] - t[2], o[2] - t_mu))
-            d = np.array(rows)
-            print(
-                f"{mu:4g} {delta:6.0e} | {_summary(d[:, 0]):>33} | {_summary(d[:, 1]):>29} | "
-                f"{_summary(d[:, 2]):>29} | {_summary(d[:, 3]):>29}"
-            )
+    print_table(rows)
+    if args.json:
+        args.json.write_text(json.dumps(to_jsonable({"settings": vars(args), "rows": rows})))
 
 
 if __name__ == "__main__":

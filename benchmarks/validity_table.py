@@ -8,10 +8,14 @@ above the truth with its standard error. A certified method must stay at or belo
 1 - confidence (up to noise) on every row; estimates show how far off their model they go.
 
 Defaults are the issue's design: delta 1e-5, 95%, 300 repetitions of 2000 per side (about
-6 minutes on one core, most of it one_run). Run:
+6 minutes on one core, most of it one_run). ``--designs`` adds the unequal and small designs
+of ``dpaudit.validity.DESIGNS`` (200 / 5000 Bernoulli both ways, 200 / 5000 fixed, one member
+against 300, ten per side; ``all`` = every one of them besides the equal sides); the one-run
+methods are told each design's inclusion probability. Run:
 
     python benchmarks/validity_table.py --markdown validity.md --json validity.json
     python benchmarks/validity_table.py --reps 50 --n 500 --methods clopper_pearson,gdp
+    python benchmarks/validity_table.py --designs all --jobs 2 --claims --json v.json
 
 ``--jobs`` runs (method, scenario) cells in parallel processes; the numbers do not depend on
 it (every draw is seeded by (seed, scenario, repetition)). ``--claims`` adds the claim test's
@@ -30,12 +34,18 @@ from pathlib import Path
 
 from dpaudit._jsonable import to_jsonable
 from dpaudit.stats import METHODS
-from dpaudit.validity import SCENARIOS, claim_study, validity_study
+from dpaudit.validity import DESIGNS, SCENARIOS, claim_study, validity_study
 
 
 def _cell(args: tuple) -> list[dict]:
     method, scenario, kw = args
     return validity_study([method], [scenario], **kw)
+
+
+def _flag(r: dict) -> str:
+    """"!" on a certified row above 1 - confidence by more than 3 standard errors."""
+    certified = r["kind"] in ("certified", "not applicable", "mixed")
+    return "!" if certified and r["frac_above"] > r["nominal"] + 3 * r["nominal_se"] else ""
 
 
 def _fmt(x: float, width: int = 7) -> str:
@@ -46,29 +56,32 @@ COLUMNS = (
     "method",
     "kind",
     "scenario",
+    "design",
     "truth",
     "median eps",
     "median ratio",
     "above truth",
     "valid",
     "valid & above",
-    "reps x n",
+    "refused",
+    "reps",
 )
 
 
 def table_lines(rows: list[dict]) -> list[str]:
     """Plain-text table (one line per row, header first)."""
     head = (
-        f"{'method':>16} {'kind':>9} {'scenario':>26} {'truth':>7} {'med eps':>7} "
-        f"{'ratio':>6} {'above truth':>13} {'valid':>5} {'v&above':>7} {'reps x n':>10}"
+        f"{'method':>16} {'kind':>14} {'scenario':>26} {'design':>17} {'truth':>7} "
+        f"{'med eps':>7} {'ratio':>6} {'above truth':>13} {'valid':>5} {'v&above':>7} "
+        f"{'refused':>7} {'reps':>4}"
     )
     out = [head, "-" * len(head)]
     for r in rows:
         out.append(
-            f"{r['method']:>16} {r['kind']:>9} {r['scenario']:>26} {_fmt(r['truth'])} "
-            f"{_fmt(r['median_epsilon'])} {_fmt(r['median_ratio'], 6)} "
+            f"{r['method']:>16} {r['kind']:>14} {r['scenario']:>26} {r['design']:>17} "
+            f"{_fmt(r['truth'])} {_fmt(r['median_epsilon'])} {_fmt(r['median_ratio'], 6)} "
             f"{r['frac_above']:6.3f}±{r['frac_above_se']:.3f} {r['frac_valid']:5.2f} "
-            f"{r['frac_valid_above']:7.3f} {r['reps']:>4} x {r['n_in']:<5}"
+            f"{r['frac_valid_above']:7.3f} {r['frac_refused']:7.2f} {r['reps']:>4} {_flag(r)}"
         )
     return out
 
@@ -81,13 +94,15 @@ def markdown(rows: list[dict], header: str) -> str:
             r["method"],
             r["kind"],
             r["scenario"],
+            r["design"],
             _fmt(r["truth"]).strip(),
             _fmt(r["median_epsilon"]).strip(),
             _fmt(r["median_ratio"]).strip(),
-            f"{r['frac_above']:.3f} ± {r['frac_above_se']:.3f}",
+            f"{r['frac_above']:.3f} ± {r['frac_above_se']:.3f}{_flag(r)}",
             f"{r['frac_valid']:.2f}",
             f"{r['frac_valid_above']:.3f}",
-            f"{r['reps']} x {r['n_in']}",
+            f"{r['frac_refused']:.2f}",
+            str(r["reps"]),
         )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -104,6 +119,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods")
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated names")
     p.add_argument(
+        "--designs",
+        default="equal",
+        help="comma-separated: equal (--n per side), names of dpaudit.validity.DESIGNS, or all",
+    )
+    p.add_argument(
         "--method-reps",
         default="",
         help="per-method repetitions, e.g. one_run=100 (default: --reps for all)",
@@ -116,6 +136,9 @@ def main(argv: list[str] | None = None) -> None:
 
     methods = [m for m in args.methods.split(",") if m]
     scenarios = [s for s in args.scenarios.split(",") if s]
+    designs = [d for d in args.designs.split(",") if d]
+    if "all" in designs:
+        designs = ["equal", *DESIGNS]
     per_method = dict(kv.split("=") for kv in args.method_reps.split(",") if kv)
     threads = os.cpu_count()
     try:
@@ -127,15 +150,15 @@ def main(argv: list[str] | None = None) -> None:
 
     tasks = []
     for m in methods:
-        kw = {
-            "reps": int(per_method.get(m, args.reps)),
-            "n_in": args.n,
-            "n_out": args.n,
-            "delta": args.delta,
-            "confidence": args.confidence,
-            "seed": args.seed,
-        }
-        tasks += [(m, s, kw) for s in scenarios]
+        for d in designs:
+            kw = {
+                "reps": int(per_method.get(m, args.reps)),
+                "delta": args.delta,
+                "confidence": args.confidence,
+                "seed": args.seed,
+            }
+            kw.update({"n_in": args.n, "n_out": args.n} if d == "equal" else {"designs": [d]})
+            tasks += [(m, s, kw) for s in scenarios]
     t0 = time.perf_counter()
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as pool:
@@ -145,8 +168,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = [r for res in results for r in res]
     wall = time.perf_counter() - t0
     settings = (
-        f"delta {args.delta:g}, confidence {args.confidence:g}, {args.n} scores per side, "
-        f"reps {args.reps}"
+        f"delta {args.delta:g}, confidence {args.confidence:g}, designs {','.join(designs)} "
+        f"(equal: {args.n} scores per side), reps {args.reps}"
         + (f" ({args.method_reps})" if per_method else "")
         + f", seed {args.seed}; {threads} hardware threads ({usable} usable), "
         f"{args.jobs} job(s), wall {wall:.1f} s"
@@ -161,19 +184,17 @@ def main(argv: list[str] | None = None) -> None:
     claim_rows = []
     if args.claims:
         t1 = time.perf_counter()
-        claim_rows = claim_study(
-            scenarios,
-            reps=args.reps,
-            n_in=args.n,
-            n_out=args.n,
-            confidence=args.confidence,
-            seed=args.seed,
-        )
+        for d in designs:
+            kw = {"n_in": args.n, "n_out": args.n} if d == "equal" else {"designs": [d]}
+            claim_rows += claim_study(
+                scenarios, reps=args.reps, confidence=args.confidence, seed=args.seed, **kw
+            )
         print(f"\nclaim test on each scenario's exact curve ({time.perf_counter() - t1:.1f} s):")
         for r in claim_rows:
+            bad = r["frac_rejected"] > r["nominal"] + 3 * r["nominal_se"]
             print(
-                f"{r['scenario']:>26}: rejected {r['frac_rejected']:.3f}±"
-                f"{r['frac_rejected_se']:.3f} (nominal {r['nominal']:.2f})"
+                f"{r['scenario']:>26} {r['design']:>17}: rejected {r['frac_rejected']:.3f}±"
+                f"{r['frac_rejected_se']:.3f} (nominal {r['nominal']:.2f}){' !' if bad else ''}"
             )
 
     if args.json:
@@ -189,8 +210,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.markdown:
         text = markdown(rows, f"Validity table: {settings}.")
         if claim_rows:
-            text += "\n| scenario | claim rejected |\n|---|---|\n" + "".join(
-                f"| {r['scenario']} | {r['frac_rejected']:.3f} ± {r['frac_rejected_se']:.3f} |\n"
+            text += "\n| scenario | design | claim rejected |\n|---|---|---|\n" + "".join(
+                f"| {r['scenario']} | {r['design']} | {r['frac_rejected']:.3f} ± "
+                f"{r['frac_rejected_se']:.3f} |\n"
                 for r in claim_rows
             )
         args.markdown.write_text(text)

@@ -32,18 +32,31 @@ from dpaudit.accounting import (
     subsampled_gaussian_profile,
     subsampled_gaussian_tradeoff,
 )
-from dpaudit.stats import METHODS, epsilon_lower_bound, gdp_delta, gdp_epsilon, gdp_tradeoff
+from dpaudit.stats import (
+    METHOD_REGISTRY,
+    METHODS,
+    epsilon_lower_bound,
+    gdp_delta,
+    gdp_epsilon,
+    gdp_tradeoff,
+)
 from dpaudit.validity import (
     CURVE_MARGIN,
+    DESIGNS,
     SCENARIOS,
     BinomialScores,
     ComposedSubsampledGaussian,
+    Design,
+    DiscreteScores,
     GaussianShift,
     LaplaceShift,
+    PoissonCounts,
     StudentTShift,
     SubsampledGaussian,
     claim_study,
+    draw,
     draw_rng,
+    randomized_response,
     validity_study,
 )
 
@@ -174,10 +187,11 @@ def test_curve_vs_simulated_neyman_pearson(name):
     s = SCENARIOS[name]
     n = 50_000 if isinstance(s, ComposedSubsampledGaussian) else 200_000  # 100 draws a score
     x_in, x_out = s.sample(n, n, np.random.default_rng(11))
-    if isinstance(s, BinomialScores):  # vertices of the NP curve: tests "score >= k"
-        for k in (1, 2, 3):
+    if isinstance(s, DiscreteScores):  # vertices of the NP curve: tests "score >= k"
+        p, q = s.pmfs()
+        ks = (1, 2, 3) if p.size <= 4 else (8, 12, 16)
+        for k in ks:
             a = float(np.mean(x_out >= k))
-            p, q = s.pmfs()
             a_exact = q[k:].sum()
             assert a == pytest.approx(a_exact, abs=5 * np.sqrt(a_exact / n))
             fnr = float(np.mean(x_in < k))
@@ -225,6 +239,37 @@ def test_binomial_by_hand():
     assert float(s.tradeoff(0.1)) == pytest.approx(1.0 - tpr - CURVE_MARGIN, abs=1e-12)
     # reverse curve at P-rate 0.064 (say "non-member" at score 0): Q-miss 1 - 0.343
     assert float(s.tradeoff_reverse(0.064)) == pytest.approx(0.657 - CURVE_MARGIN, abs=1e-12)
+
+
+def test_randomized_response_truth_by_hand():
+    s = randomized_response(1.0)
+    q = np.exp(1.0) / (1 + np.exp(1.0))
+    assert s.name == "randomized_response_eps1" and s.pmfs()[0].tolist() == pytest.approx(
+        [1 - q, q]
+    )
+    assert s.true_epsilon(0.0) == pytest.approx(1.0)
+    # H_{e^eps}(P||Q) = q - e^eps (1 - q) at the atom 1: eps(delta) = log((q - delta) / (1 - q))
+    assert s.true_epsilon(1e-5) == pytest.approx(np.log((q - 1e-5) / (1 - q)), abs=1e-10)
+    assert float(s.tradeoff(1 - q)) == pytest.approx(1 - q - CURVE_MARGIN, abs=1e-12)
+    assert float(s.tradeoff_reverse(0.1)) == pytest.approx(float(s.tradeoff(0.1)), abs=1e-12)
+
+
+def test_poisson_counts_truth_against_direct_sums():
+    s = PoissonCounts(12.0, 10.0)
+    from scipy.stats import poisson
+
+    k = np.arange(400)  # far beyond the folded support: the exact infinite sums
+    p, q = poisson.pmf(k, 12.0), poisson.pmf(k, 10.0)
+    for eps in (0.0, 0.5, 1.5, 3.0):
+        g = np.exp(eps)
+        exact = np.maximum(p - g * q, 0).sum()
+        assert float(s.hockey_stick(eps)) == pytest.approx(exact, abs=1e-15)
+        assert float(s.hockey_stick(eps, reverse=True)) == pytest.approx(
+            np.maximum(q - g * p, 0).sum(), abs=1e-15
+        )
+    assert s.true_epsilon(0.0) == np.inf and 2.9 < s.true_epsilon(1e-5) < 3.1
+    # the likelihood ratio is increasing in k: thresholds are the optimal tests
+    assert np.all(np.diff(s.llr(np.arange(50))) > 0)
 
 
 def test_logistic_truth():
@@ -358,13 +403,14 @@ def _cached_study(methods: tuple[str, ...], reps: int, n: int) -> list[dict]:
 def _report(rows, record_property) -> None:
     for r in rows:
         line = (
-            f"{r['method']:>16} {r['kind']:>9} {r['scenario']:>26} truth {r['truth']:7.3f} "
+            f"{r['method']:>16} {r['kind']:>9} {r['scenario']:>26} {r['design']:>17} "
+            f"truth {r['truth']:7.3f} "
             f"median {r['median_epsilon']:7.3f} above {r['frac_above']:.3f}"
             f"+-{r['frac_above_se']:.3f} valid {r['frac_valid']:.2f} "
             f"valid&above {r['frac_valid_above']:.3f} ({r['reps']} x {r['n_in']})"
         )
         print(line)
-        record_property(f"{r['method']}/{r['scenario']}", line)
+        record_property(f"{r['method']}/{r['scenario']}/{r['design']}", line)
 
 
 def _check(rows) -> None:
@@ -395,6 +441,70 @@ def test_validity_full_sizes(method, record_property):
     rows = _study(method, slow=True)
     _report(rows, record_property)
     _check(rows)
+
+
+# The unequal and small designs (DESIGNS: 200 / 5000 Bernoulli both ways, 200 / 5000 fixed,
+# one member against 300, ten per side), for the certified methods (estimates are labelled by
+# the tests above). Fast: a subset of the scenarios, 20 repetitions (one_run 10); slow: every
+# scenario, 100 repetitions (one_run 40). benchmarks/validity_table.py --designs all runs
+# every method at the 300.
+DESIGN_SCENARIOS = ["gaussian_mu1", "laplace_b1", "randomized_response_eps1", "poisson_counts12_10"]
+
+
+def _design_reps(method: str, slow: bool) -> int:
+    one_run = method in SLOW_METHODS
+    return (40 if one_run else 100) if slow else (10 if one_run else 20)
+
+
+CERTIFIED = [m for m in METHODS if METHOD_REGISTRY[m].assumption is None]
+
+
+@pytest.mark.parametrize("method", CERTIFIED)
+def test_validity_unequal_and_small_designs(method, record_property):
+    rows = validity_study(
+        [method], DESIGN_SCENARIOS, reps=_design_reps(method, False), designs=list(DESIGNS),
+        delta=DELTA, confidence=CONF, seed=2025,
+    )
+    _report(rows, record_property)
+    _check(rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", CERTIFIED)
+def test_validity_unequal_and_small_designs_full(method, record_property):
+    rows = validity_study(
+        [method], SCENARIOS, reps=_design_reps(method, True), designs=list(DESIGNS),
+        delta=DELTA, confidence=CONF, seed=2026,
+    )
+    _report(rows, record_property)
+    _check(rows)
+
+
+def test_one_run_methods_refuse_designs_they_do_not_cover():
+    # the case: no signal, 200 members against 5000 non-members, and the one-run
+    # methods told nothing (inclusion 1/2): refused (once certified 2.47 in the median)
+    rows = validity_study(
+        {"one_run": {"inclusion": 0.5}, "fdp_one_run": {"inclusion": 0.5}},
+        [GaussianShift(1e-9)], reps=3, designs=["200/5000", "5000/200 bernoulli", "1/300"],
+        delta=DELTA, confidence=CONF,
+    )
+    assert all(r["frac_refused"] == 1.0 and r["kind"] == "not applicable" for r in rows)
+    assert all("inclusion" in r["refusal"] for r in rows)
+
+
+def test_designs_draw_what_they_say():
+    d = Design(200, 5000, bernoulli=True)
+    assert d.inclusion == 200 / 5200 and d.name == "200/5000 bernoulli"
+    sizes = [d.sizes(np.random.default_rng(i)) for i in range(400)]
+    assert all(a + b == 5200 for a, b in sizes)
+    assert np.mean([a for a, _ in sizes]) == pytest.approx(200, abs=2.0)
+    assert Design(10, 10).inclusion == 0.5 and Design(1, 300).sizes(None) == (1, 300)
+    s_in, s_out = draw(SCENARIOS["laplace_b1"], Design(3, 4), np.random.default_rng(0))
+    assert (s_in.size, s_out.size) == (3, 4)
+    with pytest.raises(ValueError, match="n_in"):
+        Design(0, 4)
+    with pytest.raises(ValueError, match="design"):
+        validity_study(["gdp"], ["laplace_b1"], reps=1, designs=["9/9"], delta=DELTA)
 
 
 def test_estimates_exceed_the_truth_off_their_model(record_property):
@@ -481,11 +591,11 @@ needs_claim = pytest.mark.skipif(
 def _check_claims(rows, record_property) -> None:
     for r in rows:
         line = (
-            f"claim {r['claimed']:>26} on {r['scenario']:>26}: rejected "
+            f"claim {r['claimed']:>26} on {r['scenario']:>26} ({r['design']}): rejected "
             f"{r['frac_rejected']:.3f}+-{r['frac_rejected_se']:.3f} ({r['reps']} x {r['n_in']})"
         )
         print(line)
-        record_property(f"claim/{r['scenario']}", line)
+        record_property(f"claim/{r['scenario']}/{r['design']}", line)
     bad = [r for r in rows if r["frac_rejected"] > r["nominal"] + 3 * r["nominal_se"]]
     assert not bad, bad
 
@@ -493,6 +603,21 @@ def _check_claims(rows, record_property) -> None:
 @needs_claim
 def test_claim_test_keeps_its_level_default_sizes(record_property):
     rows = claim_study(SCENARIOS, reps=40, n_in=500, n_out=500, confidence=CONF, seed=3)
+    _check_claims(rows, record_property)
+
+
+@needs_claim
+def test_claim_test_keeps_its_level_on_unequal_and_small_designs(record_property):
+    rows = claim_study(
+        DESIGN_SCENARIOS, reps=20, designs=list(DESIGNS), confidence=CONF, seed=4
+    )
+    _check_claims(rows, record_property)
+
+
+@needs_claim
+@pytest.mark.slow
+def test_claim_test_keeps_its_level_on_unequal_and_small_designs_full(record_property):
+    rows = claim_study(SCENARIOS, reps=100, designs=list(DESIGNS), confidence=CONF, seed=5)
     _check_claims(rows, record_property)
 
 

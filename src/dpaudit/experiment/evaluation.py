@@ -33,6 +33,7 @@ import numpy as np
 
 from dpaudit.experiment.threat import INDEPENDENCE, independent_canaries
 from dpaudit.stats import epsilon_lower_bound
+from dpaudit.stats.bounds import METHOD_OPTIONS
 from dpaudit.stats.claim import claim_test, mu_lower_bound, noise_upper_bound
 from dpaudit.stats.roc import SUMMARY_FPRS, roc_summary
 from dpaudit.threat_model import ThreatModel
@@ -160,18 +161,30 @@ def _family_curve(threat: ThreatModel, sigma: float):
 
 
 def bound_rows(
-    split: dict, methods, delta: float, confidence: float, *, independent: bool = True
+    split: dict,
+    methods,
+    delta: float,
+    confidence: float,
+    *,
+    independent: bool = True,
+    inclusion: float = 0.5,
 ) -> list[dict]:
-    """Every (attack, method) bound at ``confidence`` (already the per-test confidence)."""
+    """Every (attack, method) bound at ``confidence`` (already the per-test confidence).
+
+    ``inclusion``: the probability with which each canary (multi-run: each run) was made a
+    member, passed to the methods that take it (the one-run methods, whose theorems assume
+    that design; a split implausible under it makes their row "not applicable").
+    """
     rows = []
     for attack, (s_in, s_out) in split.items():
         for method in methods:
             row = {"attack": attack, "method": method, "confidence": confidence}
+            opts = {"inclusion": inclusion} if "inclusion" in METHOD_OPTIONS[method] else {}
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     res = epsilon_lower_bound(
-                        s_in, s_out, delta=delta, confidence=confidence, method=method
+                        s_in, s_out, delta=delta, confidence=confidence, method=method, **opts
                     )
                 assumption = res.assumption
                 if assumption is None and not independent and method != "one_run":
@@ -202,6 +215,7 @@ def evaluate_scores(
     confidence: float = 0.95,
     independent: bool = True,
     training_accountants: dict | None = None,
+    inclusion: float = 0.5,
 ) -> dict:
     """Attack summaries, claim evidence, bounds, theory and the verdict of an audit.
 
@@ -212,6 +226,8 @@ def evaluate_scores(
         confidence: the verdict's confidence; split over every statement (module doc).
         independent: whether canaries' scores are independent one-canary experiments.
         training_accountants: Opacus' epsilons for the training data (reported beside).
+        inclusion: the probability with which each canary was made a member (the one-run
+            methods' design; see ``bound_rows``).
     """
     check_split(split)
     methods = list(methods)
@@ -220,7 +236,9 @@ def evaluate_scores(
         name: claim_evidence(s_in, s_out, threat, per, certified=independent)
         for name, (s_in, s_out) in split.items()
     }
-    bounds = bound_rows(split, methods, threat.delta, per, independent=independent)
+    bounds = bound_rows(
+        split, methods, threat.delta, per, independent=independent, inclusion=inclusion
+    )
     theory = theory_summary(threat, training_accountants)
     return {
         "attacks": attack_summaries(split),
@@ -342,4 +360,5 @@ def evaluate_audit(
         confidence=settings.audit.confidence,
         independent=independent_canaries(settings, canary_info),
         training_accountants=engine_accountants,
+        inclusion=settings.audit.inclusion,
     )

@@ -15,6 +15,7 @@ import numpy as np
 
 from dpaudit.experiment.evaluation import DEFAULT_METHODS, evaluate_scores, split_scores
 from dpaudit.experiment.outputs import audit_mode, write_audit_report
+from dpaudit.stats.inclusion import check_inclusion
 from dpaudit.threat_model import ThreatModel
 
 
@@ -78,6 +79,7 @@ def audit_report(
     methods: Sequence[str] = DEFAULT_METHODS,
     confidence: float = 0.95,
     independent_canaries: bool = False,
+    inclusion: float = 0.5,
     output_dir: str | Path | None = None,
     quiet: bool = False,
 ) -> dict:
@@ -102,9 +104,14 @@ def audit_report(
             one-canary experiment (e.g. Dirac gradient canaries on coordinates no data
             gradient reaches, or one canary per training run). Otherwise only the one_run
             method certifies and threshold-based numbers are estimates.
+        inclusion: the probability with which each canary was made a member, independently
+            (default 1/2). The one-run methods' theorems assume this random design; a
+            membership split implausible under it (e.g. members chosen by a fixed rule such as
+            "every other canary" with unequal counts) makes their rows "not applicable".
         output_dir: where to write results.json, plots and print the table (optional).
         quiet: do not print the table when writing.
     """
+    check_inclusion(inclusion)
     member = None if membership is None else np.asarray(membership, dtype=bool)
     if hook is not None:
         start, stop, canary_set = _canary_slice(hook, canaries)
@@ -152,6 +159,7 @@ def audit_report(
             confidence=confidence,
             independent=independent_canaries,
             training_accountants=training,
+            inclusion=inclusion,
         ),
         "engine_accountants": training,
     }

@@ -91,4 +91,4 @@ def build_scores(
     """One ``StepScore`` per requested attack (``SCORES``), in the order requested;
     covariance-type scores share one precision estimated from references at theta_0."""
     ctx = ScoreContext(settings, model, setup, expected_batch_size, threat)
-    return [SCORES[name](ctx) for name in settings.attack.scores]
+    return [SCORES[name](ctx) for name in settings.attack_scores()]

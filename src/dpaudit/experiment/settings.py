@@ -240,9 +240,11 @@ class CanarySettings:
 class AttackSettings:
     """The membership scores computed from the released gradients (``attack`` group)."""
 
-    scores: list[str] = _opt(  # noqa: RUF009
-        help="scores to compute, each a separate attack", choices="ATTACKS",
-        factory=lambda: ["scalar"],
+    scores: list[str] | None = _opt(
+        None,
+        "scores to compute, each a separate attack (null: the canary design's default, "
+        "mixture_lr for gradient canaries with canary.policy=bernoulli, scalar otherwise)",
+        choices="ATTACKS",
     )
     estimator: str = _opt("ledoit_wolf", "covariance / glir precision estimator", "ESTIMATORS")
     n_references: int = _opt(128, "reference points for the covariance / glir precision")
@@ -253,10 +255,11 @@ class AttackSettings:
 
     def check(self) -> None:
         attacks = _registry_names("ATTACKS")
-        if not self.scores:
-            _fail("attack", "scores", f"a non-empty list from {attacks}", self.scores)
-        for s in self.scores:
-            _choice("attack", "scores", s, attacks)
+        if self.scores is not None:
+            if isinstance(self.scores, str) or not self.scores:
+                _fail("attack", "scores", f"null or a non-empty list from {attacks}", self.scores)
+            for s in self.scores:
+                _choice("attack", "scores", s, attacks)
         _choice("attack", "estimator", self.estimator, _registry_names("ESTIMATORS"))
         _positive("attack", "n_references", self.n_references, integer=True)
         if self.explained_variance is not None:
@@ -364,9 +367,29 @@ class AuditSettings:
                     "canary.count=1"
                 )
 
+    def attack_scores(self) -> list[str]:
+        """The attacks this audit computes: ``attack.scores``, or when it is null the canary
+        design's default (``design_scores``)."""
+        if self.attack.scores is not None:
+            return list(self.attack.scores)
+        return design_scores(self.canary)
+
     def to_dict(self) -> dict:
         """The settings as plain JSON-ready dicts (what ``from_mappings`` reads back)."""
         return asdict(self)
+
+
+def design_scores(canary: CanarySettings) -> list[str]:
+    """The default attack of a canary design (``attack.scores: null``).
+
+    Gradient canaries inserted with probability q_c per step (``policy=bernoulli``): the
+    per-step mixture likelihood ratio, the Neyman-Pearson test of the subsampled Gaussian;
+    the epoch-summed scalar product has almost no power there (a claim of sigma x 0.8 at
+    q = 0.1 was rejected in 0-0.5% of audits). Every other design: the scalar product.
+    """
+    if canary.kind == "gradient" and canary.policy == "bernoulli":
+        return ["mixture_lr"]
+    return ["scalar"]
 
 
 GROUPS = {

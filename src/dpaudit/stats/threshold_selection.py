@@ -266,8 +266,11 @@ class Bonferroni:
         fp, fn = c.fp, c.fn
         is_out = c.side == "out"
         # own side: bound at the rank (>= the observed count; equal without ties)
-        fpr_u = np.where(is_out, cp_upper(c.rank, c.n_out, level), cp_upper(fp, c.n_out, level))
-        fnr_u = np.where(is_out, cp_upper(fn, c.n_in, level), cp_upper(c.rank, c.n_in, level))
+        fpr_u, fnr_u = np.empty(m), np.empty(m)
+        fpr_u[is_out] = cp_upper(c.rank[is_out], c.n_out, level)
+        fpr_u[~is_out] = cp_upper(fp[~is_out], c.n_out, level)
+        fnr_u[is_out] = cp_upper(fn[is_out], c.n_in, level)
+        fnr_u[~is_out] = cp_upper(c.rank[~is_out], c.n_in, level)
         return RateBounds(
             thresholds=c.thresholds,
             fp=fp,

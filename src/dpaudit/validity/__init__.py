@@ -12,27 +12,36 @@ from dpaudit.validity.scenarios import (
     SCENARIOS,
     BinomialScores,
     ComposedSubsampledGaussian,
+    DiscreteScores,
     GaussianShift,
     LaplaceShift,
     LogisticShift,
+    PoissonCounts,
     Scenario,
     StudentTShift,
     SubsampledGaussian,
+    randomized_response,
 )
-from dpaudit.validity.study import claim_study, draw_rng, validity_study
+from dpaudit.validity.study import DESIGNS, Design, claim_study, draw, draw_rng, validity_study
 
 __all__ = [
     "CURVE_MARGIN",
+    "DESIGNS",
     "SCENARIOS",
     "BinomialScores",
     "ComposedSubsampledGaussian",
+    "Design",
+    "DiscreteScores",
     "GaussianShift",
     "LaplaceShift",
     "LogisticShift",
+    "PoissonCounts",
     "Scenario",
     "StudentTShift",
     "SubsampledGaussian",
     "claim_study",
+    "draw",
     "draw_rng",
+    "randomized_response",
     "validity_study",
 ]

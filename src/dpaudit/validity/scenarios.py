@@ -52,7 +52,7 @@ from typing import ClassVar
 
 import numpy as np
 from scipy.special import expit, log_ndtr, logit, ndtr, ndtri, stdtr
-from scipy.stats import binom
+from scipy.stats import binom, poisson
 
 from dpaudit.stats.gdp import gdp_epsilon
 
@@ -447,36 +447,20 @@ class StudentTShift(Scenario):
 # Integer scores with ties
 
 
-@dataclass(frozen=True)
-class BinomialScores(Scenario):
-    """Integer scores 0..n with ties: P = Binomial(n, p_in), Q = Binomial(n, p_out).
+class DiscreteScores(Scenario):
+    """Integer scores 0..K with ties, P and Q given by their probabilities (``pmfs``).
 
     Everything is a finite sum: H_g(P||Q) = sum_k max(p_k - g q_k, 0); the curve is the
     piecewise-linear Neyman-Pearson curve (randomised tests at the atoms), through the
-    points (Q, P) masses of the atoms sorted by p_k / q_k. Asymmetric for p_in != 1 - p_out.
-    Default n = 3, p_in 0.6, p_out 0.3: pure eps = log 8 (score 3), reverse log 5.36 (score 0).
+    points (Q, P) masses of the atoms sorted by p_k / q_k.
     """
 
-    n: int = 3
-    p_in: float = 0.6
-    p_out: float = 0.3
     symmetric: ClassVar[bool] = False
     exactness: ClassVar[str] = "exact finite sums"
 
-    @property
-    def name(self) -> str:
-        return f"binomial{self.n}"
-
+    @abstractmethod
     def pmfs(self) -> tuple[np.ndarray, np.ndarray]:
-        """(P, Q) probabilities of the scores 0..n."""
-        k = np.arange(self.n + 1)
-        return binom.pmf(k, self.n, self.p_in), binom.pmf(k, self.n, self.p_out)
-
-    def sample(self, n_in, n_out, rng):
-        return (
-            rng.binomial(self.n, self.p_in, n_in).astype(np.float64),
-            rng.binomial(self.n, self.p_out, n_out).astype(np.float64),
-        )
+        """(P, Q) probabilities of the scores 0..K."""
 
     def _hs(self, eps, reverse):
         p, q = self.pmfs()
@@ -518,6 +502,91 @@ class BinomialScores(Scenario):
         p, q = self.pmfs()
         k = np.asarray(x).astype(int)
         return np.log(p[k]) - np.log(q[k])
+
+
+@dataclass(frozen=True)
+class BinomialScores(DiscreteScores):
+    """Integer scores 0..n: P = Binomial(n, p_in), Q = Binomial(n, p_out) (finite sums).
+
+    Asymmetric for p_in != 1 - p_out. Default n = 3, p_in 0.6, p_out 0.3: pure eps = log 8
+    (score 3), reverse log 5.36 (score 0). ``label`` replaces the default name
+    ``binomial{n}`` (e.g. ``randomized_response``).
+    """
+
+    n: int = 3
+    p_in: float = 0.6
+    p_out: float = 0.3
+    label: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.label or f"binomial{self.n}"
+
+    def pmfs(self) -> tuple[np.ndarray, np.ndarray]:
+        """(P, Q) probabilities of the scores 0..n."""
+        k = np.arange(self.n + 1)
+        return binom.pmf(k, self.n, self.p_in), binom.pmf(k, self.n, self.p_out)
+
+    def sample(self, n_in, n_out, rng):
+        return (
+            rng.binomial(self.n, self.p_in, n_in).astype(np.float64),
+            rng.binomial(self.n, self.p_out, n_out).astype(np.float64),
+        )
+
+
+def randomized_response(eps0: float = 1.0) -> BinomialScores:
+    """Binary scores of eps0-randomized response: the member's bit is reported truthfully with
+    probability e^eps0 / (1 + e^eps0). Pure eps0-DP, symmetric; every score is tied."""
+    q = float(expit(eps0))
+    return BinomialScores(1, q, 1.0 - q, label=f"randomized_response_eps{eps0:g}")
+
+
+@dataclass(frozen=True)
+class PoissonCounts(DiscreteScores):
+    """Count scores: P = Poisson(lam_in), Q = Poisson(lam_out) (e.g. how often a canary shows).
+
+    The likelihood ratio (lam_in / lam_out)^k e^(lam_out - lam_in) is unbounded (pure eps is
+    infinite) but every finite-delta quantity is a sum over k. The support is cut at K, where
+    both tails are below 1e-17 (``_K``), and the tails are folded into the atom K: the sums are
+    then exact for the folded pair, which is within 1e-17 of the true one in total variation,
+    far inside ``CURVE_MARGIN`` (the hockey-stick moves by at most (1 + e^eps) 1e-17).
+    Default lam_in 12, lam_out 10: eps(1e-5) = 3.01.
+    """
+
+    lam_in: float = 12.0
+    lam_out: float = 10.0
+
+    @property
+    def name(self) -> str:
+        return f"poisson_counts{self.lam_in:g}_{self.lam_out:g}"
+
+    @property
+    def _K(self) -> int:
+        lam = max(self.lam_in, self.lam_out)
+        k = int(lam + 12.0 * np.sqrt(lam) + 40)
+        while max(poisson.sf(k, self.lam_in), poisson.sf(k, self.lam_out)) > 1e-17:
+            k *= 2
+        return k
+
+    def pmfs(self) -> tuple[np.ndarray, np.ndarray]:
+        k = np.arange(self._K + 1)
+        p, q = poisson.pmf(k, self.lam_in), poisson.pmf(k, self.lam_out)
+        p[-1] += poisson.sf(self._K, self.lam_in)
+        q[-1] += poisson.sf(self._K, self.lam_out)
+        return p, q
+
+    def sample(self, n_in, n_out, rng):
+        return (
+            rng.poisson(self.lam_in, n_in).astype(np.float64),
+            rng.poisson(self.lam_out, n_out).astype(np.float64),
+        )
+
+    def pure_epsilon(self):
+        return float("inf")  # the likelihood ratio grows without bound in k
+
+    def llr(self, x):
+        k = np.asarray(x, dtype=np.float64)
+        return k * np.log(self.lam_in / self.lam_out) - (self.lam_in - self.lam_out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -776,6 +845,8 @@ SCENARIOS: dict[str, Scenario] = {
         StudentTShift(3.0, 1.0),
         LogisticShift(2.0, 1.0),
         BinomialScores(3, 0.6, 0.3),
+        randomized_response(1.0),
+        PoissonCounts(12.0, 10.0),
         SubsampledGaussian(0.1, 0.5),
         ComposedSubsampledGaussian(0.05, 1.2, 100),
     )

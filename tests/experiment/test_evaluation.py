@@ -1,0 +1,55 @@
+"""The audit's evaluation passes the design's inclusion probability to the one-run methods: the
+CLI's audit.inclusion, and audit_report(inclusion=) for your own loop."""
+
+import numpy as np
+import pytest
+
+from dpaudit.experiment import audit_report
+from dpaudit.experiment.evaluation import bound_rows, evaluate_audit
+from dpaudit.experiment.settings import AuditSettings
+from dpaudit.threat_model import ThreatModel
+
+THREAT = ThreatModel(noise_multiplier=6.0, max_grad_norm=1.0, sample_rate=1.0, steps=100,
+                     delta=1e-5, canary_kind="gradient")
+
+
+def _null(n_in, n_out, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(n_in), rng.standard_normal(n_out)
+
+
+def test_one_run_rows_take_the_inclusion_and_refuse_implausible_splits():
+    split = {"scalar": _null(200, 5000)}
+    rows = bound_rows(split, ["one_run", "fdp_one_run", "clopper_pearson"], 1e-5, 0.99)
+    by = {r["method"]: r for r in rows}
+    for m in ("one_run", "fdp_one_run"):  # told 1/2: the split is refused, named
+        assert by[m]["kind"] == "not applicable" and "inclusion" in by[m]["error"]
+    assert by["clopper_pearson"]["kind"] == "certified"  # threshold bounds condition on n
+    rows = bound_rows(split, ["one_run"], 1e-5, 0.99, inclusion=200 / 5200)
+    assert rows[0]["kind"] == "certified" and rows[0]["epsilon"] == 0.0
+    assert rows[0]["result"]["details"]["inclusion"] == pytest.approx(200 / 5200)
+
+
+def test_evaluate_audit_reads_audit_inclusion():
+    s = AuditSettings.from_mappings(audit={"inclusion": 0.3, "methods": ["one_run"]})
+    rng = np.random.default_rng(1)
+    member = rng.random(2000) < 0.3
+    scores = {"scalar": rng.standard_normal(2000) + 3.0 * member}
+    out = evaluate_audit(s, scores, member, THREAT)
+    row = out["bounds"][0]
+    assert row["kind"] == "certified" and row["epsilon"] > 1.0
+    assert row["result"]["details"]["inclusion"] == 0.3
+
+
+def test_audit_report_takes_and_checks_inclusion():
+    rng = np.random.default_rng(2)
+    member = rng.random(600) < 0.2
+    scores = rng.standard_normal(600)
+    kw = {"scores": scores, "membership": member, "threat_model": THREAT, "methods": ["one_run"]}
+    ok = audit_report(inclusion=0.2, **kw)
+    assert ok["bounds"][0]["kind"] == "certified"
+    refused = audit_report(**kw)  # told 1/2 for a 20% design
+    assert refused["bounds"][0]["kind"] == "not applicable"
+    for bad in (0.0, "0.2", None):
+        with pytest.raises(ValueError, match="inclusion"):
+            audit_report(inclusion=bad, **kw)
