@@ -240,7 +240,7 @@ class CanarySettings:
 class AttackSettings:
     """The membership scores computed from the released gradients (``attack`` group)."""
 
-    scores: list[str] | None = _opt(
+    scores: list[str] | None = _opt(  # noqa: RUF009
         None,
         "scores to compute, each a separate attack (null: the canary design's default, "
         "mixture_lr for gradient canaries with canary.policy=bernoulli, scalar otherwise)",
