@@ -221,6 +221,46 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
+def markdown(rows: list[dict], header: str) -> str:
+    """The rows as a Markdown table after ``header``, then a per-method summary."""
+    cols = ("scenario", "design", "ours", "theirs", "truth", "median ours", "median theirs",
+            "ours - theirs: median [min, max]", "ours > truth", "theirs > truth")
+    lines = [header, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        refused = " (refused)" if r["ours_refused"] == 1 else ""
+        mark_o = _mark(r["ours_above_truth"], r["pairs"], r["ours"] in CERTIFIED).strip()
+        mark_t = _mark(r["theirs_above_truth"], r["pairs"], r["theirs"] in CERTIFIED).strip()
+        lines.append(
+            f"| {r['scenario']} | {r['design']} | {r['ours']}{refused} | {r['theirs']} | "
+            f"{r['truth']:.3f} | {r['median_ours']:.3f} | {r['median_theirs']:.3f} | "
+            f"{r['diff_median']:+.3f} [{r['diff_min']:+.3f}, {r['diff_max']:+.3f}] | "
+            f"{r['ours_above_truth']:.2f}{mark_o} | {r['theirs_above_truth']:.2f}{mark_t} |"
+        )
+    lines += ["", summary(rows)]
+    return "\n".join(lines) + "\n"
+
+
+def summary(rows: list[dict]) -> str:
+    """Per (ours, theirs): in how many (scenario, design) cells ours is lower in the median,
+    equal or higher, and how many cells have a certified number above the truth too often."""
+    out = ["| ours | theirs | cells | ours lower | equal | ours higher | ours refused | "
+           "certified above truth (!): ours / theirs |", "|---|---|---|---|---|---|---|---|"]
+    for mine, other in PAIRS:
+        sel = [r for r in rows if r["ours"] == mine and r["theirs"] == other]
+        used = [r for r in sel if r["ours_refused"] < 1]
+        lower = sum(r["diff_median"] < -1e-9 for r in used)
+        higher = sum(r["diff_median"] > 1e-9 for r in used)
+        bad_o = sum(_mark(r["ours_above_truth"], r["pairs"], mine in CERTIFIED) == "!"
+                    for r in sel)
+        bad_t = sum(_mark(r["theirs_above_truth"], r["pairs"], other in CERTIFIED) == "!"
+                    for r in sel)
+        out.append(
+            f"| {mine} | {other} | {len(sel)} | {lower} | {len(used) - lower - higher} | "
+            f"{higher} | {len(sel) - len(used)} | {bad_o} / {bad_t} |"
+        )
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jax-privacy", required=True, help="jax_privacy checkout or auditing.py")
@@ -231,6 +271,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=2025)
     ap.add_argument("--jobs", type=int, default=1, help="processes for our side")
     ap.add_argument("--json", type=Path, help="write the rows here")
+    ap.add_argument("--markdown", type=Path, help="write the table and summary as Markdown")
     args = ap.parse_args()
     auditing = Path(args.jax_privacy)
     if auditing.is_dir():
@@ -245,12 +286,16 @@ def main() -> None:
     our = ours(data, cases, args.pairs, args.delta, args.jobs)
     t2 = time.perf_counter()
     rows = summarise(cases, args.pairs, our, their, args.delta)
-    print(
+    header = (
         f"{args.pairs} samples per (scenario, design), delta {args.delta:g}, "
         f"{CONFIDENCE:.0%} confidence, seed {args.seed}; theirs {t1 - t0:.0f} s, ours "
         f"{t2 - t1:.0f} s ({args.jobs} job(s), {os.cpu_count()} hardware threads)"
     )
+    print(header)
     print_table(rows)
+    print(summary(rows))
+    if args.markdown:
+        args.markdown.write_text(markdown(rows, header))
     if args.json:
         args.json.write_text(json.dumps(to_jsonable({"settings": vars(args), "rows": rows})))
 

@@ -51,8 +51,8 @@ from scipy.special import ndtr, ndtri
 from dpaudit._validate import check_seed
 from dpaudit.stats.gdp import gdp_epsilon
 from dpaudit.stats.inclusion import check_inclusion, require_plausible
+from dpaudit.stats.one_run import ranked_guesses
 from dpaudit.stats.result import EpsilonBound
-from dpaudit.stats.ties import random_order
 
 ASSUME_FDP_ONE_RUN = (
     "GDP-shaped trade-off curve (f-DP one-run, Mahloujifar et al. 2024; epsilon of mu_lower-GDP)"
@@ -184,20 +184,10 @@ def _guess_counts(s_in: np.ndarray, s_out: np.ndarray, k_plus, k_minus, seed: in
 
     Exactly k+ + k- guesses; tied scores are ordered at random (``ties.random_order``, drawn
     without looking at membership), so ties neither help nor hurt the auditor. Returns
-    (correct, t_plus, t_minus): t+ the lowest score guessed "in" (+inf if none), t- the
-    highest guessed "out" (-inf if none).
+    (correct, t_plus, t_minus) (``one_run.ranked_guesses``).
     """
-    scores = np.concatenate([s_in, s_out])
     is_in = np.concatenate([np.ones(s_in.size, bool), np.zeros(s_out.size, bool)])
-    order = random_order(scores, seed)
-    ranked = scores[order]
-    ins_below = np.concatenate([[0], np.cumsum(is_in[order])])  # "in" among the i lowest
-    m = scores.size
-    kp, km = np.asarray(k_plus, dtype=np.int64), np.asarray(k_minus, dtype=np.int64)
-    correct = (ins_below[m] - ins_below[m - kp]) + (km - ins_below[km])
-    t_plus = np.where(kp > 0, ranked[np.clip(m - kp, 0, m - 1)], np.inf)
-    t_minus = np.where(km > 0, ranked[np.clip(km - 1, 0, m - 1)], -np.inf)
-    return correct, t_plus, t_minus
+    return ranked_guesses(np.concatenate([s_in, s_out]), is_in, k_plus, k_minus, seed)
 
 
 def _check_sides(sides) -> tuple[str, ...]:

@@ -177,6 +177,22 @@ def guess_counts(labels_by_score: np.ndarray, k_plus, k_minus) -> np.ndarray:
     return (members_below[m] - members_below[m - kp]) + (km - members_below[km])
 
 
+def ranked_guesses(scores: np.ndarray, labels: np.ndarray, k_plus, k_minus, seed: int):
+    """(correct, t_plus, t_minus) of exactly k+ top "in" and k- bottom "out" guesses.
+
+    ``scores`` and ``labels`` (True = member, or the virtual label) are per canary, in any
+    order; ties are broken by ``ties.random_order(scores, seed)``. t+ is the lowest score
+    guessed "in" (+inf if none), t- the highest guessed "out" (-inf if none).
+    """
+    order = random_order(scores, seed)
+    ranked = scores[order]
+    m = scores.size
+    kp, km = np.asarray(k_plus, dtype=np.int64), np.asarray(k_minus, dtype=np.int64)
+    t_plus = np.where(kp > 0, ranked[np.clip(m - kp, 0, m - 1)], np.inf)
+    t_minus = np.where(km > 0, ranked[np.clip(km - 1, 0, m - 1)], -np.inf)
+    return guess_counts(labels[order], kp, km), t_plus, t_minus
+
+
 def one_run_bound(
     scores_in: np.ndarray,
     scores_out: np.ndarray,
@@ -220,12 +236,8 @@ def one_run_bound(
     kp, km = np.array(pairs, dtype=np.int64).T
     pooled = np.concatenate([s_in, s_out])
     labels = virtual_labels(s_in.size, s_out.size, p, seed)
-    order = random_order(pooled, seed)
-    ranked = pooled[order]
-    v_all = guess_counts(labels[order], kp, km)
+    v_all, tp_all, tm_all = ranked_guesses(pooled, labels, kp, km, seed)
     r_all = kp + km
-    tp_all = np.where(kp > 0, ranked[np.clip(m - kp, 0, m - 1)], np.inf)
-    tm_all = np.where(km > 0, ranked[np.clip(km - 1, 0, m - 1)], -np.inf)
     rows = []
     for i in range(len(pairs)):
         r, v = int(r_all[i]), int(v_all[i])

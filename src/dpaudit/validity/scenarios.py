@@ -229,6 +229,39 @@ class GaussianShift(Scenario):
 
 
 # ---------------------------------------------------------------------------------------------
+# No signal at all
+
+
+@dataclass(frozen=True)
+class NoSignal(Scenario):
+    """P = Q = N(0, 1): members and non-members score alike. The truth is epsilon 0 at every
+    delta, so any positive certified epsilon is above it (the sharpest test of a design
+    mismatch: the p = 1/2 one-run bound certified 2.47 here with 200 members against 5000)."""
+
+    exactness: ClassVar[str] = "exact (identical distributions)"
+
+    @property
+    def name(self) -> str:
+        return "no_signal"
+
+    def sample(self, n_in, n_out, rng):
+        return rng.normal(0.0, 1.0, n_in), rng.normal(0.0, 1.0, n_out)
+
+    def _hs(self, eps, reverse):
+        return np.maximum(-np.expm1(eps), 0.0)  # H_g(P||P) = (1 - g)_+
+
+    def pure_epsilon(self):
+        return 0.0
+
+    def tradeoff(self, alpha):
+        a = _alpha(alpha)
+        return _round_down(1.0 - a, a)
+
+    def llr(self, x):
+        return np.zeros_like(np.asarray(x, dtype=np.float64))
+
+
+# ---------------------------------------------------------------------------------------------
 # Laplace shift
 
 
@@ -838,6 +871,7 @@ def _grid_epsilon(scenario: ComposedSubsampledGaussian, delta: float) -> float:
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
+        NoSignal(),
         GaussianShift(1.0),
         GaussianShift(2.0),
         LaplaceShift(1.0, 1.0),
