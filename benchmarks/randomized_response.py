@@ -6,7 +6,7 @@ e^eps0 / (1 + e^eps0): pure eps0-DP, and its scores are all tied. For each eps0 
 ``randomized_response`` scenario) and prints, median [min, max] over the samples:
 
 * the default certified bounds: ``clopper_pearson`` and ``one_run`` (ties broken at random,
-  seeded; ``dpaudit.stats.ties``);
+  seeded; ``dpaudit.stats.ties``), with the fraction of samples above the true epsilon;
 * the claim test against a claim of perfect privacy (f(a) = 1 - a): how often it rejects;
 * the claim test against the true curve (a correct claim): how often it rejects (at most
   1 - confidence, up to noise).
@@ -57,8 +57,9 @@ def one(eps0: float, n: int, reps: int, seed: int) -> dict:
     }
 
 
-def _mr(x: np.ndarray) -> str:
-    return f"{np.median(x):.3f} [{np.min(x):.3f}, {np.max(x):.3f}]"
+def _mr(x: np.ndarray, truth: float) -> str:
+    """median [min, max] and the fraction above the truth."""
+    return f"{np.median(x):.3f} [{np.min(x):.3f}, {np.max(x):.3f}] >{np.mean(x > truth):.3f}"
 
 
 def main() -> None:
@@ -70,7 +71,7 @@ def main() -> None:
     args = p.parse_args()
     print(f"randomized response, {args.n} scores per side, {args.reps} samples, delta 1e-5, 95%")
     head = (
-        f"{'eps0':>5} {'truth':>6} {'clopper_pearson':>26} {'one_run':>26} "
+        f"{'eps0':>5} {'truth':>6} {'clopper_pearson (> truth)':>33} {'one_run (> truth)':>33} "
         f"{'rejects perfect':>15} {'rejects truth':>13} {'s':>4}"
     )
     print(head)
@@ -78,7 +79,8 @@ def main() -> None:
         t0 = time.perf_counter()
         r = one(e, args.n, args.reps, args.seed)
         print(
-            f"{e:5g} {r['truth']:6.3f} {_mr(r['clopper_pearson']):>26} {_mr(r['one_run']):>26} "
+            f"{e:5g} {r['truth']:6.3f} {_mr(r['clopper_pearson'], r['truth']):>33} "
+            f"{_mr(r['one_run'], r['truth']):>33} "
             f"{r['perfect_rejected']:15.3f} {r['correct_rejected']:13.3f} "
             f"{time.perf_counter() - t0:4.0f}"
         )
