@@ -37,6 +37,8 @@ TIE_BREAK = 0x71E
 # One-run audits with inclusion probability p != 1/2: the auditor's virtual fair-coin
 # labels (``stats.inclusion.virtual_labels``).
 VIRTUAL_LABELS = 0x1AB
+# The hook's clipping check: which examples are probed and on which steps.
+CLIP_CHECK = 0xC11
 
 
 def stream(seed, tag: int) -> np.random.Generator:

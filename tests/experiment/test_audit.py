@@ -38,9 +38,16 @@ def test_one_run_audit_report(tmp_path):
     assert v["best_lower_bound"] == 0.0 and v["best_method"] is None
     assert 0.0 < v["best_estimate"] <= th["upper_bound"] and v["status"] == "consistent"
     # Statements are simultaneously valid: each at 1 - 0.05 / (2 attacks x (3 methods + the
-    # claim test)).
-    assert all(b["confidence"] == pytest.approx(1 - 0.05 / 8) for b in res["bounds"])
-    assert res["per_test_confidence"] == pytest.approx(1 - 0.05 / 8)
+    # claim test) + 3 white-box tests: noise floor, noise independence at the 30 dead
+    # coordinates, Poisson sampling).
+    wb = res["white_box"]
+    assert wb["statistical_tests"] == 3
+    assert set(wb["checks"]) == {
+        "noise_floor", "noise_independence", "poisson_sampling", "clipping", "bookkeeping"
+    }
+    assert not any(c["rejected"] for c in wb["checks"].values())
+    assert all(b["confidence"] == pytest.approx(1 - 0.05 / 11) for b in res["bounds"])
+    assert res["per_test_confidence"] == pytest.approx(1 - 0.05 / 11)
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["schema_version"] == saved["provenance"]["schema_version"]
     assert saved["provenance"]["device"] == "cpu" and saved["provenance"]["versions"]["opacus"]

@@ -65,6 +65,8 @@ from dpaudit.attacks.mixture import MixtureLR
 from dpaudit.attacks.scalar import ScalarProduct
 from dpaudit.capture.accumulate import ScoreAccumulator
 from dpaudit.capture.canary_kinds import Canaries, InputCanaries, as_canary_list
+from dpaudit.capture.clip_check import ClippingCheck
+from dpaudit.capture.gradient_canaries import GradientCanaries
 from dpaudit.capture.input_grads import INPUT_PASSES, InputGradients, all_finite, check_reference
 from dpaudit.capture.insertion import GradientInsertion, check_gradient_canaries
 from dpaudit.capture.patching import InstancePatch
@@ -116,7 +118,17 @@ class AuditHook:
     model is a batch-first Opacus ``GradSampleModule`` and the step's forward can be folded,
     else a separate pass; ``"batch"`` requires folding (error otherwise); ``"separate"``
     always uses the separate pass. ``seed`` seeds the separate pass's private random stream
-    (e.g. the canaries' dropout masks; the training's own streams are never touched).
+    (e.g. the canaries' dropout masks; the training's own streams are never touched) and the
+    clipping check's draws.
+
+    White-box records for the noise and clipping checks (``dpaudit.stats.noise``,
+    ``capture.clip_check``): every step the squared norm of each selected tensor's released
+    sum (``released_squared_norms``) and the claimed noise std (``noise_stds``).
+    ``noise_probes``: indices into the flattened selection of coordinates no example touches
+    (e.g. the Dirac canaries' coordinates on weights of always-blank pixels); every step the
+    released sum there, minus the canaries inserted there, is kept (``probe_noise``): under the
+    claim it is the noise itself. ``check_clipping``: probe the
+    optimizer's own clipping example by example (``clipping_check()``).
 
     Sparse gradient canaries (``GradientCanaries.dirac`` / ``sparse``) cost O(K x |support|)
     per step: they are inserted at their support only, and when they are the only canaries,
@@ -142,6 +154,8 @@ class AuditHook:
         coordinates: Sequence[int] | np.ndarray | torch.Tensor | None = None,
         input_pass: str = "auto",
         seed: int = 0,
+        noise_probes: Sequence[int] | np.ndarray | torch.Tensor | None = None,
+        check_clipping: bool = False,
     ) -> None:
         if not isinstance(optimizer, DPOptimizer):
             raise ValueError(
@@ -243,6 +257,45 @@ class AuditHook:
         self._steps = 0
         self._pending_inclusion: np.ndarray | None = None
         self._inclusions: list[np.ndarray] = []
+        # white-box records (noise floor, noise probes, clipping check, batch sizes)
+        self._released_sq: list[np.ndarray] = []
+        self._noise_stds: list[float] = []
+        self._batch_sizes: list[int | None] = []
+        self._pending_batch: int | None = None
+        self._probes = self._check_probes(noise_probes)
+        self._probe_values: list[np.ndarray] = []
+        self._clip_check = ClippingCheck(self.max_grad_norm, seed) if check_clipping else None
+
+    def _check_probes(self, probes) -> CoordinateView | None:
+        """The noise probes' view (indices into the full selection, whatever the hook's own
+        view) and the (K, n) canary values there (what an inclusion adds), or None."""
+        if probes is None:
+            return None
+        idx = check_coordinates(probes, self.full_dim)
+        if idx.numel() < 3:
+            raise ValueError(f"noise_probes: need at least 3 coordinates, got {idx.numel()}")
+        cols = idx.numpy()
+        pos = {int(j): i for i, j in enumerate(cols)}
+        full = (  # hook coordinate -> index into the full selection
+            np.arange(self.dim) if self.coordinates is None else self.coordinates.cpu().numpy()
+        )
+        rows = []
+        for c in self.canaries:
+            block = np.zeros((len(c), cols.size))
+            if isinstance(c, GradientCanaries):
+                if c.is_sparse:
+                    ind = full[c.indices.cpu().numpy().reshape(len(c), -1)]
+                    val = c.values.cpu().double().numpy().reshape(len(c), -1)
+                else:
+                    ind = np.broadcast_to(full, (len(c), full.size))
+                    val = c.vectors.cpu().double().numpy()
+                for k in range(len(c)):
+                    for j, v in zip(ind[k], val[k], strict=True):
+                        if v != 0.0 and int(j) in pos:
+                            block[k, pos[int(j)]] += float(v)
+            rows.append(block)
+        self._probe_canary_values = np.concatenate(rows)
+        return CoordinateView(self._params, idx)
 
     # ------------------------------------------------------------------ attach / detach
     def attach(self) -> AuditHook:
@@ -257,8 +310,8 @@ class AuditHook:
             patches = [InstancePatch(opt, "reduce_gradients", self._reduce_gradients, "AuditHook")]
         else:  # record after the accountant, before the base optimizer's step
             patches = [InstancePatch(opt, "step_hook", self._step_hook, "AuditHook")]
-        if self._insertion.active:
-            patches.append(InstancePatch(opt, "add_noise", self._add_noise, "AuditHook"))
+        # just before the noise: canary insertion, batch size, clipping check
+        patches.append(InstancePatch(opt, "add_noise", self._add_noise, "AuditHook"))
         applied = []
         try:
             for p in patches:
@@ -268,7 +321,7 @@ class AuditHook:
                 p.restore()
             raise
         self._patches = patches
-        self._add_noise_patch = patches[1] if len(patches) > 1 else None
+        self._add_noise_patch = patches[1]
         self._inputs.attach()
         opt._dpaudit_hook = self
         self._attached = True
@@ -311,6 +364,8 @@ class AuditHook:
         self._fixed_canary_grads = self._canary_grads([]) if not self._inputs.active else None
         self._inputs.start(self.view, self._dtype)
         self._accumulator.start(self.scored_dim, self._device)
+        if self._probes is not None:
+            self._probes.to(self._device)
         if self.trace is not None:
             self.trace.start(
                 self.dim,
@@ -325,14 +380,29 @@ class AuditHook:
         self._started = True
 
     def _add_noise(self) -> None:
-        """Add the included gradient canaries to ``p.summed_grad``, then Opacus' noise."""
+        """Before Opacus' noise: the batch size, the clipping check, and the included gradient
+        canaries added to ``p.summed_grad``."""
         if not self._started:
             self._start()
-        row = self._insertion.draw()  # drawn on every rank: the same draws everywhere
-        self._pending_inclusion = row
-        if self.rank == 0:  # once in the applied gradient, like Opacus' noise
-            self._insertion.insert(row, self._steps)
+        opt = self.optimizer
+        self._pending_batch = self._batch_rows(opt)
+        if self._clip_check is not None:
+            self._clip_check.run(opt, self._steps)
+        if self._insertion.active:
+            row = self._insertion.draw()  # drawn on every rank: the same draws everywhere
+            self._pending_inclusion = row
+            if self.rank == 0:  # once in the applied gradient, like Opacus' noise
+                self._insertion.insert(row, self._steps)
         self._add_noise_patch.original()
+
+    @staticmethod
+    def _batch_rows(opt: DPOptimizer) -> int | None:
+        """Examples in this step's batch (None when unknown: no per-sample gradients, or a
+        logical batch spread over several physical ones by BatchMemoryManager)."""
+        gs = getattr(opt.params[0], "grad_sample", None)
+        if gs is None or getattr(opt, "_is_last_step_skipped", False):
+            return None
+        return int(sum(g.shape[0] for g in gs) if isinstance(gs, list) else gs.shape[0])
 
     def _step_hook(self, opt: DPOptimizer) -> None:
         """Chained step hook: accountant first, then record this step."""
@@ -392,6 +462,7 @@ class AuditHook:
             reference_grads=ref,
         )
         self._accumulator.step(canary_grads, released, ctx)
+        self._record_white_box(ctx, divisor)
         if self.trace is not None:
             context = {
                 k: getattr(ctx, k)
@@ -399,6 +470,22 @@ class AuditHook:
             }
             self.trace.write(released, canary_grads, context)
         self._steps += 1
+
+    @torch.no_grad()
+    def _record_white_box(self, ctx: StepContext, divisor: float) -> None:
+        """Per-tensor squared norms of the released sum, the claimed noise std, the batch size
+        and the noise probes of this step (float64, on the CPU)."""
+        sq = torch.stack(
+            [torch.linalg.vector_norm(p.grad, dtype=torch.float64) ** 2 for p in self._params]
+        )
+        self._released_sq.append(sq.cpu().numpy() * divisor * divisor)
+        self._noise_stds.append(ctx.noise_multiplier * ctx.max_grad_norm)
+        self._batch_sizes.append(self._pending_batch)
+        self._pending_batch = None
+        if self._probes is not None:
+            values = self._probes.released().double().cpu().numpy() * divisor
+            inserted = self._inclusions[-1].astype(np.float64) @ self._probe_canary_values
+            self._probe_values.append(values - inserted)
 
     # ------------------------------------------------------------------ results
     @property
@@ -437,4 +524,42 @@ class AuditHook:
         """(K, T) bool array: gradient canary k was added at step t (input canaries: False)."""
         self._require_steps()
         return np.stack(self._inclusions, axis=1)
+
+    def released_squared_norms(self) -> np.ndarray:
+        """(J, T): squared norm of each selected tensor's released sum (the released gradient
+        times its divisor: noise + clipped sum + canaries) at each step, in float64."""
+        self._require_steps()
+        return np.stack(self._released_sq, axis=1)
+
+    @property
+    def tensor_dims(self) -> list[int]:
+        """Number of coordinates of each selected tensor (``param_names`` order)."""
+        return [int(p.numel()) for p in self._params]
+
+    def noise_stds(self) -> np.ndarray:
+        """(T,): the claimed noise std sigma C of each step (the optimizer's at that step)."""
+        self._require_steps()
+        return np.asarray(self._noise_stds, dtype=np.float64)
+
+    def batch_sizes(self) -> list[int | None]:
+        """Examples in each step's batch (None where unknown, see ``_batch_rows``)."""
+        self._require_steps()
+        return list(self._batch_sizes)
+
+    @property
+    def has_noise_probes(self) -> bool:
+        """Whether ``noise_probes`` were given (``probe_noise`` is recorded)."""
+        return self._probes is not None
+
+    def probe_noise(self) -> np.ndarray:
+        """(n, T): the released sum at the ``noise_probes`` minus the canaries inserted there
+        (under the claim, the noise itself); needs ``noise_probes``."""
+        if self._probes is None:
+            raise RuntimeError("no noise probes were recorded: pass noise_probes=")
+        self._require_steps()
+        return np.stack(self._probe_values, axis=1)
+
+    def clipping_check(self) -> dict | None:
+        """The clipping check's summary (``ClippingCheck.summary``), or None when off."""
+        return None if self._clip_check is None else self._clip_check.summary()
 

@@ -34,6 +34,7 @@ def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None)
         threat,
         canary_info=run.canary_info,
         engine_accountants=run.engine_accountants,
+        white_box=run.white_box,
     )
     result = {
         "settings": settings.to_dict(),

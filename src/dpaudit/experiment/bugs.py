@@ -1,39 +1,86 @@
-"""Planted privacy bugs: a DP optimizer under test that silently breaks its guarantee.
+"""The bug zoo: realistic DP-SGD implementation bugs, planted on an Opacus optimizer.
 
-An audit is only worth something if it catches real bugs. Each bug below is patched onto one
-``DPOptimizer`` instance (``plant_bug`` returns the function that removes it) while the
-accountant keeps reporting the nominal guarantee:
+An audit is only worth the bugs it can catch. Each entry of ``BUG_ZOO`` is a patch on one
+``DPOptimizer`` instance (``plant_bug`` returns the function that removes it) that breaks the
+guarantee while the accountant keeps reporting the nominal one. Every bug is named by its class,
+says how it arises in real code (with the public report where one exists), and takes a
+``severity`` (``dp.bug_factor``) whose meaning is bug-specific; ``catastrophic`` and ``mild``
+are the two severities the zoo benchmark (``benchmarks/bug_zoo.py``) runs.
 
-* ``"halved_noise"``: the Gaussian noise uses sigma / 2; the accountant still sees sigma.
-* ``"scaled_noise"``: the noise uses ``factor`` x sigma (``dp.bug_factor``, e.g. 0.9 for a 10%
-  noise reduction), the accountant still sees sigma: the knob for measuring an audit's power.
-* ``"unclipped_example"``: in every batch, the example with the largest gradient norm is
-  added unclipped (an off-by-one in a clipping loop). High-norm canaries (mislabeled, blank)
-  are exactly the examples that trigger it.
-* ``"realised_batch_size"``: the noisy sum is divided by the realised batch size instead of
-  the expected one (the leak class of Opacus issue 571). With Poisson sampling the released
-  gradient's scale then reveals how many examples were drawn, which on a tiny dataset reveals
-  whether the target was drawn. The scalar-product attack is blind to it (signal and noise are
-  rescaled alike); ``dpaudit.attacks.BatchSizeScore`` sees it.
+Classes:
+
+* noise of the wrong scale: ``halved_noise``, ``scaled_noise``;
+* noise missing on some steps: ``noise_skipped_steps``;
+* noise reused / correlated across steps: ``noise_reused``;
+* noise missing on some parameter tensors: ``noise_partial_tensors``;
+* clipping broken: ``unclipped_example``, ``layer_clip_ignored`` (a layer left out of the
+  per-example norm), ``microbatch_clipping`` (micro-batch sums clipped instead of examples);
+* wrong normalisation: ``realised_batch_size``;
+* sampling that is not Poisson: ``shuffled_batches`` (a data-loader bug: ``plant_bug`` refuses
+  it, ``run_audit`` trains with shuffled fixed-size batches);
+* the accountant told less than training did: ``accountant_sigma``, ``accountant_sample_rate``,
+  ``accountant_steps``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from opacus.optimizers import DPOptimizer
-from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
+from opacus.optimizers.optimizer import (
+    _check_processed_flag,
+    _generate_noise,
+    _mark_as_processed,
+)
 
 from dpaudit.capture.patching import InstancePatch
 from dpaudit.gradients.persample import clip_factor
 
-BUGS = ("none", "halved_noise", "scaled_noise", "unclipped_example", "realised_batch_size")
+Planter = Callable[[DPOptimizer, float], Callable[[], None]]
+
+
+@dataclass(frozen=True)
+class BugSpec:
+    """One bug of the zoo.
+
+    ``bug_class``: the class it belongs to; ``origin``: how it arises in real code;
+    ``severity``: what ``dp.bug_factor`` means for it and its range; ``catastrophic`` /
+    ``mild``: the severities of the zoo benchmark; ``optimizer``: False when the bug is not a
+    patch on the optimizer (``plant_bug`` refuses it; the audit's training plants it).
+    """
+
+    name: str
+    bug_class: str
+    origin: str
+    severity: str
+    catastrophic: float
+    mild: float
+    plant: Planter | None
+    valid: Callable[[float], bool] = lambda f: 0.0 < f <= 1.0
+    optimizer: bool = True
 
 
 def _patch(opt: DPOptimizer, name: str, replacement: Callable) -> Callable[[], None]:
     """Install ``replacement`` as ``opt.<name>`` and return the exact restore."""
     return InstancePatch(opt, name, replacement, owner="plant_bug").apply().restore
+
+
+def _noise_per_param(opt: DPOptimizer, stds: list[float], noises=None) -> None:
+    """Opacus' ``add_noise`` with a per-parameter std (and optional given noise tensors)."""
+    for i, p in enumerate(opt.params):
+        _check_processed_flag(p.summed_grad)
+        if noises is not None:
+            noise = noises[i]
+        else:
+            noise = _generate_noise(
+                std=stds[i], reference=p.summed_grad, generator=opt.generator,
+                secure_mode=opt.secure_mode,
+            )
+        p.grad = (p.summed_grad + noise).view_as(p)
+        _mark_as_processed(p.summed_grad)
 
 
 def _scaled_noise(opt: DPOptimizer, factor: float) -> Callable[[], None]:
@@ -50,27 +97,136 @@ def _scaled_noise(opt: DPOptimizer, factor: float) -> Callable[[], None]:
     return _patch(opt, "add_noise", add_noise)
 
 
-def _unclipped_example(opt: DPOptimizer) -> Callable[[], None]:
-    def clip_and_accumulate() -> None:
-        if len(opt.grad_samples[0]) == 0:
-            factor = torch.zeros((0,), device=opt.grad_samples[0].device)
+def _noise_skipped_steps(opt: DPOptimizer, fraction: float) -> Callable[[], None]:
+    """Step t is released without noise when floor((t + 1) f) > floor(t f): a fraction f of
+    the steps, evenly spread (f = 0.1: every 10th step)."""
+    original = opt.add_noise
+    step = [0]
+
+    def add_noise() -> None:
+        t = step[0]
+        step[0] += 1
+        if math.floor((t + 1) * fraction) > math.floor(t * fraction):
+            _noise_per_param(opt, [0.0] * len(opt.params))
         else:
-            norms = torch.stack(
-                [g.reshape(len(g), -1).norm(2, dim=-1) for g in opt.grad_samples], dim=1
-            ).norm(2, dim=1)
-            factor = clip_factor(norms, opt.max_grad_norm)
-            factor[int(torch.argmax(norms))] = 1.0  # the bug: the largest one is not clipped
-        for p in opt.params:
+            original()
+
+    return _patch(opt, "add_noise", add_noise)
+
+
+def _noise_reused(opt: DPOptimizer, rho: float) -> Callable[[], None]:
+    """noise_t = rho n_0 + sqrt(1 - rho^2) fresh_t: every step's noise has correlation rho with
+    the first step's (rho = 1: the very same tensor at every step)."""
+    first: list[torch.Tensor] = []
+
+    def add_noise() -> None:
+        std = opt.noise_multiplier * opt.max_grad_norm
+        fresh = [
+            _generate_noise(std=std, reference=p.summed_grad, generator=opt.generator,
+                            secure_mode=opt.secure_mode)
+            for p in opt.params
+        ]
+        if not first:
+            first.extend(f.clone() for f in fresh)
+        keep = math.sqrt(max(0.0, 1.0 - rho * rho))
+        _noise_per_param(opt, [], [rho * n0 + keep * f for n0, f in zip(first, fresh, strict=True)])
+
+    return _patch(opt, "add_noise", add_noise)
+
+
+def _last(opt: DPOptimizer, fraction: float) -> int:
+    """How many parameter tensors, counted from the last, a tensor-level bug hits: at least
+    one and at most all but the first (fraction 1)."""
+    n = len(opt.params)
+    if n < 2:
+        raise ValueError("this bug needs a model with at least two parameter tensors")
+    return min(n - 1, max(1, round(fraction * (n - 1))))
+
+
+def _noise_partial_tensors(opt: DPOptimizer, fraction: float) -> Callable[[], None]:
+    hit = _last(opt, fraction)
+
+    def add_noise() -> None:
+        std = opt.noise_multiplier * opt.max_grad_norm
+        n = len(opt.params)
+        _noise_per_param(opt, [0.0 if i >= n - hit else std for i in range(n)])
+
+    return _patch(opt, "add_noise", add_noise)
+
+
+def _clip_with(opt: DPOptimizer, factors: Callable[[list[torch.Tensor]], torch.Tensor]) -> None:
+    """Opacus' ``clip_and_accumulate`` with the per-example factors computed by ``factors``
+    from the flat per-sample gradients (one tensor per parameter)."""
+    samples = opt.grad_samples
+    factor = factors(samples) if len(samples[0]) else torch.zeros((0,), device=samples[0].device)
+    for p in opt.params:
+        _check_processed_flag(p.grad_sample)
+        gs = opt._get_flat_grad_sample(p).to(p.dtype)
+        grad = torch.einsum("i,i...", factor.to(gs.device, p.dtype), gs)
+        p.summed_grad = grad if p.summed_grad is None else p.summed_grad + grad
+        _mark_as_processed(p.grad_sample)
+
+
+def _norms(samples: list[torch.Tensor]) -> torch.Tensor:
+    return torch.stack([g.reshape(len(g), -1).norm(2, dim=-1) for g in samples], dim=1)
+
+
+def _unclipped_example(opt: DPOptimizer, fraction: float) -> Callable[[], None]:
+    """In a fraction of the batches (every batch at 1), the example with the largest gradient
+    norm is added unclipped (an off-by-one in a clipping loop)."""
+    call = [0]
+
+    def factors(samples):
+        norms = _norms(samples).norm(2, dim=1)
+        f = clip_factor(norms, opt.max_grad_norm)
+        t = call[0]
+        call[0] += 1
+        if math.floor((t + 1) * fraction) > math.floor(t * fraction):
+            f[int(torch.argmax(norms))] = 1.0  # the bug: the largest one is not clipped
+        return f
+
+    return _patch(opt, "clip_and_accumulate", lambda: _clip_with(opt, factors))
+
+
+def _layer_clip_ignored(opt: DPOptimizer, fraction: float) -> Callable[[], None]:
+    """The per-example norm leaves out the last tensors' gradients (their per-sample gradient
+    is not counted), so those layers are scaled by a factor computed without them."""
+    hit = _last(opt, fraction)
+
+    def factors(samples):
+        per = _norms(samples)
+        return clip_factor(per[:, : per.shape[1] - hit].norm(2, dim=1), opt.max_grad_norm)
+
+    return _patch(opt, "clip_and_accumulate", lambda: _clip_with(opt, factors))
+
+
+def _microbatch_clipping(opt: DPOptimizer, fraction: float) -> Callable[[], None]:
+    """The batch is cut into consecutive micro-batches of g = round(1 / fraction) examples and
+    each micro-batch's summed gradient is clipped to C, as if it were one example."""
+    g = max(2, round(1.0 / fraction))
+
+    def clip_and_accumulate() -> None:
+        samples = opt.grad_samples
+        b = len(samples[0])
+        groups = torch.arange(b, device=samples[0].device) // g
+        n_groups = int(groups.max()) + 1 if b else 0
+        summed = []
+        for s in samples:
+            flat = s.reshape(b, -1).to(torch.float32)
+            summed.append(torch.zeros(n_groups, flat.shape[1], device=flat.device).index_add_(
+                0, groups, flat))
+        norms = torch.stack([m.norm(2, dim=1) for m in summed], dim=1).norm(2, dim=1)
+        f = clip_factor(norms, opt.max_grad_norm)
+        for p, m in zip(opt.params, summed, strict=True):
             _check_processed_flag(p.grad_sample)
-            gs = opt._get_flat_grad_sample(p).to(p.dtype)
-            grad = torch.einsum("i,i...", factor.to(gs.device, p.dtype), gs)
+            grad = (f[:, None] * m).sum(0).view_as(p).to(p.dtype)
             p.summed_grad = grad if p.summed_grad is None else p.summed_grad + grad
             _mark_as_processed(p.grad_sample)
 
     return _patch(opt, "clip_and_accumulate", clip_and_accumulate)
 
 
-def _realised_batch_size(opt: DPOptimizer) -> Callable[[], None]:
+def _realised_batch_size(opt: DPOptimizer, _severity: float) -> Callable[[], None]:
     if opt.loss_reduction != "mean":
         raise ValueError("bug 'realised_batch_size' needs loss_reduction='mean'")
 
@@ -82,27 +238,194 @@ def _realised_batch_size(opt: DPOptimizer) -> Callable[[], None]:
     return _patch(opt, "scale_grad", scale_grad)
 
 
-_PLANTERS = {
-    "halved_noise": lambda opt: _scaled_noise(opt, 0.5),
-    "unclipped_example": _unclipped_example,
-    "realised_batch_size": _realised_batch_size,
+def _accountant_hook(opt: DPOptimizer):
+    """(the accountant, the sample rate) behind Opacus' step hook (its closure)."""
+    hook = opt.step_hook
+    code, cells = getattr(hook, "__code__", None), getattr(hook, "__closure__", None)
+    if code is None or cells is None or "sample_rate" not in code.co_freevars:
+        raise ValueError("the optimizer has no Opacus accountant hook to misreport to")
+    values = dict(zip(code.co_freevars, (c.cell_contents for c in cells), strict=True))
+    return values["self"], float(values["sample_rate"])
+
+
+def _accountant_sigma(opt: DPOptimizer, factor: float) -> Callable[[], None]:
+    """The accountant records sigma / factor while the noise uses sigma (a config read twice,
+    or the accountant fed the value of another run)."""
+    original = opt.step_hook
+
+    def step_hook(optim) -> None:
+        nominal = optim.noise_multiplier
+        optim.noise_multiplier = nominal / factor
+        try:
+            original(optim)
+        finally:
+            optim.noise_multiplier = nominal
+
+    return _patch(opt, "step_hook", step_hook)
+
+
+def _accountant_sample_rate(opt: DPOptimizer, factor: float) -> Callable[[], None]:
+    """The accountant is told factor x q (the batch size divided by the wrong dataset size)."""
+    accountant, rate = _accountant_hook(opt)
+    return _patch(opt, "step_hook", accountant.get_optimizer_hook_fn(rate * factor))
+
+
+def _accountant_steps(opt: DPOptimizer, fraction: float) -> Callable[[], None]:
+    """A fraction of the steps never reaches the accountant (steps taken outside the hooked
+    optimizer, e.g. after a restart or in a warm-up loop)."""
+    original = opt.step_hook
+    step = [0]
+
+    def step_hook(optim) -> None:
+        t = step[0]
+        step[0] += 1
+        if not math.floor((t + 1) * fraction) > math.floor(t * fraction):
+            original(optim)
+
+    return _patch(opt, "step_hook", step_hook)
+
+
+BUG_ZOO: dict[str, BugSpec] = {
+    s.name: s
+    for s in (
+        BugSpec(
+            "halved_noise", "noise of the wrong scale",
+            "the noise std computed from the wrong variable (e.g. sigma C / 2 from a std / "
+            "variance mix-up); the accountant still sees sigma",
+            "none (the noise is sigma / 2)", 1.0, 1.0, lambda o, f: _scaled_noise(o, 0.5),
+            valid=lambda f: True,
+        ),
+        BugSpec(
+            "scaled_noise", "noise of the wrong scale",
+            "the noise multiplier overridden or rescaled after the accountant read it",
+            "the noise is factor x sigma, factor in (0, 1]", 0.5, 0.9, _scaled_noise,
+        ),
+        BugSpec(
+            "noise_skipped_steps", "noise missing on some steps",
+            "noise added only on some code path: after a retried step, on the last "
+            "micro-batch of an accumulation window, or when a flag is set (TF Privacy #106, "
+            "#134: the private gradient path silently skipped)",
+            "fraction of steps released without noise, in (0, 1] (0.1: every 10th step)",
+            0.1, 0.02, _noise_skipped_steps,
+        ),
+        BugSpec(
+            "noise_reused", "noise reused or correlated across steps",
+            "a noise generator re-seeded at every step, or a noise buffer reused (per-sample "
+            "state reused across virtual steps: Opacus PR #219)",
+            "correlation rho of every step's noise with the first step's, in (0, 1] (1: the "
+            "same tensor every step)", 1.0, 0.5, _noise_reused,
+        ),
+        BugSpec(
+            "noise_partial_tensors", "noise missing on some parameter tensors",
+            "noise added in a loop over parameter groups that misses some (biases, a new "
+            "head, parameters registered after the optimizer was built)",
+            "fraction of the tensors after the first released without noise, counted from "
+            "the last (1: only the first tensor is noised; small: only the last is not)",
+            1.0, 0.01, _noise_partial_tensors,
+        ),
+        BugSpec(
+            "unclipped_example", "clipping broken",
+            "an off-by-one in a clipping loop leaves one example unclipped (Tramer et al. "
+            "2022, 'Debugging differential privacy': sensitivity off in DP code)",
+            "fraction of batches whose largest-norm example is not clipped, in (0, 1]",
+            1.0, 0.1, _unclipped_example,
+        ),
+        BugSpec(
+            "layer_clip_ignored", "clipping broken",
+            "a layer's per-sample gradient left out of the per-example norm (a layer without "
+            "a grad sampler, a parameter excluded from the norm; Opacus #664: a fast "
+            "clipping path that ignored the norm)",
+            "fraction of the tensors after the first left out of the norm, from the last "
+            "(small: only the last)", 1.0, 0.01, _layer_clip_ignored,
+        ),
+        BugSpec(
+            "microbatch_clipping", "clipping broken",
+            "micro-batches clipped as if each were one example, doubling the sensitivity "
+            "(TF Privacy #620)",
+            "1 / micro-batch size, in (0, 0.5] (0.5: micro-batches of 2, the largest change "
+            "one example can make; 0.25: of 4)", 0.5, 0.25,
+            _microbatch_clipping, valid=lambda f: 0.0 < f <= 0.5,
+        ),
+        BugSpec(
+            "realised_batch_size", "wrong normalisation",
+            "the noisy sum divided by the realised batch size instead of the expected one, "
+            "which reveals how many examples were drawn (Opacus #571, #819)",
+            "none", 1.0, 1.0, _realised_batch_size, valid=lambda f: True,
+        ),
+        BugSpec(
+            "shuffled_batches", "sampling that is not Poisson",
+            "fixed-size shuffled batches while the accountant assumes Poisson sampling "
+            "(Opacus #80; shuffling audits, arXiv 2411.10614)",
+            "none (the data loader draws shuffled batches of the expected size)", 1.0, 1.0,
+            None, valid=lambda f: True, optimizer=False,
+        ),
+        BugSpec(
+            "accountant_sigma", "the accountant told less than training did",
+            "the accountant fed a larger noise multiplier than the optimizer uses (a config "
+            "read twice, or sigma rescaled after make_private)",
+            "the accountant records sigma / factor, factor in (0, 1]", 0.5, 0.9,
+            _accountant_sigma,
+        ),
+        BugSpec(
+            "accountant_sample_rate", "the accountant told less than training did",
+            "the accountant given a smaller sample rate than the sampler uses (batch size over "
+            "the wrong dataset size; Opacus #813)",
+            "the accountant records factor x q, factor in (0, 1]", 0.5, 0.9,
+            _accountant_sample_rate,
+        ),
+        BugSpec(
+            "accountant_steps", "the accountant told less than training did",
+            "steps taken outside the accounted optimizer (a warm-up loop, a restart from a "
+            "checkpoint whose history was lost)",
+            "fraction of the steps the accountant never sees, in (0, 1]", 0.5, 0.1,
+            _accountant_steps,
+        ),
+    )
 }
+"""Every bug of the zoo, by name (module doc)."""
+
+BUGS = ("none", *BUG_ZOO)
 
 
-def plant_bug(optimizer: DPOptimizer, bug: str, factor: float = 0.5) -> Callable[[], None]:
-    """Patch ``bug`` onto ``optimizer`` (plant it before attaching an ``AuditHook``).
-
-    ``factor`` is the noise scale of ``"scaled_noise"`` (in (0, 1]; ignored by the others).
-    Returns a function that restores the correct optimizer. ``bug="none"`` changes nothing.
-    """
+def check_bug(bug: str, factor: float | None) -> BugSpec | None:
+    """The ``BugSpec`` of ``bug`` (None for "none") after checking ``factor`` (its severity;
+    None: the bug's catastrophic severity); a ValueError names ``bug`` or ``bug_factor`` and
+    what was expected."""
     if bug not in BUGS:
         raise ValueError(f"bug must be one of {BUGS}, got {bug!r}")
+    if bug == "none":
+        return None
+    spec = BUG_ZOO[bug]
+    if factor is None:
+        return spec
+    if not (isinstance(factor, (int, float)) and not isinstance(factor, bool)
+            and math.isfinite(factor) and spec.valid(float(factor))):
+        raise ValueError(
+            f"factor (dp.bug_factor) of bug {bug!r} is its severity: {spec.severity}; "
+            f"got {factor!r}"
+        )
+    return spec
+
+
+def plant_bug(
+    optimizer: DPOptimizer, bug: str, factor: float | None = None
+) -> Callable[[], None]:
+    """Patch ``bug`` onto ``optimizer`` (plant it before attaching an ``AuditHook``).
+
+    ``factor`` is the bug's severity (``BUG_ZOO[bug].severity`` says what it means; None: its
+    ``catastrophic`` severity; ignored by the bugs without one). Returns a function that
+    restores the correct optimizer.
+    ``bug="none"`` changes nothing; ``"shuffled_batches"`` is a data-loader bug and is refused
+    here (``run_audit`` trains with shuffled batches instead).
+    """
+    spec = check_bug(bug, factor)
     if not isinstance(optimizer, DPOptimizer):
         raise ValueError(f"optimizer must be an Opacus DPOptimizer, got {type(optimizer).__name__}")
-    if bug == "none":
+    if spec is None:
         return lambda: None
-    if bug == "scaled_noise":
-        if not 0.0 < float(factor) <= 1.0:
-            raise ValueError(f"factor (dp.bug_factor) must lie in (0, 1], got {factor!r}")
-        return _scaled_noise(optimizer, float(factor))
-    return _PLANTERS[bug](optimizer)
+    if not spec.optimizer:
+        raise ValueError(
+            f"bug {bug!r} is not a patch on the optimizer: the data loader must draw "
+            "shuffled fixed-size batches (run_audit(dp={'bug': 'shuffled_batches'}) does)"
+        )
+    return spec.plant(optimizer, spec.catastrophic if factor is None else float(factor))

@@ -150,6 +150,9 @@ def _gradient(settings, model, train_set, references, params, sample_rate, membe
         info["data_gradient_activity_max"] = float(activity[coords].max())
         info["zero_gradient_coordinates"] = dead
         info["canaries_on_zero_gradient_coordinates"] = int((activity[coords] == 0).sum())
+        # where the released gradient is noise plus canaries only: the noise probes of the
+        # white-box checks (coordinates of the selection, e.g. weights of always-blank pixels)
+        info["noise_probes"] = np.sort(coords[activity[coords] == 0]).tolist()
     else:
         vectors = random_direction_canaries(dim=dim, num=c.count, norm=norm, seed=settings.seed)
         vectors = vectors.to(ref_grads.device, ref_grads.dtype)

@@ -32,6 +32,13 @@ import warnings
 import numpy as np
 
 from dpaudit.experiment.threat import INDEPENDENCE, independent_canaries
+from dpaudit.experiment.white_box import (
+    count_tests,
+    describe,
+    fired,
+    not_checked,
+    white_box_evidence,
+)
 from dpaudit.stats import epsilon_lower_bound
 from dpaudit.stats.bounds import METHOD_OPTIONS
 from dpaudit.stats.claim import claim_test, mu_lower_bound, noise_upper_bound
@@ -115,9 +122,12 @@ def training_note(threat: ThreatModel, training_epsilon: float | None) -> str:
     )
 
 
-def per_test_confidence(confidence: float, n_attacks: int, n_methods: int) -> float:
-    """Bonferroni: the confidence of each of the n_attacks x (n_methods + 1) statements."""
-    return 1.0 - (1.0 - confidence) / max(1, n_attacks * (n_methods + 1))
+def per_test_confidence(
+    confidence: float, n_attacks: int, n_methods: int, extra: int = 0
+) -> float:
+    """Bonferroni: the confidence of each of the n_attacks x (n_methods + 1) statements, plus
+    ``extra`` (the white-box tests)."""
+    return 1.0 - (1.0 - confidence) / max(1, n_attacks * (n_methods + 1) + extra)
 
 
 def claim_evidence(
@@ -216,8 +226,9 @@ def evaluate_scores(
     independent: bool = True,
     training_accountants: dict | None = None,
     inclusion: float = 0.5,
+    white_box: dict | None = None,
 ) -> dict:
-    """Attack summaries, claim evidence, bounds, theory and the verdict of an audit.
+    """Attack summaries, claim evidence, bounds, theory, white-box checks and the verdict.
 
     Args:
         split: attack name -> (member scores, non-member scores).
@@ -228,10 +239,13 @@ def evaluate_scores(
         training_accountants: Opacus' epsilons for the training data (reported beside).
         inclusion: the probability with which each canary was made a member (the one-run
             methods' design; see ``bound_rows``).
+        white_box: the run's per-step records (``TrainingOutcome.white_box``) for the
+            white-box checks (``experiment.white_box``); None: not run, and said so.
     """
     check_split(split)
     methods = list(methods)
-    per = per_test_confidence(confidence, len(split), len(methods))
+    n_white = count_tests(white_box)
+    per = per_test_confidence(confidence, len(split), len(methods), n_white)
     claims = {
         name: claim_evidence(s_in, s_out, threat, per, certified=independent)
         for name, (s_in, s_out) in split.items()
@@ -240,14 +254,22 @@ def evaluate_scores(
         split, methods, threat.delta, per, independent=independent, inclusion=inclusion
     )
     theory = theory_summary(threat, training_accountants)
+    checks = white_box_evidence(white_box, level=1.0 - per)
     return {
         "attacks": attack_summaries(split),
         "claim": claims,
         "bounds": bounds,
         "theory": theory,
+        "white_box": {
+            "checks": checks,
+            "statistical_tests": n_white,
+            "not_checked": not_checked(white_box, independent),
+        },
         "per_test_confidence": per,
         "independent_canaries": independent,
-        "verdict": verdict(bounds, claims, threat, confidence, theory.get("training_data")),
+        "verdict": verdict(
+            bounds, claims, threat, confidence, theory.get("training_data"), checks
+        ),
     }
 
 
@@ -262,8 +284,12 @@ def verdict(
     threat: ThreatModel,
     confidence: float,
     training: dict | None = None,
+    white_box: dict | None = None,
 ) -> dict:
-    """Three states (module doc), naming the threat model and the accountant compared with."""
+    """Three states (module doc), naming the threat model and the accountant compared with.
+
+    ``white_box``: the white-box checks (``experiment.white_box``); any that rejects is
+    certified evidence and makes the verdict a privacy bug, named in the message."""
     claimed = threat.claimed_epsilon()
     cert, est = _best(bounds, "certified"), _best(bounds, "estimate")
     cert_eps = cert["epsilon"] if cert else 0.0
@@ -274,7 +300,8 @@ def verdict(
     best_sigma_attack = min(sigma_ubs, key=sigma_ubs.get) if sigma_ubs else None
     sigma_ub = sigma_ubs[best_sigma_attack] if best_sigma_attack else float("inf")
     sigma_certified = bool(best_sigma_attack and claims[best_sigma_attack]["certified"])
-    if rejected_by or cert_eps > claimed:
+    white_fired = fired(white_box or {})
+    if rejected_by or cert_eps > claimed or white_fired:
         status = "privacy_bug"
     elif est_eps > claimed or est_rejected:
         status = "estimate_above_claim"
@@ -288,13 +315,18 @@ def verdict(
         else "no upper bound on the effective noise"
     )
     if status == "privacy_bug":
-        why = (
-            f"the {', '.join(rejected_by)} attack's error rates fall below the claimed "
-            "trade-off curve"
-            if rejected_by
-            else f"certified epsilon >= {cert_eps:.3f} ({cert['attack']}/{cert['method']}) "
-            f"exceeds the claimed {claimed:.3f}"
-        )
+        reasons = [describe(white_box[k]) for k in white_fired]
+        if rejected_by:
+            reasons.append(
+                f"the {', '.join(rejected_by)} attack's error rates fall below the claimed "
+                "trade-off curve"
+            )
+        if cert_eps > claimed:
+            reasons.append(
+                f"certified epsilon >= {cert_eps:.3f} ({cert['attack']}/{cert['method']}) "
+                f"exceeds the claimed {claimed:.3f}"
+            )
+        why = "; ".join(reasons)
         message = f"PRIVACY BUG at {confidence:.0%} confidence: {why}; {noise}. [{where}]"
     elif status == "estimate_above_claim":
         what = (
@@ -332,6 +364,7 @@ def verdict(
         "estimate_assumption": est["assumption"] if est else None,
         "estimate_ratio": est_eps / claimed if claimed > 0 else float("nan"),
         "claim_rejected_by": rejected_by,
+        "white_box_fired": white_fired,
         "claim_rejected_uncertified": est_rejected,
         "sigma_upper": sigma_ub,
         "sigma_upper_attack": best_sigma_attack,
@@ -349,9 +382,11 @@ def evaluate_audit(
     *,
     canary_info: dict | None = None,
     engine_accountants: dict | None = None,
+    white_box: dict | None = None,
 ) -> dict:
     """``evaluate_scores`` for an audit described by ``AuditSettings`` (methods, confidence,
-    independence of its canaries from the design and ``canary_info``)."""
+    independence of its canaries from the design and ``canary_info``; ``white_box``: the
+    run's per-step records)."""
     split = split_scores({k: np.asarray(v) for k, v in scores.items()}, membership)
     return evaluate_scores(
         split,
@@ -361,4 +396,5 @@ def evaluate_audit(
         independent=independent_canaries(settings, canary_info),
         training_accountants=engine_accountants,
         inclusion=settings.audit.inclusion,
+        white_box=white_box,
     )

@@ -168,14 +168,15 @@ class RunRecord:
     bit: int | None = None
     fingerprint: str | None = None
     runs: list[int] | None = None  # pooled record: the run numbers it holds
+    white_box: dict | None = None  # per-step records of the white-box checks (not saved)
 
     def to_dict(self) -> dict:
         """JSON-ready dictionary (the run file's keys); optional tags are left out when unset."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None and f.name in _OMITTED_WHEN_NONE:
-                continue
+            if f.name == "white_box" or (value is None and f.name in _OMITTED_WHEN_NONE):
+                continue  # white_box: raw per-step arrays, evaluated, not stored
             out[f.name] = value
         if self.threat_model is not None:
             out["threat_model"] = self.threat_model.to_dict()
@@ -325,6 +326,7 @@ def audit_run(
         seed=run_seed,
         progress=settings.progress,
         coordinates=setup.coordinates,
+        noise_probes=_noise_probes(setup),
     )
     return RunRecord(
         scores={k: v.tolist() for k, v in outcome.scores.items()},
@@ -341,4 +343,11 @@ def audit_run(
         if setup.candidate_scores is None
         else setup.candidate_scores.tolist(),
         chosen=None if setup.chosen is None else setup.chosen.tolist(),
+        white_box=outcome.white_box,
     )
+
+
+def _noise_probes(setup: CanarySetup) -> list[int] | None:
+    """The dead coordinates the white-box noise-independence test probes (>= 3), or None."""
+    probes = setup.info.get("noise_probes") or []
+    return probes if len(probes) >= 3 else None

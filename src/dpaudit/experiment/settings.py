@@ -164,7 +164,10 @@ class DPSettings:
     )
     bug: str = _opt("none", "plant a known privacy bug in the optimizer (none: correct DP-SGD)",
                     "BUGS")
-    bug_factor: float = _opt(0.5, "bug=scaled_noise: the noise is bug_factor x sigma, in (0, 1]")
+    bug_factor: float | None = _opt(
+        None, "the bug's severity (null: its catastrophic one); what it means per bug: "
+        "dpaudit.experiment.BUG_ZOO (scaled_noise: the noise is bug_factor x sigma)"
+    )
 
     def check(self) -> None:
         _positive("dp", "noise_multiplier", self.noise_multiplier)
@@ -181,8 +184,11 @@ class DPSettings:
         if self.max_physical_batch_size is not None:
             _positive("dp", "max_physical_batch_size", self.max_physical_batch_size, integer=True)
         _choice("dp", "bug", self.bug, _registry_names("BUGS"))
-        if not (_number(self.bug_factor) and 0 < self.bug_factor <= 1):
-            _fail("dp", "bug_factor", "in (0, 1]", self.bug_factor)
+        if self.bug_factor is not None and not _number(self.bug_factor):
+            _fail("dp", "bug_factor", "null or a finite number", self.bug_factor)
+        from dpaudit.experiment.bugs import check_bug
+
+        check_bug(self.bug, self.bug_factor)
 
 
 @dataclass

@@ -43,6 +43,7 @@ class TrainingOutcome:
     accountants: dict[str, AccountantEpsilon]
     test_accuracy: float
     seconds: float
+    white_box: dict | None = None  # per-step records for ``experiment.white_box``
 
 
 def make_optimizer(model: nn.Module, dp: DPSettings) -> torch.optim.Optimizer:
@@ -96,28 +97,35 @@ def train_audited(
     progress: bool = True,
     coordinates=None,
     sampling: str = "poisson",
+    noise_probes=None,
+    check_clipping: bool = True,
 ) -> TrainingOutcome:
     """Train ``model`` with DP-SGD on ``train_set``, Poisson sampling at ``sample_rate``.
 
     ``canaries`` / ``scores`` / ``params`` / ``reference`` / ``coordinates`` (a coordinate
-    view) go to ``AuditHook``. The model is
+    view) go to ``AuditHook``, with ``noise_probes`` (coordinates no example touches) and
+    ``check_clipping`` for the white-box checks (``experiment.white_box``, whose records the
+    outcome carries). The model is
     trained in place on its own device for ``total_steps(dp, sample_rate)`` steps.
     ``sampling="shuffle"`` (seed 001's Figure 3 setting; not for audits, Opacus' accountants
     assume Poisson sampling) draws shuffled batches of ``dp.batch_size`` instead, each example
-    once per epoch, and ``sample_rate`` becomes 1 / (batches per epoch).
+    once per epoch, and ``sample_rate`` becomes 1 / (batches per epoch). The planted bug
+    ``dp.bug=shuffled_batches`` draws such batches too, while the audit keeps claiming Poisson
+    sampling at ``sample_rate``.
     """
     device = next(model.parameters()).device
     if sampling not in SAMPLINGS:
         raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
     if sampling == "shuffle":
         sample_rate = 1.0 / math.ceil(len(train_set) / dp.batch_size)
+    shuffled = sampling == "shuffle" or dp.bug == "shuffled_batches"
     steps = total_steps(dp, sample_rate)
     start = time.perf_counter()
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         engine = PrivacyEngine(accountant="prv")
-        if sampling == "shuffle":
+        if shuffled:
             shuffle_gen = torch.Generator().manual_seed(seed)
             loader = DataLoader(
                 train_set, batch_size=dp.batch_size, shuffle=True, generator=shuffle_gen
@@ -135,7 +143,8 @@ def train_audited(
                 poisson_sampling=False,  # the loader above already samples
                 grad_sample_mode="hooks",
             )
-        remove_bug = plant_bug(opt, dp.bug, dp.bug_factor)
+        on_optimizer = dp.bug != "shuffled_batches"  # that one is the loader above
+        remove_bug = plant_bug(opt, dp.bug, dp.bug_factor) if on_optimizer else (lambda: None)
         hook = AuditHook(
             opt,
             model,
@@ -144,6 +153,10 @@ def train_audited(
             params=params,
             reference=reference,
             coordinates=coordinates,
+            sample_rate=sample_rate,  # the claimed rate, not what an accountant was told
+            noise_probes=noise_probes,
+            check_clipping=check_clipping,
+            seed=seed,
         )
         bmm = (
             BatchMemoryManager(
@@ -180,4 +193,22 @@ def train_audited(
         accountants=engine_epsilons(engine, dp.delta),
         test_accuracy=acc,
         seconds=time.perf_counter() - start,
+        white_box=white_box_records(hook, engine, len(train_set), sample_rate, shuffled),
     )
+
+
+def white_box_records(hook: AuditHook, engine, n: int, sample_rate: float, shuffled: bool) -> dict:
+    """The per-step records the white-box checks read (``experiment.white_box``)."""
+    return {
+        "released_sq": hook.released_squared_norms(),
+        "dims": hook.tensor_dims,
+        "names": list(hook.param_names),
+        "noise_stds": hook.noise_stds(),
+        "max_grad_norm": hook.max_grad_norm,
+        "steps": hook.steps,
+        "batch_sizes": hook.batch_sizes(),
+        "sampling": {"n": n, "q": sample_rate, "loader": "shuffled" if shuffled else "poisson"},
+        "probe_noise": hook.probe_noise() if hook.has_noise_probes else None,
+        "clipping": hook.clipping_check(),
+        "accountant_history": [list(h) for h in engine.accountant.history],
+    }

@@ -1,0 +1,145 @@
+"""The clipping check: the optimizer's own clipping, probed example by example (deterministic).
+
+DP-SGD's sensitivity rests on one invariant: adding or removing one example changes the
+clipped sum by at most C. The hook sees the batch's per-sample gradients (``p.grad_sample``)
+just before the noise, so it can run the optimizer's own ``clip_and_accumulate`` (whatever it
+is: Opacus', or a patched, buggy one) on sub-batches of them and measure what one example
+really contributes:
+
+* every step, for the example with the largest gradient norm (measured here, over every
+  parameter tensor) and one example drawn at random: the optimizer's clipped sum of the batch
+  made of that example alone (O(d));
+* on the first step and a seeded random share ``leave_one_out_rate`` of the others, for the
+  same examples: the clipped sum of the whole batch minus the clipped sum of the batch without
+  the example (O(B d)), the exact change the add / remove relation is about. On the first
+  step every example of the batch is probed (up to ``FIRST_STEP_ALL``, largest norms first):
+  a bug that shows only for some examples (micro-batches clipped together change the sum by
+  more than C only when the other examples of the micro-batch point elsewhere) gets B chances.
+
+A contribution of norm above C (1 + ``TOLERANCE``) is a sensitivity violation seen on data:
+deterministic evidence, no statistics. It catches an example left unclipped, a layer left out
+of the norm, micro-batches clipped as one example, clipping at the wrong norm. It cannot see a
+per-sample gradient that is itself wrong (that needs an independent per-example reference, as
+the conformance suite has). Nothing here changes training: the probes run on copies of the
+row selection and the optimizer's ``p.grad_sample`` / ``p.summed_grad`` are restored exactly.
+Not available without per-sample gradients (ghost clipping).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from opacus.optimizers import DPOptimizer
+
+from dpaudit import seeds
+
+TOLERANCE = 1e-4  # float32 sums of B clipped rows: rounding far below this share of C
+FIRST_STEP_ALL = 64  # examples probed on the first step (largest gradient norms first)
+
+
+@dataclass
+class ClipRecord:
+    """The largest contribution one probe found at one step (``ratio`` = norm / C)."""
+
+    step: int
+    example: int
+    kind: str  # "single" (the example alone) or "leave_one_out"
+    norm: float
+    ratio: float
+    gradient_norm: float  # the example's own per-sample gradient norm, for the report
+
+
+class ClippingCheck:
+    """Probes of the optimizer's clipping at each step (module doc).
+
+    Args:
+        max_grad_norm: the claimed clip norm C.
+        seed: seeds the random examples and the leave-one-out steps
+            (``seeds.stream(seed, seeds.CLIP_CHECK)``; never the training's streams).
+        leave_one_out_rate: share of the steps (after the first) with leave-one-out probes.
+    """
+
+    def __init__(self, max_grad_norm: float, seed: int, leave_one_out_rate: float = 0.1):
+        self.max_grad_norm = float(max_grad_norm)
+        self.rng = seeds.stream(seed, seeds.CLIP_CHECK)
+        self.leave_one_out_rate = float(leave_one_out_rate)
+        self.records: list[ClipRecord] = []
+        self.steps_checked = 0
+        self.leave_one_out_steps = 0
+        self.unchecked: str | None = None
+
+    @torch.no_grad()
+    def run(self, opt: DPOptimizer, step: int) -> None:
+        """Probe this step's clipping (before the noise is added)."""
+        p0 = opt.params[0]
+        if getattr(p0, "grad_sample", None) is None:
+            self.unchecked = "no per-sample gradients (ghost clipping): clipping not probed"
+            return
+        flats = [opt._get_flat_grad_sample(p) for p in opt.params]
+        b = flats[0].shape[0]
+        if b == 0:
+            return
+        norms = torch.stack(
+            [g.reshape(b, -1).to(torch.float64).norm(2, dim=1) for g in flats], dim=1
+        ).norm(2, dim=1)
+        picks = [int(torch.argmax(norms))]
+        if b > 1:
+            picks.append(int(self.rng.integers(b)))
+        loo = b > 1 and (step == 0 or self.rng.random() < self.leave_one_out_rate)
+        if step == 0 and b > 1:  # the first batch: every example (up to FIRST_STEP_ALL)
+            picks = torch.argsort(norms, descending=True)[:FIRST_STEP_ALL].tolist()
+        saved = [(p.grad_sample, p.summed_grad) for p in opt.params]
+        try:
+            full = self._clipped_sum(opt, flats, None) if loo else None
+            for i in dict.fromkeys(picks):
+                alone = self._clipped_sum(opt, flats, torch.tensor([i]))
+                self._record(step, i, "single", _norm(alone), float(norms[i]))
+                if loo:
+                    keep = torch.cat([torch.arange(i), torch.arange(i + 1, b)])
+                    rest = self._clipped_sum(opt, flats, keep)
+                    diff = [a - r for a, r in zip(full, rest, strict=True)]
+                    self._record(step, i, "leave_one_out", _norm(diff), float(norms[i]))
+        finally:
+            for p, (gs, sg) in zip(opt.params, saved, strict=True):
+                p.grad_sample, p.summed_grad = gs, sg
+        self.steps_checked += 1
+        self.leave_one_out_steps += int(loo)
+
+    @staticmethod
+    def _clipped_sum(opt: DPOptimizer, flats, rows: torch.Tensor | None) -> list[torch.Tensor]:
+        """The optimizer's ``clip_and_accumulate`` on the selected rows of the batch."""
+        for p, g in zip(opt.params, flats, strict=True):
+            # a fresh tensor object (a view for the whole batch): the optimizer marks what it
+            # clips as processed, and the real per-sample gradients must stay unmarked
+            p.grad_sample = g[:] if rows is None else g.index_select(0, rows.to(g.device))
+            p.summed_grad = None
+        opt.clip_and_accumulate()
+        return [p.summed_grad.detach().to(torch.float64) for p in opt.params]
+
+    def _record(self, step: int, example: int, kind: str, norm: float, grad_norm: float) -> None:
+        self.records.append(
+            ClipRecord(step, example, kind, norm, norm / self.max_grad_norm, grad_norm)
+        )
+
+    def summary(self) -> dict:
+        """Plain-JSON summary: the largest ratio of each kind, the violations, what ran."""
+        out: dict = {
+            "steps_checked": self.steps_checked,
+            "leave_one_out_steps": self.leave_one_out_steps,
+            "probes": len(self.records),
+            "tolerance": TOLERANCE,
+            "unchecked": self.unchecked,
+        }
+        for kind in ("single", "leave_one_out"):
+            rs = [r for r in self.records if r.kind == kind]
+            out[f"max_ratio_{kind}"] = max((r.ratio for r in rs), default=None)
+        bad = [r for r in self.records if r.ratio > 1.0 + TOLERANCE]
+        out["violations"] = len(bad)
+        out["worst"] = None if not bad else vars(max(bad, key=lambda r: r.ratio))
+        return out
+
+
+def _norm(parts: list[torch.Tensor]) -> float:
+    return float(np.sqrt(sum(float((x * x).sum()) for x in parts)))

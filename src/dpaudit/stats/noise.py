@@ -1,0 +1,309 @@
+"""Certified tests of DP-SGD's noise from what a white-box auditor sees at every step.
+
+DP-SGD's claim fixes the noise exactly: at every step t each coordinate of the released sum
+(the released gradient times its divisor) is the clipped sum plus a fresh N(0, sigma^2 C^2)
+draw, independent across coordinates and steps. Two tests follow, each with an exact null and
+no assumption on the data:
+
+* ``noise_floor_test``: per parameter tensor j of d_j coordinates and per step t, the statistic
+  X_jt = ||released sum_jt||^2 / (sigma C)^2. Whatever the clipped sum S (fixed, or random but
+  independent of the step's fresh noise, as any data gradient is), ||S + Z||^2 with
+  Z ~ N(0, sigma^2 C^2 I_d) is stochastically at least ||Z||^2 (a non-central chi-square
+  dominates the central one, Anderson's inequality), so P(X_jt <= chi2_{d_j}.ppf(a)) <= a.
+  Summed over steps the same holds against chi2_{d_j T} (step by step, conditionally on the
+  past). A release with too little noise on some tensor, on some step or on every step has
+  X far below its chi-square floor. Too much noise is not a privacy bug and is not tested.
+* ``noise_independence_test``: at coordinates no example touches ("dead" coordinates: the
+  weights of pixels blank in every image, where the Dirac canaries sit), the released sum
+  minus the known canary insertions is the noise itself: z_t ~ N(0, sigma^2 C^2 I_n),
+  independent across steps. The cosine of two independent isotropic Gaussian vectors in R^n
+  has the exact law (1 + cos) / 2 ~ Beta((n - 1) / 2, (n - 1) / 2), whatever sigma. Noise
+  reused or correlated across steps gives cosines near the correlation; the test takes the
+  largest |cosine| over every pair of steps, Bonferroni over the pairs, and the per-step
+  floor ||z_t||^2 / (sigma C)^2 >= chi2_n.
+
+Each test returns a ``NoiseTest`` whose ``rejected`` holds at the given level; the audit
+splits its failure probability over these tests and its other statements (Bonferroni).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.special import betainc
+from scipy.stats import chi2
+
+from dpaudit._jsonable import to_jsonable
+from dpaudit._validate import check_open_unit, check_real_array
+
+
+@dataclass(frozen=True)
+class NoiseTest:
+    """Outcome of one certified noise test at ``level`` (its share of the audit's error).
+
+    ``rejected``: the claimed noise is refuted. ``p_value``: the smallest (Bonferroni-
+    adjusted) p-value found, compared with ``level``. ``witness``: where it was found (a step,
+    a tensor, a pair of steps). ``checked`` / ``unchecked``: what the test could and could
+    not examine, in words.
+    """
+
+    name: str
+    rejected: bool
+    p_value: float
+    level: float
+    statement: str
+    witness: dict[str, Any] = field(default_factory=dict)
+    checked: list[str] = field(default_factory=list)
+    unchecked: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_jsonable(asdict(self))
+
+
+def _check_stds(noise_std, steps: int) -> np.ndarray:
+    """The claimed noise std per step, (T,) floats > 0, from one number or T of them."""
+    s = check_real_array(noise_std, "noise_std").reshape(-1)
+    if s.size == 1:
+        s = np.full(steps, float(s[0]))
+    if s.size != steps or np.any(s <= 0):
+        raise ValueError(f"noise_std must be > 0, one number or {steps} (one per step)")
+    return s
+
+
+def _log_chi2_cdf(x: np.ndarray, df: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return chi2.logcdf(x, df)
+
+
+def noise_floor_test(
+    squared_norms,
+    dims,
+    noise_std: float,
+    *,
+    level: float,
+    names=None,
+) -> NoiseTest:
+    """Is there as much noise as claimed on every tensor, at every step? (module doc)
+
+    Args:
+        squared_norms: (J, T) squared norms of the released SUM (released gradient times its
+            divisor) per parameter tensor j and step t.
+        dims: (J,) number of coordinates of each tensor.
+        noise_std: the claimed per-coordinate noise std sigma C (> 0): one number, or (T,)
+            one per step.
+        level: the test's error probability (its Bonferroni share); split evenly over the
+            J x T step cells and the J whole-run sums.
+        names: optional J tensor names for the report.
+
+    Returns:
+        A ``NoiseTest``: rejected when some cell's chi-square lower-tail p-value, times the
+        number of cells, is below ``level``; ``witness`` names the tensor and step (or
+        "all steps") and the ratio observed / expected (noise std relative to the claim).
+    """
+    x = check_real_array(squared_norms, "squared_norms")
+    if x.ndim != 2 or x.size == 0 or np.any(x < 0):
+        raise ValueError(f"squared_norms must be a non-empty (J, T) array >= 0, got {x.shape}")
+    d = check_real_array(dims, "dims").reshape(-1)
+    if d.size != x.shape[0] or np.any(d < 1) or np.any(d != np.round(d)):
+        raise ValueError(f"dims must be {x.shape[0]} positive integers, got {dims!r}")
+    s = _check_stds(noise_std, x.shape[1])
+    level = check_open_unit(level, "level")
+    j_n, t_n = x.shape
+    names = [f"tensor {j}" for j in range(j_n)] if names is None else [str(n) for n in names]
+    z = x / (s * s)[None, :]
+    cells = j_n * t_n + j_n
+    log_p_step = _log_chi2_cdf(z, d[:, None])  # (J, T)
+    log_p_sum = _log_chi2_cdf(z.sum(axis=1), d * t_n)  # (J,)
+    log_adj = np.log(cells)
+    j_s, t_s = np.unravel_index(int(np.argmin(log_p_step)), log_p_step.shape)
+    j_a = int(np.argmin(log_p_sum))
+    step_min, sum_min = float(log_p_step[j_s, t_s]), float(log_p_sum[j_a])
+    if step_min <= sum_min:
+        log_p, witness = step_min, {
+            "tensor": names[j_s],
+            "step": int(t_s),
+            "noise_ratio": float(np.sqrt(z[j_s, t_s] / d[j_s])),
+        }
+    else:
+        log_p, witness = sum_min, {
+            "tensor": names[j_a],
+            "step": "all",
+            "noise_ratio": float(np.sqrt(z[j_a].sum() / (d[j_a] * t_n))),
+        }
+    p = float(min(1.0, np.exp(log_p + log_adj)))
+    ratio = np.sqrt(z / d[:, None])  # observed / claimed noise std per cell (>= 1 - o(1))
+    per_tensor = {
+        names[j]: {
+            "dim": int(d[j]),
+            "min_step_ratio": float(ratio[j].min()),
+            "run_ratio": float(np.sqrt(z[j].sum() / (d[j] * t_n))),
+            "log10_p_min": float(min(log_p_step[j].min(), log_p_sum[j]) / np.log(10)),
+        }
+        for j in range(j_n)
+    }
+    return NoiseTest(
+        name="noise_floor",
+        rejected=bool(np.log(level) > log_p + log_adj),
+        p_value=p,
+        level=level,
+        statement=(
+            "every parameter tensor carries at least the claimed noise N(0, (sigma C)^2) per "
+            "coordinate at every step (chi-square floor of the released gradient's norm)"
+        ),
+        witness=witness,
+        checked=[f"{n} (d={int(dd)}) x {t_n} steps" for n, dd in zip(names, d, strict=True)],
+        details={"cells": cells, "tensors": per_tensor},
+    )
+
+
+def _log_cos_tail(c: np.ndarray, n: int) -> np.ndarray:
+    """log P(cos >= c) for two independent isotropic vectors in R^n (n >= 2)."""
+    a = (n - 1) / 2.0
+    x = np.clip((1.0 + c) / 2.0, 0.0, 1.0)
+    with np.errstate(divide="ignore"):
+        return np.log(betainc(a, a, 1.0 - x))  # P(Beta(a, a) >= x) = I_{1-x}(a, a)
+
+
+def noise_independence_test(
+    noise,
+    noise_std: float,
+    *,
+    level: float,
+    where: str = "dead coordinates",
+) -> NoiseTest:
+    """Is the noise at coordinates no example touches fresh at every step? (module doc)
+
+    Args:
+        noise: (n, T) the released sum at n dead coordinates over T steps, minus the canaries
+            inserted there (n >= 3, T >= 2): under the claim, i.i.d. N(0, (sigma C)^2).
+        noise_std: the claimed per-coordinate noise std sigma C (one number, or one per step).
+        level: the test's error probability, split over the T (T - 1) / 2 pairs of steps (two
+            one-sided tails each) and the T per-step floors.
+        where: what the coordinates are, for the report.
+
+    Returns:
+        A ``NoiseTest``; ``witness`` is the pair of steps with the largest |cosine| (or the
+        step with too little noise) and ``details`` the largest |cosine| between distinct
+        steps and its null standard deviation 1 / sqrt(n).
+    """
+    u = check_real_array(noise, "noise")
+    if u.ndim != 2 or u.shape[0] < 3 or u.shape[1] < 2:
+        raise ValueError(f"noise must be an (n >= 3, T >= 2) array, got shape {u.shape}")
+    level = check_open_unit(level, "level")
+    n, t_n = u.shape
+    s = _check_stds(noise_std, t_n)
+    sq = (u * u).sum(axis=0)
+    norms = np.sqrt(sq)
+    unit = u / np.where(norms > 0, norms, 1.0)
+    gram = unit.T @ unit
+    iu = np.triu_indices(t_n, k=1)
+    cos = gram[iu]
+    pairs = cos.size
+    tests = 2 * pairs + t_n  # both tails of every pair, and every step's floor
+    log_pair = _log_cos_tail(np.abs(cos), n)  # one tail at |cos|: x2 by the count above
+    k = int(np.argmin(log_pair))
+    log_floor = _log_chi2_cdf(sq / (s * s), np.full(t_n, float(n)))
+    t_f = int(np.argmin(log_floor))
+    zero = norms == 0
+    if log_floor[t_f] < log_pair[k] or zero.any():
+        t_f = int(np.argmax(zero)) if zero.any() else t_f
+        log_p, witness = float(log_floor[t_f]), {
+            "step": t_f,
+            "noise_ratio": float(np.sqrt(sq[t_f] / (n * s[t_f] ** 2))),
+        }
+    else:
+        log_p, witness = float(log_pair[k]), {
+            "steps": [int(iu[0][k]), int(iu[1][k])],
+            "cosine": float(cos[k]),
+        }
+    log_adj = np.log(tests)
+    return NoiseTest(
+        name="noise_independence",
+        rejected=bool(np.log(level) > log_p + log_adj),
+        p_value=float(min(1.0, np.exp(log_p + log_adj))),
+        level=level,
+        statement=(
+            "the noise at coordinates no example touches is fresh at every step: no two steps' "
+            "noise vectors are correlated and no step has less than the claimed noise"
+        ),
+        witness=witness,
+        checked=[f"{n} {where} x {t_n} steps ({pairs} pairs of steps)"],
+        details={
+            "max_abs_cosine": float(np.max(np.abs(cos))),
+            "null_sd": float(1.0 / np.sqrt(n)),
+            "mean_cosine_lag1": float(np.mean(np.diag(gram, 1))),
+            "tests": tests,
+        },
+    )
+
+
+def _log_mgf_sq_dev(lam: np.ndarray, n: int, q: float) -> np.ndarray:
+    """log E[exp(-lam (B - n q)^2)] for B ~ Binomial(n, q), exactly (sum over the support)."""
+    from scipy.stats import binom
+
+    k = np.arange(n + 1)
+    logpmf = binom.logpmf(k, n, q)
+    dev2 = (k - n * q) ** 2
+    a = logpmf[None, :] - lam[:, None] * dev2[None, :]
+    top = a.max(axis=1)
+    return top + np.log(np.exp(a - top[:, None]).sum(axis=1))
+
+
+def poisson_sampling_test(batch_sizes, n: int, q: float, *, level: float) -> NoiseTest:
+    """Were the batches drawn by Poisson sampling at rate ``q`` from ``n`` examples?
+
+    Under the claim the batch sizes B_t are i.i.d. Binomial(n, q). Two exact tests, each at
+    ``level`` / 2:
+
+    * the total sum_t B_t ~ Binomial(n T, q), two-sided (a wrong rate);
+    * too regular: V = sum_t (B_t - n q)^2 far below its law, as fixed-size shuffled batches
+      give. Chernoff's bound P(V <= v) <= min_lam e^(lam v) E[e^(-lam (B - n q)^2)]^T (every
+      lam > 0 gives a valid bound; the smallest over a fixed grid is taken) is a valid p-value.
+
+    Args:
+        batch_sizes: the T realised batch sizes (integers >= 0).
+        n: the number of examples sampled from.
+        q: the claimed sample rate, in (0, 1).
+        level: the test's error probability.
+    """
+    from scipy.stats import binom
+
+    b = check_real_array(batch_sizes, "batch_sizes").reshape(-1)
+    if b.size < 2 or np.any(b < 0) or np.any(b != np.round(b)):
+        raise ValueError(f"batch_sizes must be >= 2 integers >= 0, got {b.size} values")
+    if isinstance(n, bool) or int(n) != n or n < 1 or np.any(b > n):
+        raise ValueError(f"n must be a positive integer >= every batch size, got {n!r}")
+    q = check_open_unit(q, "q")
+    level = check_open_unit(level, "level")
+    n, t_n = int(n), b.size
+    total = int(b.sum())
+    p_sum = min(1.0, 2.0 * min(binom.cdf(total, n * t_n, q), binom.sf(total - 1, n * t_n, q)))
+    v = float(((b - n * q) ** 2).sum())
+    var = n * q * (1.0 - q)
+    lam = np.geomspace(1e-4, 1e2, 121) / max(var, 1e-12)
+    log_p_reg = float(np.min(lam * v + t_n * _log_mgf_sq_dev(lam, n, q)))
+    p_reg = float(min(1.0, np.exp(log_p_reg)))
+    p = min(1.0, 2.0 * min(p_sum, p_reg))
+    which = "rate" if p_sum <= p_reg else "regularity"
+    return NoiseTest(
+        name="poisson_sampling",
+        rejected=bool(p < level),
+        p_value=p,
+        level=level,
+        statement=(
+            f"the {t_n} batches were drawn by Poisson sampling at rate q = {q:.4g} from "
+            f"n = {n} examples (batch sizes i.i.d. Binomial(n, q))"
+        ),
+        witness={
+            "failed": which,
+            "mean_batch": float(b.mean()),
+            "expected_mean": n * q,
+            "batch_sd": float(b.std()),
+            "expected_sd": float(np.sqrt(var)),
+        },
+        checked=[f"{t_n} realised batch sizes"],
+        details={"p_rate": float(p_sum), "p_regularity": p_reg},
+    )
