@@ -1,4 +1,4 @@
-"""Planted bugs do exactly what they claim, and the accountant never notices."""
+"""The bug zoo: each planted bug does exactly what it claims, and the accountant never notices."""
 
 import pytest
 import torch
@@ -7,6 +7,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from dpaudit.experiment import plant_bug
+from dpaudit.experiment.bugs import BUG_ZOO, check_bug
 from dpaudit.gradients import per_sample_clipped_grads
 
 
@@ -98,3 +99,107 @@ def test_bad_bug_name():
         plant_bug(opt, "typo")
     with pytest.raises(ValueError, match="DPOptimizer"):
         plant_bug(torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1), "halved_noise")
+
+
+# ------------------------------------------------------------------------------------------
+# the rest of the zoo: each bug does what its description says
+
+
+def _noise(opt):
+    """One add_noise on a zero clipped sum: the noise itself, per parameter."""
+    for p in opt.params:
+        p.summed_grad = torch.zeros_like(p)
+    opt.add_noise()
+    return [p.grad.clone() for p in opt.params]
+
+
+def test_zoo_entries_say_what_they_are():
+    for name, spec in BUG_ZOO.items():
+        assert spec.name == name and spec.bug_class and spec.origin and spec.severity
+        assert spec.valid(spec.catastrophic) and spec.valid(spec.mild)
+    with pytest.raises(ValueError, match="bug_factor"):
+        check_bug("noise_skipped_steps", 1.5)
+    with pytest.raises(ValueError, match="bug_factor"):
+        check_bug("microbatch_clipping", 0.8)
+
+
+def test_noise_skipped_steps_releases_a_fraction_of_steps_without_noise():
+    _, opt, _ = private(d=400)
+    plant_bug(opt, "noise_skipped_steps", factor=0.25)  # steps 3, 7, 11, ... are noiseless
+    zero = [all(bool((g == 0).all()) for g in _noise(opt)) for _ in range(8)]
+    assert zero == [False, False, False, True, False, False, False, True]
+
+
+def test_noise_reused_repeats_or_correlates_the_noise():
+    _, opt, _ = private(d=4000)
+    plant_bug(opt, "noise_reused", factor=1.0)
+    a, b = _noise(opt)[0], _noise(opt)[0]
+    assert torch.equal(a, b) and a.std().item() == pytest.approx(2.0, rel=0.03)
+    _, opt, _ = private(d=4000)
+    plant_bug(opt, "noise_reused", factor=0.5)
+    a, b = _noise(opt)[0].flatten(), _noise(opt)[0].flatten()
+    assert torch.corrcoef(torch.stack([a, b]))[0, 1].item() == pytest.approx(0.5, abs=0.05)
+    assert b.std().item() == pytest.approx(2.0, rel=0.03)  # each step still has full noise
+
+
+def test_noise_partial_tensors_leaves_the_last_tensors_noiseless():
+    _, opt, _ = private(d=400)
+    plant_bug(opt, "noise_partial_tensors", factor=1.0)  # weight noised, bias not
+    w, b = _noise(opt)
+    assert w.std().item() > 1.0 and bool((b == 0).all())
+
+
+def test_layer_clip_ignored_and_microbatches_exceed_the_sensitivity():
+    for bug, factor in (("layer_clip_ignored", 1.0), ("microbatch_clipping", 0.5)):
+        model, opt, data = private(sigma=0.0)
+        plant_bug(opt, bug, factor=factor)
+        x, y = data.tensors[0][:2], data.tensors[1][:2]
+        opt.zero_grad()
+        backward(model, x, y)
+        opt.clip_and_accumulate()
+        summed = torch.cat([p.summed_grad.reshape(-1) for p in opt.params])
+        raw = per_sample_clipped_grads(model, x, y, nn.functional.cross_entropy, None)
+        if bug == "layer_clip_ignored":  # factor from the weight's norm only: bias unclipped
+            w = raw[:, :-2].norm(dim=1)
+            factor_ = torch.clamp(1.0 / (w + 1e-6), max=1.0)
+            expected = (factor_[:, None] * raw).sum(0)
+        else:  # the two examples' sum clipped as one example
+            s = raw.sum(0)
+            expected = s * min(1.0, 1.0 / (float(s.norm()) + 1e-6))
+        torch.testing.assert_close(summed, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_accountant_bugs_misreport_to_the_accountant():
+    for bug, factor in (("accountant_sigma", 0.5), ("accountant_sample_rate", 0.5),
+                        ("accountant_steps", 0.5)):
+        torch.manual_seed(0)
+        model = nn.Linear(40, 2)
+        data = TensorDataset(torch.randn(64, 40), torch.randint(0, 2, (64,)))
+        engine = PrivacyEngine(accountant="prv")
+        model, opt, loader = engine.make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(data, batch_size=16), noise_multiplier=2.0, max_grad_norm=1.0,
+        )
+        plant_bug(opt, bug, factor=factor)
+        steps = 0
+        for x, y in loader:
+            if len(x) == 0:
+                continue
+            opt.zero_grad()
+            backward(model, x, y)
+            opt.step()
+            steps += 1
+        hist = engine.accountant.history
+        assert opt.noise_multiplier == 2.0  # training's own value is untouched
+        if bug == "accountant_sigma":
+            assert {h[0] for h in hist} == {4.0}
+        elif bug == "accountant_sample_rate":
+            assert {h[1] for h in hist} == {0.125}  # 16 / 64 x 0.5
+        else:
+            assert sum(h[2] for h in hist) == steps // 2
+
+
+def test_shuffled_batches_is_not_an_optimizer_patch():
+    _, opt, _ = private()
+    with pytest.raises(ValueError, match="data loader"):
+        plant_bug(opt, "shuffled_batches")

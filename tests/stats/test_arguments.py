@@ -130,6 +130,28 @@ CASES = [
     (st.Split, {"seed": 0, "fraction": 0.5}, "fraction", ["0.5", 1.0]),
     (st.Split, {"seed": 0, "fraction": 0.5}, "seed", ["0", 1.5, None]),
     (Bonferroni, {"ranks": (0, 3)}, "ranks", [("a",), (-1,), ()]),
+    (st.noise_floor_test, {"squared_norms": np.ones((2, 3)) * 10, "dims": [10, 10],
+                           "noise_std": 1.0, "level": 0.05},
+     "squared_norms", [np.ones(3), -np.ones((2, 3)), "x", np.ones((2, 3)) + 1j]),
+    (st.noise_floor_test, {"squared_norms": np.ones((2, 3)) * 10, "dims": [10, 10],
+                           "noise_std": 1.0, "level": 0.05},
+     "dims", [[10], [0, 10], [1.5, 10]]),
+    (st.noise_floor_test, {"squared_norms": np.ones((2, 3)) * 10, "dims": [10, 10],
+                           "noise_std": 1.0, "level": 0.05},
+     "noise_std", [0.0, "1", [1.0, 2.0], None]),
+    (st.noise_floor_test, {"squared_norms": np.ones((2, 3)) * 10, "dims": [10, 10],
+                           "noise_std": 1.0, "level": 0.05},
+     "level", [0.0, "0.05", None]),
+    (st.noise_independence_test, {"noise": np.ones((5, 3)), "noise_std": 1.0, "level": 0.05},
+     "noise", [np.ones((2, 3)), np.ones((5, 1)), np.ones(5), [["a"]]]),
+    (st.noise_independence_test, {"noise": np.ones((5, 3)), "noise_std": 1.0, "level": 0.05},
+     "noise_std", [-1.0, "x"]),
+    (st.poisson_sampling_test, {"batch_sizes": [3, 4, 5], "n": 50, "q": 0.1, "level": 0.05},
+     "batch_sizes", [[3], [-1, 2], [1.5, 2], "ab"]),
+    (st.poisson_sampling_test, {"batch_sizes": [3, 4, 5], "n": 50, "q": 0.1, "level": 0.05},
+     "n", [0, 2.5, 4, True]),
+    (st.poisson_sampling_test, {"batch_sizes": [3, 4, 5], "n": 50, "q": 0.1, "level": 0.05},
+     "q", [0.0, "0.1", 1.0]),
 ]
 
 _ROWS_FUNCS = (claim.rejects, claim.mu_lower_bound, claim.noise_upper_bound)
@@ -163,6 +185,6 @@ def test_every_public_function_is_covered():
     covered = {name for name in st.__all__ if any(getattr(st, name) is f for f in funcs)}
     no_args = {"METHODS", "METHOD_REGISTRY", "DEFAULT_SELECTION", "EpsilonBound",
                "GaussianAssumptionWarning", "OrientationWarning", "MethodSpec", "RateBounds",
-               "ThresholdStrategy", "Naive", "Bonferroni"}
+               "ThresholdStrategy", "Naive", "Bonferroni", "NoiseTest"}
     missing = sorted(set(st.__all__) - covered - no_args)
     assert not missing, f"public stats functions without an argument check case: {missing}"

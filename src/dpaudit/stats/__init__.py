@@ -14,6 +14,12 @@ from dpaudit.stats.gdp import (
     gdp_tradeoff,
 )
 from dpaudit.stats.histogram import histograms
+from dpaudit.stats.noise import (
+    NoiseTest,
+    noise_floor_test,
+    noise_independence_test,
+    poisson_sampling_test,
+)
 from dpaudit.stats.one_run import epsilon_from_guesses
 from dpaudit.stats.one_run import p_value as one_run_p_value
 from dpaudit.stats.pld import histogram_pld_epsilon, histogram_pld_profile
@@ -48,6 +54,7 @@ __all__ = [
     "GaussianAssumptionWarning",
     "MethodSpec",
     "Naive",
+    "NoiseTest",
     "OrientationWarning",
     "RateBounds",
     "Split",
@@ -77,8 +84,11 @@ __all__ = [
     "hockey_stick",
     "mu_from_rates",
     "neyman_pearson_threshold",
+    "noise_floor_test",
+    "noise_independence_test",
     "one_run_p_value",
     "orientation_test",
+    "poisson_sampling_test",
     "roc_curve",
     "tpr_at_fpr",
 ]
