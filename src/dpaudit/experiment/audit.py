@@ -35,6 +35,7 @@ def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None)
         canary_info=run.canary_info,
         engine_accountants=run.engine_accountants,
         white_box=run.white_box,
+        per_step=run.per_step,
     )
     result = {
         "settings": settings.to_dict(),

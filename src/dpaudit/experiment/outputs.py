@@ -14,7 +14,13 @@ import numpy as np
 
 from dpaudit.experiment.evaluation import split_scores
 from dpaudit.experiment.run import resolve_device
-from dpaudit.report import format_table, plot_roc, plot_score_histograms, write_json
+from dpaudit.report import (
+    format_table,
+    plot_roc,
+    plot_score_histograms,
+    plot_white_box,
+    write_json,
+)
 from dpaudit.report.provenance import provenance
 from dpaudit.stats import gdp_tradeoff
 from dpaudit.stats.roc import theory_fpr
@@ -69,11 +75,41 @@ def console_table(result: dict) -> str:
         "epsilon lower bounds (certified) and estimates (under the model named):",
         format_table(bound_rows),
     ]
+    pld = {a: r for a, r in (th.get("histogram_pld") or {}).items() if r.get("epsilon")}
+    if pld:
+        lines += ["", "per-step histogram PLD composed over the steps (estimate, no confidence; "
+                  "Koskela & Mohammadi Sec. 9.2): "
+                  + ", ".join(f"{a} epsilon {r['epsilon']:.3f}" for a, r in pld.items())]
+    lines += white_box_lines(result.get("white_box"))
     note = (th.get("training_data") or {}).get("note")
     if note:
         lines += ["", note]
     lines += ["", v["message"]]
     return "\n".join(lines)
+
+
+def white_box_lines(white_box: dict | None) -> list[str]:
+    """The white-box checks as a table, then what they could not examine."""
+    if not white_box:
+        return []
+    rows = []
+    for name, c in (white_box.get("checks") or {}).items():
+        stat = c.get("kind", "").endswith("(statistical)")
+        rows.append(
+            {
+                "check": name,
+                "claim refuted": "YES" if c["rejected"] else "no",
+                "kind": "statistical" if stat else "deterministic",
+                "p": _fmt(c.get("p_value")) if stat else "-",
+                "checked": _short("; ".join(c.get("checked") or []), 60),
+            }
+        )
+    lines = ["", "white-box checks of the mechanism (certified; statistical ones at each "
+             "statement's level):", format_table(rows) if rows else "(none)"]
+    missing = white_box.get("not_checked") or []
+    if missing:
+        lines += ["not checked: " + "; ".join(missing)]
+    return lines
 
 
 def _short(text: str, width: int = 48) -> str:
@@ -127,6 +163,9 @@ def _verdict_line(v: dict) -> str:
         f"certified eps >= {_fmt(v.get('best_lower_bound'))}, "
         f"estimate {_fmt(v.get('best_estimate'))}, claimed {_fmt(v.get('claimed_epsilon'))}"
     )
+    fired = v.get("white_box_fired") or []
+    if fired:
+        nums = f"white-box check refuted the claim: {', '.join(fired)}; {nums}"
     return f"{word} at {v['confidence']:.0%}: {nums}"
 
 
@@ -241,6 +280,11 @@ def write_audit_report(
             note=note,
             status=v["status"],
         )
+        checks = (result.get("white_box") or {}).get("checks") or {}
+        if {"noise_floor", "noise_independence"} & set(checks):
+            tmp = stage("white_box", "white_box.png")
+            if plot_white_box(checks, tmp, title=title, note=note, status=v["status"]) is None:
+                del staged["white_box"]
         if candidate_scores is not None:
             from dpaudit.canaries import Selection
             from dpaudit.report.canary_plots import plot_score_distribution

@@ -169,14 +169,15 @@ class RunRecord:
     fingerprint: str | None = None
     runs: list[int] | None = None  # pooled record: the run numbers it holds
     white_box: dict | None = None  # per-step records of the white-box checks (not saved)
+    per_step: dict | None = None  # score name -> (K, T) per-step values (not saved)
 
     def to_dict(self) -> dict:
         """JSON-ready dictionary (the run file's keys); optional tags are left out when unset."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "white_box" or (value is None and f.name in _OMITTED_WHEN_NONE):
-                continue  # white_box: raw per-step arrays, evaluated, not stored
+            if f.name in _RUNTIME_ONLY or (value is None and f.name in _OMITTED_WHEN_NONE):
+                continue  # raw per-step arrays: evaluated, not stored
             out[f.name] = value
         if self.threat_model is not None:
             out["threat_model"] = self.threat_model.to_dict()
@@ -206,6 +207,7 @@ class RunRecord:
 
 _FIELDS = frozenset(f.name for f in fields(RunRecord))
 _REQUIRED = tuple(f.name for f in fields(RunRecord) if f.default is MISSING)
+_RUNTIME_ONLY = frozenset({"white_box", "per_step"})
 _OMITTED_WHEN_NONE = frozenset(
     {"threat_model", "candidate_scores", "run", "bit", "fingerprint", "runs"}
 )
@@ -344,6 +346,7 @@ def audit_run(
         else setup.candidate_scores.tolist(),
         chosen=None if setup.chosen is None else setup.chosen.tolist(),
         white_box=outcome.white_box,
+        per_step=outcome.per_step,
     )
 
 

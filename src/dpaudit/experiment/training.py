@@ -44,6 +44,7 @@ class TrainingOutcome:
     test_accuracy: float
     seconds: float
     white_box: dict | None = None  # per-step records for ``experiment.white_box``
+    per_step: dict[str, np.ndarray] | None = None  # score name -> (K, T) per-step values
 
 
 def make_optimizer(model: nn.Module, dp: DPSettings) -> torch.optim.Optimizer:
@@ -157,6 +158,7 @@ def train_audited(
             noise_probes=noise_probes,
             check_clipping=check_clipping,
             seed=seed,
+            keep_per_step=True,  # the per-step histogram PLD estimate (``evaluation.pld_rows``)
         )
         bmm = (
             BatchMemoryManager(
@@ -194,6 +196,7 @@ def train_audited(
         test_accuracy=acc,
         seconds=time.perf_counter() - start,
         white_box=white_box_records(hook, engine, len(train_set), sample_rate, shuffled),
+        per_step=hook.per_step(),
     )
 
 

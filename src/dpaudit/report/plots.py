@@ -251,3 +251,69 @@ def plot_score_histograms(
     of different sizes compare.
     """
     return save_figure(histogram_figure(scores, title, thresholds, note, status), path)
+
+
+def white_box_figure(checks: Mapping[str, dict], title: str = "", note: str = "",
+                     status: str | None = None):
+    """The per-step white-box evidence: the released noise per tensor and step against the
+    claim (noise floor), and the correlation of consecutive steps' noise at the coordinates no
+    example touches (noise independence). A matplotlib Figure, not saved."""
+    plt = pyplot()
+    floor = checks.get("noise_floor") or {}
+    indep = checks.get("noise_independence") or {}
+    ratios = (floor.get("details") or {}).get("ratio_per_step")
+    cosines = (indep.get("details") or {}).get("cosine_lag1")
+    k = int(ratios is not None) + int(cosines is not None)
+    if k == 0:
+        return None
+    width = 6.0 * k
+    header = 1.0 + 0.17 * len(_wrap(title, width)) if title else 0.6
+    fig, axes = plt.subplots(1, k, figsize=(width, 3.8 + header), squeeze=False)
+    panels = iter(axes[0])
+    if ratios is not None:
+        ax = next(panels)
+        names = list((floor.get("details") or {}).get("tensors", {}))
+        r = np.asarray(ratios, dtype=float)
+        for j in range(r.shape[0]):
+            label = names[j] if j < len(names) else f"tensor {j}"
+            ax.plot(np.arange(r.shape[1]), r[j], lw=1, label=label)
+        ax.axhline(1.0, color="k", ls="--", lw=1, label="claimed noise (sigma C)")
+        verdict = "REJECTED" if floor.get("rejected") else "passed"
+        ax.set_title(f"noise floor ({verdict}, p = {floor.get('p_value', 1):.2g})", fontsize=10)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("released noise / claimed, per tensor\n(sqrt(||sum||^2 / d) / sigma C)")
+        positive = r[r > 0]
+        if positive.size and positive.max() / positive.min() > 10:
+            ax.set_yscale("log")
+        ax.legend(fontsize=7, loc="best")
+    if cosines is not None:
+        ax = next(panels)
+        c = np.asarray(cosines, dtype=float)
+        sd = float((indep.get("details") or {}).get("null_sd", 0.0))
+        ax.plot(np.arange(1, c.size + 1), c, lw=1, color="C3", label="cos(noise_t, noise_t+1)")
+        if sd > 0:
+            ax.axhspan(-3 * sd, 3 * sd, color="0.85", label="+-3 sd of independent noise")
+        ax.set_ylim(-1.05, 1.05)
+        verdict = "REJECTED" if indep.get("rejected") else "passed"
+        ax.set_title(
+            f"noise independence at untouched coordinates ({verdict}, "
+            f"p = {indep.get('p_value', 1):.2g})", fontsize=10,
+        )
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("cosine between consecutive steps' noise")
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout(rect=(0, 0, 1, add_header(fig, title, note, status)))
+    return fig
+
+
+def plot_white_box(checks: Mapping[str, dict], path: str | Path, title: str = "",
+                   note: str = "", status: str | None = None) -> Path | None:
+    """``white_box_figure`` saved to ``path`` (None when there is nothing per step to draw).
+
+    Args:
+        checks: the audit's white-box checks (``results["white_box"]["checks"]``).
+        path: the PNG to write.
+        title, note, status: the figure's header and verdict box (see ``plot_roc``).
+    """
+    fig = white_box_figure(checks, title, note, status)
+    return None if fig is None else save_figure(fig, path)

@@ -155,7 +155,11 @@ def noise_floor_test(
         ),
         witness=witness,
         checked=[f"{n} (d={int(dd)}) x {t_n} steps" for n, dd in zip(names, d, strict=True)],
-        details={"cells": cells, "tensors": per_tensor},
+        details={
+            "cells": cells,
+            "tensors": per_tensor,
+            "ratio_per_step": np.round(ratio, 4).tolist(),  # (J, T): for the report's plot
+        },
     )
 
 
@@ -235,6 +239,7 @@ def noise_independence_test(
             "max_abs_cosine": float(np.max(np.abs(cos))),
             "null_sd": float(1.0 / np.sqrt(n)),
             "mean_cosine_lag1": float(np.mean(np.diag(gram, 1))),
+            "cosine_lag1": np.round(np.diag(gram, 1), 4).tolist(),  # for the report's plot
             "tests": tests,
         },
     )
