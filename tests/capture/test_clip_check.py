@@ -10,7 +10,7 @@ from capture_support import digits_flat, flat_params, private_run
 from torch import nn
 
 from dpaudit.capture import AuditHook, InputCanaries
-from dpaudit.capture.clip_check import TOLERANCE
+from dpaudit.capture.clip_check import TOLERANCE, ClippingCheck
 from dpaudit.experiment.bugs import plant_bug
 
 DATA, _ = digits_flat(pad=8, n_train=400)
@@ -46,8 +46,8 @@ def test_correct_optimizer_passes_and_training_is_unchanged(opts):
     checked = _run(**opts)
     summary = checked.hook.clipping_check()
     assert summary["violations"] == 0 and summary["unchecked"] is None
-    assert summary["steps_checked"] == checked.hook.steps >= 5
-    assert summary["leave_one_out_steps"] >= 1
+    assert summary["steps_seen"] == checked.hook.steps >= 5
+    assert 1 <= summary["leave_one_out_steps"] <= summary["steps_checked"] <= checked.hook.steps
     # a correctly clipped example contributes at most C, and the largest-norm ones reach it
     assert 0.99 <= summary["max_ratio_single"] <= 1 + TOLERANCE
     assert summary["max_ratio_leave_one_out"] <= 1 + TOLERANCE
@@ -69,6 +69,16 @@ def test_clipping_bugs_are_caught(bug, kind):
     worst = summary["worst"]
     assert worst["ratio"] > 1 + TOLERANCE and worst["kind"] in ("single", "leave_one_out")
     assert summary[f"max_ratio_{kind}"] > 1 + TOLERANCE
+
+
+@pytest.mark.parametrize(
+    "rates,match",
+    [((0.0, 0.0), "probe_rate"), ((1.5, 0.1), "probe_rate"), ((0.2, 0.3), "leave_one_out_rate"),
+     ((0.5, -0.1), "leave_one_out_rate")],
+)
+def test_bad_rates_are_refused_by_name(rates, match):
+    with pytest.raises(ValueError, match=match):
+        ClippingCheck(1.0, seed=0, probe_rate=rates[0], leave_one_out_rate=rates[1])
 
 
 def test_ghost_clipping_is_reported_unchecked():

@@ -90,7 +90,33 @@ def test_unclipped_example_leaves_the_largest_gradient_unclipped():
     got = torch.cat([p.summed_grad.reshape(-1) for p in opt.params])
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
     remove()
-    assert "clip_and_accumulate" not in opt.__dict__
+    assert "clip_and_accumulate" not in opt.__dict__ and "pre_step" not in opt.__dict__
+
+
+def test_unclipped_example_at_half_severity_hits_every_other_batch_whoever_clips():
+    # batches counted by pre_step: the bug is on batches 1 and 3 of 0..3, and a second
+    # clipping of the same batch (an audit's probe) sees exactly what the batch saw
+    model, opt, data = private(sigma=0.0)
+    plant_bug(opt, "unclipped_example", factor=0.5)
+    opt.step_hook = None
+    x, y = data.tensors[0][:6], data.tensors[1][:6]
+    raw = per_sample_clipped_grads(model, x, y, nn.functional.cross_entropy, None)
+    clipped = per_sample_clipped_grads(model, x, y, nn.functional.cross_entropy, 1.0)
+    top = int(raw.norm(dim=1).argmax())
+    buggy = clipped.sum(0) - clipped[top] + raw[top]
+    for batch in range(4):
+        opt.zero_grad()
+        backward(model, x, y)
+        samples = [p.grad_sample.clone() for p in opt.params]
+        opt.pre_step()
+        expected = buggy if batch % 2 else clipped.sum(0)
+        for probe in range(2):
+            if probe:  # clip the same rows again, as the clipping check does
+                for p, g in zip(opt.params, samples, strict=True):
+                    p.grad_sample, p.summed_grad = g.clone(), None
+                opt.clip_and_accumulate()
+            got = torch.cat([p.summed_grad.reshape(-1) for p in opt.params])
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_bad_bug_name():

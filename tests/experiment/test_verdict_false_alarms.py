@@ -9,7 +9,13 @@ on digits, a few steps, each audit about a second):
 * one-run, 8 Dirac canaries (few canaries: the bounds live at their small-sample edge; a seed
   whose draw puts every canary on one side, probability 1/128, is no audit and is skipped);
 * multi-run, one gradient canary, 20 trainings (the fixed-target game);
-* one-run, 20 mislabeled input canaries (dependent canaries: only one_run certifies).
+* one-run, 20 mislabeled input canaries (dependent canaries: only one_run certifies);
+* one-run, 30 Dirac gradient canaries inserted like real examples (Poisson, q_c = q; scored
+  by the mixture likelihood ratio, the design's default).
+
+Every audit also runs the white-box checks (noise floor, noise independence at the dead
+coordinates, Poisson sampling of the batches, the clipping check, the bookkeeping), whose
+statistical tests share the same 5%; they are counted on their own too.
 
 The assertion is on the pooled fraction of ``privacy_bug`` verdicts: <= 5% + 3 standard
 errors of a 5% rate over n audits (sqrt(0.05 x 0.95 / n)); the comment at each test gives n.
@@ -19,7 +25,6 @@ Every verdict's message must also name the threat model and the accountant it te
 import math
 
 import pytest
-import torch
 
 from dpaudit.experiment import run_audit
 
@@ -51,14 +56,13 @@ INPUT = {
     "attack": {"scores": ["scalar"]},
     "audit": {"methods": ["clopper_pearson", "one_run", "gdp", "gaussian"]},
 }
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+POISSON = {
+    "model": {"name": "logreg"},
+    "dp": {"noise_multiplier": 1.0, "steps": 20},
+    "canary": {"kind": "gradient", "direction": "dirac", "count": 30, "view": "auto",
+               "policy": "bernoulli"},
+    "audit": {"methods": ["clopper_pearson", "one_run", "gdp", "gaussian"]},
+}
 
 
 def verdicts(cfg: dict, seeds, tmp_path=None) -> list[dict]:
@@ -85,25 +89,30 @@ def check(vs: list[dict]) -> None:
         assert v["threat_model"] and v["threat_model"] in v["message"], v["message"]
         assert v["accountant"] in v["message"], v["message"]
     bugs = [v["message"] for v in vs if v["privacy_bug"]]
+    white = [v["message"] for v in vs if v.get("white_box_fired")]
     se = math.sqrt(0.05 * 0.95 / n)
     statuses = {s: sum(v["status"] == s for v in vs) for s in {v["status"] for v in vs}}
-    print(f"{len(bugs)}/{n} privacy_bug (limit {0.05 + 3 * se:.3f}); verdicts {statuses}")
+    print(f"{len(bugs)}/{n} privacy_bug ({len(white)} by a white-box check; limit "
+          f"{0.05 + 3 * se:.3f}); verdicts {statuses}")
     assert len(bugs) / n <= 0.05 + 3 * se, (len(bugs), n, bugs)
+    assert len(white) / n <= 0.05 + 3 * se, (len(white), n, white)
 
 
 def test_correct_dp_sgd_is_rarely_called_a_privacy_bug_small(tmp_path):
-    # n = 3 + 3 + 1 + 1 = 8 audits: s.e. of a 5% rate 0.077, limit 0.281 (at most 2 bugs).
+    # n = 3 + 3 + 1 + 1 + 1 = 9 audits: s.e. of a 5% rate 0.073, limit 0.268 (at most 2).
     vs = verdicts(DIRAC, range(3)) + verdicts(FEW, range(3))
     vs += verdicts(INPUT, range(1)) + verdicts(MULTI, range(1), tmp_path)
-    assert len(vs) == 8
+    vs += verdicts(POISSON, range(1))
+    assert len(vs) == 9
     check(vs)
 
 
 @pytest.mark.slow
 def test_correct_dp_sgd_is_rarely_called_a_privacy_bug(tmp_path):
-    # n = 40 + 40 + 40 + 8 = 128 audits (minus any one-sided draw of the 8-canary design):
-    # s.e. of a 5% rate 0.0193, limit 0.108 (at most 13 of 128).
+    # n = 40 + 40 + 40 + 8 + 40 = 168 audits (minus any one-sided draw of the 8-canary
+    # design): s.e. of a 5% rate 0.0168, limit 0.100 (at most 16 of 168).
     vs = verdicts(DIRAC, range(100, 140)) + verdicts(FEW, range(100, 140))
     vs += verdicts(INPUT, range(100, 140)) + verdicts(MULTI, range(100, 108), tmp_path)
-    assert len(vs) >= 120
+    vs += verdicts(POISSON, range(100, 140))
+    assert len(vs) >= 160
     check(vs)

@@ -4,7 +4,6 @@ correct optimizer not flagged, and the deterministic bookkeeping check by hand."
 
 import numpy as np
 import pytest
-import torch
 
 from dpaudit.experiment import run_audit
 from dpaudit.experiment.bugs import BUG_ZOO
@@ -20,14 +19,6 @@ from dpaudit.experiment.white_box import (
 # small: width 100 (300 dead coordinates), T = 30
 TINY = {"model": {"name": "mlp", "width": 100}, "dp": {"steps": 30},
         "canary": {"count": 300}, "progress": False}
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _audit(bug="none", factor=None, seed=1):

@@ -59,6 +59,27 @@ def test_noise_upper_bound_matches_the_gdp_closed_form():
     assert start_above == pytest.approx(closed, rel=2e-4)
 
 
+def test_noise_upper_bound_stops_at_sigma_min():
+    # closed form 10 / mu_lb ~ 5.6: a floor above it is returned (it is rejected: "at most
+    # the floor") and no curve below the floor is ever built; a floor below it changes nothing
+    rng = np.random.default_rng(2)
+    s_in, s_out = rng.normal(2.0, 1.0, 3000), rng.normal(0.0, 1.0, 3000)
+    rows = claim_test(s_in, s_out, gdp_curve(1.0)).rows
+    closed = 10.0 / mu_lower_bound(rows)
+    seen = []
+
+    def family(sigma):
+        seen.append(sigma)
+        return gdp_curve(10.0 / sigma)
+
+    assert noise_upper_bound(rows, family, 20.0, sigma_min=8.0) == 8.0
+    assert min(seen) == 8.0 and closed < 8.0
+    low = noise_upper_bound(rows, family, 20.0, sigma_min=1.0, rtol=1e-4)
+    assert low == pytest.approx(closed, rel=2e-4)
+    with pytest.raises(ValueError, match="sigma_min"):
+        noise_upper_bound(rows, family, 20.0, sigma_min=-1.0)
+
+
 def test_no_evidence_gives_an_infinite_noise_bound():
     # Identical in and out scores: at every threshold FPR + FNR = 1, so the upper bounds sum
     # to more than 1 and no sigma, however large, is rejected.
@@ -66,6 +87,10 @@ def test_no_evidence_gives_an_infinite_noise_bound():
     res = claim_test(s, s, gdp_curve(1.0))
     assert not res.rejected and mu_lower_bound(res.rows) == 0.0
     assert noise_upper_bound(res.rows, lambda x: gdp_curve(10.0 / x), 5.0) == np.inf
+    built = []  # and no curve is built to find it out (each may cost a privacy profile)
+    assert noise_upper_bound(res.rows, lambda x: built.append(x) or gdp_curve(10.0 / x), 5.0) \
+        == np.inf
+    assert built == []
 
 
 def test_claim_test_checks_its_inputs():

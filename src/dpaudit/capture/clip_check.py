@@ -6,15 +6,19 @@ just before the noise, so it can run the optimizer's own ``clip_and_accumulate``
 is: Opacus', or a patched, buggy one) on sub-batches of them and measure what one example
 really contributes:
 
-* every step, for the example with the largest gradient norm (measured here, over every
-  parameter tensor) and one example drawn at random: the optimizer's clipped sum of the batch
-  made of that example alone (O(d));
-* on the first step and a seeded random share ``leave_one_out_rate`` of the others, for the
-  same examples: the clipped sum of the whole batch minus the clipped sum of the batch without
-  the example (O(B d)), the exact change the add / remove relation is about. On the first
-  step every example of the batch is probed (up to ``FIRST_STEP_ALL``, largest norms first):
-  a bug that shows only for some examples (micro-batches clipped together change the sum by
-  more than C only when the other examples of the micro-batch point elsewhere) gets B chances.
+* on the first step and a seeded random share ``probe_rate`` of the others, for the example
+  with the largest gradient norm (measured here, over every parameter tensor) and one example
+  drawn at random: the optimizer's clipped sum of the batch made of that example alone (O(d));
+  a clipping bug lives in code that runs at every step, so a share of the steps sees it while
+  keeping the check's cost a small part of training's;
+* on the first step and a seeded random share ``leave_one_out_rate`` of the others (among the
+  probed ones), for the same examples: the clipped sum of a sub-batch (the example and up to
+  ``LOO_CONTEXT`` others of the batch drawn at random, in batch order) minus the clipped sum
+  of the same sub-batch without the example (O(``LOO_CONTEXT`` d)): the exact change the
+  add / remove relation is about, on a batch that Poisson sampling could have drawn. On the
+  first step the ``FIRST_STEP_ALL`` examples of largest norm are probed: a bug that shows
+  only for some examples (micro-batches clipped together change the sum by more than C only
+  when the other examples of the micro-batch point elsewhere) gets that many chances.
 
 A contribution of norm above C (1 + ``TOLERANCE``) is a sensitivity violation seen on data:
 deterministic evidence, no statistics. It catches an example left unclipped, a layer left out
@@ -36,7 +40,8 @@ from opacus.optimizers import DPOptimizer
 from dpaudit import seeds
 
 TOLERANCE = 1e-4  # float32 sums of B clipped rows: rounding far below this share of C
-FIRST_STEP_ALL = 64  # examples probed on the first step (largest gradient norms first)
+FIRST_STEP_ALL = 16  # examples probed on the first step (largest gradient norms first)
+LOO_CONTEXT = 8  # other examples in a leave-one-out probe's sub-batch
 
 
 @dataclass
@@ -56,50 +61,74 @@ class ClippingCheck:
 
     Args:
         max_grad_norm: the claimed clip norm C.
-        seed: seeds the random examples and the leave-one-out steps
+        seed: seeds the random examples and the probed steps
             (``seeds.stream(seed, seeds.CLIP_CHECK)``; never the training's streams).
-        leave_one_out_rate: share of the steps (after the first) with leave-one-out probes.
+        probe_rate: share of the steps (after the first) that are probed, in (0, 1].
+        leave_one_out_rate: share of the steps (after the first) with leave-one-out probes,
+            in [0, ``probe_rate``].
     """
 
-    def __init__(self, max_grad_norm: float, seed: int, leave_one_out_rate: float = 0.1):
+    def __init__(
+        self,
+        max_grad_norm: float,
+        seed: int,
+        probe_rate: float = 0.25,
+        leave_one_out_rate: float = 0.1,
+    ):
+        if not 0.0 < probe_rate <= 1.0:
+            raise ValueError(f"probe_rate must be in (0, 1], got {probe_rate!r}")
+        if not 0.0 <= leave_one_out_rate <= probe_rate:
+            raise ValueError(
+                f"leave_one_out_rate must be in [0, probe_rate={probe_rate}], "
+                f"got {leave_one_out_rate!r}"
+            )
         self.max_grad_norm = float(max_grad_norm)
         self.rng = seeds.stream(seed, seeds.CLIP_CHECK)
+        self.probe_rate = float(probe_rate)
         self.leave_one_out_rate = float(leave_one_out_rate)
         self.records: list[ClipRecord] = []
+        self.steps_seen = 0
         self.steps_checked = 0
         self.leave_one_out_steps = 0
         self.unchecked: str | None = None
 
     @torch.no_grad()
     def run(self, opt: DPOptimizer, step: int) -> None:
-        """Probe this step's clipping (before the noise is added)."""
+        """Probe this step's clipping (before the noise is added), when it is drawn."""
         p0 = opt.params[0]
         if getattr(p0, "grad_sample", None) is None:
             self.unchecked = "no per-sample gradients (ghost clipping): clipping not probed"
+            return
+        self.steps_seen += 1
+        u = 0.0 if step == 0 else float(self.rng.random())  # one draw per step: reproducible
+        if u >= self.probe_rate:
             return
         flats = [opt._get_flat_grad_sample(p) for p in opt.params]
         b = flats[0].shape[0]
         if b == 0:
             return
-        norms = torch.stack(
-            [g.reshape(b, -1).to(torch.float64).norm(2, dim=1) for g in flats], dim=1
-        ).norm(2, dim=1)
+        # float32 is enough here: the norms only pick the probed examples and are reported
+        norms = torch.stack([g.reshape(b, -1).norm(2, dim=1) for g in flats], dim=1).norm(
+            2, dim=1
+        ).double()
         picks = [int(torch.argmax(norms))]
         if b > 1:
             picks.append(int(self.rng.integers(b)))
-        loo = b > 1 and (step == 0 or self.rng.random() < self.leave_one_out_rate)
+        loo = b > 1 and u < self.leave_one_out_rate
         if step == 0 and b > 1:  # the first batch: every example (up to FIRST_STEP_ALL)
             picks = torch.argsort(norms, descending=True)[:FIRST_STEP_ALL].tolist()
         saved = [(p.grad_sample, p.summed_grad) for p in opt.params]
         try:
-            full = self._clipped_sum(opt, flats, None) if loo else None
             for i in dict.fromkeys(picks):
                 alone = self._clipped_sum(opt, flats, torch.tensor([i]))
                 self._record(step, i, "single", _norm(alone), float(norms[i]))
                 if loo:
-                    keep = torch.cat([torch.arange(i), torch.arange(i + 1, b)])
-                    rest = self._clipped_sum(opt, flats, keep)
-                    diff = [a - r for a, r in zip(full, rest, strict=True)]
+                    others = np.delete(np.arange(b), i)
+                    rest = np.sort(self.rng.choice(others, min(LOO_CONTEXT, b - 1), replace=False))
+                    with_i = np.sort(np.append(rest, i))
+                    full = self._clipped_sum(opt, flats, torch.from_numpy(with_i))
+                    without = self._clipped_sum(opt, flats, torch.from_numpy(rest))
+                    diff = [a - r for a, r in zip(full, without, strict=True)]
                     self._record(step, i, "leave_one_out", _norm(diff), float(norms[i]))
         finally:
             for p, (gs, sg) in zip(opt.params, saved, strict=True):
@@ -108,12 +137,12 @@ class ClippingCheck:
         self.leave_one_out_steps += int(loo)
 
     @staticmethod
-    def _clipped_sum(opt: DPOptimizer, flats, rows: torch.Tensor | None) -> list[torch.Tensor]:
+    def _clipped_sum(opt: DPOptimizer, flats, rows: torch.Tensor) -> list[torch.Tensor]:
         """The optimizer's ``clip_and_accumulate`` on the selected rows of the batch."""
         for p, g in zip(opt.params, flats, strict=True):
-            # a fresh tensor object (a view for the whole batch): the optimizer marks what it
-            # clips as processed, and the real per-sample gradients must stay unmarked
-            p.grad_sample = g[:] if rows is None else g.index_select(0, rows.to(g.device))
+            # a fresh tensor (a copy of the rows): the optimizer marks what it clips as
+            # processed, and the real per-sample gradients must stay unmarked
+            p.grad_sample = g.index_select(0, rows.to(g.device))
             p.summed_grad = None
         opt.clip_and_accumulate()
         return [p.summed_grad.detach().to(torch.float64) for p in opt.params]
@@ -126,6 +155,7 @@ class ClippingCheck:
     def summary(self) -> dict:
         """Plain-JSON summary: the largest ratio of each kind, the violations, what ran."""
         out: dict = {
+            "steps_seen": self.steps_seen,
             "steps_checked": self.steps_checked,
             "leave_one_out_steps": self.leave_one_out_steps,
             "probes": len(self.records),

@@ -275,7 +275,8 @@ class AuditHook:
         if idx.numel() < 3:
             raise ValueError(f"noise_probes: need at least 3 coordinates, got {idx.numel()}")
         cols = idx.numpy()
-        pos = {int(j): i for i, j in enumerate(cols)}
+        pos = np.full(self.full_dim, -1, dtype=np.int64)  # full index -> probe column, or -1
+        pos[cols] = np.arange(cols.size)
         full = (  # hook coordinate -> index into the full selection
             np.arange(self.dim) if self.coordinates is None else self.coordinates.cpu().numpy()
         )
@@ -289,12 +290,15 @@ class AuditHook:
                 else:
                     ind = np.broadcast_to(full, (len(c), full.size))
                     val = c.vectors.cpu().double().numpy()
-                for k in range(len(c)):
-                    for j, v in zip(ind[k], val[k], strict=True):
-                        if v != 0.0 and int(j) in pos:
-                            block[k, pos[int(j)]] += float(v)
+                col = pos[ind]
+                k, j = np.nonzero((col >= 0) & (val != 0.0))
+                np.add.at(block, (k, col[k, j]), val[k, j])
             rows.append(block)
-        self._probe_canary_values = np.concatenate(rows)
+        # (K, n), mostly zeros (a Dirac canary touches one probe): kept as its nonzero entries
+        # (canary, probe, value), applied every step
+        values = np.concatenate(rows)
+        k, j = np.nonzero(values)
+        self._probe_canary_values = (k, j, values[k, j], cols.size)
         return CoordinateView(self._params, idx)
 
     # ------------------------------------------------------------------ attach / detach
@@ -484,7 +488,9 @@ class AuditHook:
         self._pending_batch = None
         if self._probes is not None:
             values = self._probes.released().double().cpu().numpy() * divisor
-            inserted = self._inclusions[-1].astype(np.float64) @ self._probe_canary_values
+            k, j, v, n = self._probe_canary_values
+            included = self._inclusions[-1].astype(np.float64)[k]
+            inserted = np.bincount(j, weights=included * v, minlength=n)
             self._probe_values.append(values - inserted)
 
     # ------------------------------------------------------------------ results

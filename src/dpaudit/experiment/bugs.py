@@ -173,19 +173,32 @@ def _norms(samples: list[torch.Tensor]) -> torch.Tensor:
 
 def _unclipped_example(opt: DPOptimizer, fraction: float) -> Callable[[], None]:
     """In a fraction of the batches (every batch at 1), the example with the largest gradient
-    norm is added unclipped (an off-by-one in a clipping loop)."""
-    call = [0]
+    norm is added unclipped (an off-by-one in a clipping loop). Batches are counted by the
+    optimizer's ``pre_step`` (one per physical batch), so any clipping run during a buggy
+    batch's step, an audit's probes included, has the bug, and the others none."""
+    batch = [-1]
+    original_pre_step = opt.pre_step
+
+    def pre_step(closure=None):
+        batch[0] += 1
+        return original_pre_step(closure)
 
     def factors(samples):
         norms = _norms(samples).norm(2, dim=1)
         f = clip_factor(norms, opt.max_grad_norm)
-        t = call[0]
-        call[0] += 1
+        t = max(batch[0], 0)
         if math.floor((t + 1) * fraction) > math.floor(t * fraction):
             f[int(torch.argmax(norms))] = 1.0  # the bug: the largest one is not clipped
         return f
 
-    return _patch(opt, "clip_and_accumulate", lambda: _clip_with(opt, factors))
+    restore_pre_step = _patch(opt, "pre_step", pre_step)
+    restore_clip = _patch(opt, "clip_and_accumulate", lambda: _clip_with(opt, factors))
+
+    def restore() -> None:
+        restore_clip()
+        restore_pre_step()
+
+    return restore
 
 
 def _layer_clip_ignored(opt: DPOptimizer, fraction: float) -> Callable[[], None]:

@@ -188,7 +188,7 @@ def data_gradient_activity(
         g = per_sample_clipped_grads(
             model, x.to(device), y.to(device), LOSS, max_grad_norm, param_names=params
         )
-        part = g.abs().sum(0).double()  # exact zeros stay exact
+        part = g.abs_().sum(0).double()  # in place (g is ours): exact zeros stay exact
         total = part if total is None else total + part
     return (total / n).cpu().numpy()
 

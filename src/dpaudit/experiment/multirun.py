@@ -121,6 +121,7 @@ def run_one(
         run_seed=seeds.run_seed(settings.seed, r),
         membership=membership,
         prepared=cache[bit],
+        white_box=False,  # the runs' evidence is their scores; per-step records are not kept
     )
     record = dataclasses.replace(
         record, candidate_scores=None, run=r, bit=int(bit), fingerprint=fingerprint(settings)

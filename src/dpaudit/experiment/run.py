@@ -299,13 +299,15 @@ def audit_run(
     run_seed: int | None = None,
     membership: np.ndarray | None = None,
     prepared: PreparedRun | None = None,
+    white_box: bool = True,
 ) -> RunRecord:
     """Train once with the audit hook; return scores, membership and the run's bookkeeping.
 
     The data split, the initial model and the canaries depend on ``settings.seed`` only (a
     fixed target across the runs of a multi-run audit); sampling and noise on ``run_seed``.
     ``prepared`` (from ``prepare_run`` with the same settings and membership) skips the setup;
-    the result is the same as without it.
+    the result is the same as without it. ``white_box=False`` skips the per-step white-box
+    records (``train_audited``): a multi-run audit's runs do not use them.
     """
     run_seed = settings.seed if run_seed is None else run_seed
     if prepared is None:
@@ -329,6 +331,7 @@ def audit_run(
         progress=settings.progress,
         coordinates=setup.coordinates,
         noise_probes=_noise_probes(setup),
+        white_box=white_box,
     )
     return RunRecord(
         scores={k: v.tolist() for k, v in outcome.scores.items()},

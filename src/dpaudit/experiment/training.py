@@ -100,14 +100,16 @@ def train_audited(
     sampling: str = "poisson",
     noise_probes=None,
     check_clipping: bool = True,
+    white_box: bool = True,
 ) -> TrainingOutcome:
     """Train ``model`` with DP-SGD on ``train_set``, Poisson sampling at ``sample_rate``.
 
     ``canaries`` / ``scores`` / ``params`` / ``reference`` / ``coordinates`` (a coordinate
     view) go to ``AuditHook``, with ``noise_probes`` (coordinates no example touches) and
     ``check_clipping`` for the white-box checks (``experiment.white_box``, whose records the
-    outcome carries). The model is
-    trained in place on its own device for ``total_steps(dp, sample_rate)`` steps.
+    outcome carries); ``white_box=False`` (a multi-run audit's runs, whose evidence is the
+    scores across runs) skips them: no probes, no clipping check, no per-step values. The model
+    is trained in place on its own device for ``total_steps(dp, sample_rate)`` steps.
     ``sampling="shuffle"`` (seed 001's Figure 3 setting; not for audits, Opacus' accountants
     assume Poisson sampling) draws shuffled batches of ``dp.batch_size`` instead, each example
     once per epoch, and ``sample_rate`` becomes 1 / (batches per epoch). The planted bug
@@ -155,10 +157,10 @@ def train_audited(
             reference=reference,
             coordinates=coordinates,
             sample_rate=sample_rate,  # the claimed rate, not what an accountant was told
-            noise_probes=noise_probes,
-            check_clipping=check_clipping,
+            noise_probes=noise_probes if white_box else None,
+            check_clipping=check_clipping and white_box,
             seed=seed,
-            keep_per_step=True,  # the per-step histogram PLD estimate (``evaluation.pld_rows``)
+            keep_per_step=white_box,  # the per-step histogram PLD estimate (``pld_estimates``)
         )
         bmm = (
             BatchMemoryManager(
@@ -195,8 +197,10 @@ def train_audited(
         accountants=engine_epsilons(engine, dp.delta),
         test_accuracy=acc,
         seconds=time.perf_counter() - start,
-        white_box=white_box_records(hook, engine, len(train_set), sample_rate, shuffled),
-        per_step=hook.per_step(),
+        white_box=white_box_records(hook, engine, len(train_set), sample_rate, shuffled)
+        if white_box
+        else None,
+        per_step=hook.per_step() if white_box else None,
     )
 
 

@@ -114,8 +114,9 @@ def clipping_verdict(summary: dict) -> dict:
         ),
         "witness": worst or {},
         "checked": [
-            f"{summary.get('probes', 0)} probes on {summary.get('steps_checked', 0)} steps "
-            f"({summary.get('leave_one_out_steps', 0)} with leave-one-out)"
+            f"{summary.get('probes', 0)} probes on {summary.get('steps_checked', 0)} of "
+            f"{summary.get('steps_seen', 0)} steps ({summary.get('leave_one_out_steps', 0)} "
+            "with leave-one-out; the first step and a seeded random share of the others)"
         ],
         "unchecked": unchecked,
         "details": summary,

@@ -278,6 +278,7 @@ def noise_upper_bound(
     rtol: float = 1e-2,
     span: float = 1e4,
     step: float = 1.25,
+    sigma_min: float | None = None,
 ) -> float:
     """Smallest noise multiplier whose claimed curve ``family(sigma)`` the rows reject.
 
@@ -287,6 +288,13 @@ def noise_upper_bound(
     ``sigma_start`` (a good guess saves evaluations: each may build a privacy profile) in
     factors of ``step`` and bisects in log space to relative width ``rtol``; the value
     returned is the bracket's upper end, a sigma that is rejected, so every larger one is too.
+    The search never goes below ``sigma_start / span`` nor ``sigma_min`` (when given: e.g.
+    where the family's accountant becomes too costly); when that floor is itself rejected it
+    is returned, still a sigma that is rejected ("at most the floor").
+
+    Rows with ``mu_lower_bound(rows) == 0`` return +inf without building any curve: a row
+    rejects a curve f only if FNR_u < f(FPR_u) <= 1 - FPR_u (or the same in the other
+    order), which is exactly a positive z(1 - FPR_u) - z(FNR_u).
     """
 
     def rejected(sigma: float) -> bool:
@@ -308,13 +316,22 @@ def noise_upper_bound(
     step = check_positive(step, "step")
     if step <= 1.0 or span <= 1.0:
         raise ValueError(f"step and span must exceed 1, got step={step!r}, span={span!r}")
+    if mu_lower_bound(rows) == 0.0:  # no row lies below the coin-flip line: nothing rejects
+        return float("inf")
+    floor = sigma0 / span
+    if sigma_min is not None:
+        floor = max(floor, check_positive(sigma_min, "sigma_min"))
+        sigma0 = max(sigma0, floor)
     if rejected(sigma0):  # walk down to a sigma that is not rejected
         hi = sigma0
-        while rejected(hi / step):
-            hi /= step
-            if hi < sigma0 / span:
+        while True:
+            if hi <= floor:
                 return hi
-        lo = hi / step
+            below = max(hi / step, floor)
+            if not rejected(below):
+                lo = below
+                break
+            hi = below
     else:  # walk up to a sigma that is rejected
         lo = sigma0
         while not rejected(lo * step):

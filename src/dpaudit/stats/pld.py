@@ -136,8 +136,13 @@ def histogram_pld_epsilon(
     delta = check_open_unit(delta, "delta")
     pq, qp = _prepare(scores_in, scores_out, steps, grid_step, empty_bins, bin_options)
 
+    def tail(composed, x: float):  # only losses above x contribute to delta(x)
+        s, w, atom = composed
+        i = int(np.searchsorted(s, x, side="right"))
+        return s[i:], w[i:], atom
+
     def prof(x: float) -> float:
-        return float(max(_profile(pq, np.array(x)), _profile(qp, np.array(x))))
+        return float(max(_profile(tail(pq, x), np.array(x)), _profile(tail(qp, x), np.array(x))))
 
     if prof(0.0) <= delta:
         return 0.0
@@ -147,7 +152,7 @@ def histogram_pld_epsilon(
         if hi > 1e4:
             return float("inf")
     lo = 0.0
-    for _ in range(60):
+    while hi - lo > 1e-9 * max(1.0, hi):  # far below the grid's rounding (grid_step)
         mid = 0.5 * (lo + hi)
         if prof(mid) > delta:
             lo = mid
