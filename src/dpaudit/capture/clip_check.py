@@ -111,12 +111,11 @@ class ClippingCheck:
         norms = torch.stack([g.reshape(b, -1).norm(2, dim=1) for g in flats], dim=1).norm(
             2, dim=1
         ).double()
-        picks = [int(torch.argmax(norms))]
-        if b > 1:
-            picks.append(int(self.rng.integers(b)))
-        loo = b > 1 and u < self.leave_one_out_rate
-        if step == 0 and b > 1:  # the first batch: every example (up to FIRST_STEP_ALL)
+        if step == 0:  # the first batch: its FIRST_STEP_ALL largest norms
             picks = torch.argsort(norms, descending=True)[:FIRST_STEP_ALL].tolist()
+        else:  # the largest norm and one example at random
+            picks = [int(torch.argmax(norms))] + ([int(self.rng.integers(b))] if b > 1 else [])
+        loo = b > 1 and u < self.leave_one_out_rate
         saved = [(p.grad_sample, p.summed_grad) for p in opt.params]
         try:
             for i in dict.fromkeys(picks):

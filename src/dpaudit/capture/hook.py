@@ -280,9 +280,10 @@ class AuditHook:
         full = (  # hook coordinate -> index into the full selection
             np.arange(self.dim) if self.coordinates is None else self.coordinates.cpu().numpy()
         )
-        rows = []
+        # what an inclusion adds at the probes, as nonzero entries (canary, probe, value): a
+        # Dirac canary touches one probe, and this is applied every step
+        ks, js, vs, first = [], [], [], 0
         for c in self.canaries:
-            block = np.zeros((len(c), cols.size))
             if isinstance(c, GradientCanaries):
                 if c.is_sparse:
                     ind = full[c.indices.cpu().numpy().reshape(len(c), -1)]
@@ -292,13 +293,17 @@ class AuditHook:
                     val = c.vectors.cpu().double().numpy()
                 col = pos[ind]
                 k, j = np.nonzero((col >= 0) & (val != 0.0))
-                np.add.at(block, (k, col[k, j]), val[k, j])
-            rows.append(block)
-        # (K, n), mostly zeros (a Dirac canary touches one probe): kept as its nonzero entries
-        # (canary, probe, value), applied every step
-        values = np.concatenate(rows)
-        k, j = np.nonzero(values)
-        self._probe_canary_values = (k, j, values[k, j], cols.size)
+                ks.append(first + k)
+                js.append(col[k, j])
+                vs.append(val[k, j])
+            first += len(c)
+        none = np.zeros(0, dtype=np.int64)
+        self._probe_canary_values = (
+            np.concatenate([none, *ks]),
+            np.concatenate([none, *js]),
+            np.concatenate([np.zeros(0), *vs]),
+            cols.size,
+        )
         return CoordinateView(self._params, idx)
 
     # ------------------------------------------------------------------ attach / detach
