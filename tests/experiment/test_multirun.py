@@ -316,18 +316,32 @@ def test_second_cli_audit_on_a_busy_directory_is_refused(tmp_path):
         first.wait()
 
 
+# The CLI with a kill that cannot miss: the process SIGKILLs itself as soon as its second run
+# file is on disk (an event, not a race against the clock on a loaded machine).
+KILLED_AFTER_TWO_RUNS = """
+import os, signal, sys
+import dpaudit.experiment.multirun as multirun
+from dpaudit.cli import main
+real_run_one = multirun.run_one
+def run_one(*args, **kwargs):
+    path = real_run_one(*args, **kwargs)
+    if len(list(path.parent.glob("run_*.json"))) >= 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return path
+multirun.run_one = run_one
+sys.argv[0] = "dpaudit"
+main()
+"""
+
+
 @pytest.mark.slow
 def test_killed_cli_audit_resumes_to_the_same_result(tmp_path):
     killed, fresh = tmp_path / "killed", tmp_path / "fresh"
-    proc = cli(f"hydra.run.dir={killed}", *CLI_MULTI)
-    deadline = time.time() + 240
-    while len(list((killed / "runs").glob("run_*.json"))) < 2:
-        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    done = len(list((killed / "runs").glob("run_*.json")))
-    assert 2 <= done < 6 and not (killed / "results.json").exists()
+    cmd = [sys.executable, "-c", KILLED_AFTER_TWO_RUNS, f"hydra.run.dir={killed}", *CLI_MULTI]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert len(list((killed / "runs").glob("run_*.json"))) == 2
+    assert not (killed / "results.json").exists()
     for out in (killed, fresh):
         p = cli(f"hydra.run.dir={out}", *CLI_MULTI)
         _, err = p.communicate(timeout=300)

@@ -30,11 +30,14 @@ would draw them for B + K rows and shift the batch's masks and every later draw,
 with such modules in training mode is never folded (``random_modules``), and every folded
 forward is checked to leave the global RNG untouched (RuntimeError otherwise). Bit-for-bit
 also needs kernels that compute each row independently of how many rows there are: true of
-CPU matrix products from 4 rows up (measured), not for 1-3 rows (small-matrix kernels), and
-not promised by GPU libraries. So under ``input_pass="auto"`` batches of fewer than
-``MIN_FOLD_ROWS`` rows take the separate pass, and the probe forward is replayed once with the
-canary rows appended (no grad, forked RNG): if the batch's outputs change by a bit, nothing is
-ever folded. ``input_pass="batch"`` folds regardless (exact up to such rounding). Only a training
+CPU matrix products from 4 rows up on some CPUs (measured), never for 1-3 rows (small-matrix
+kernels), not on every CPU (an AVX-512 Xeon was found where a small model never folds), and not
+promised by GPU libraries. So under ``input_pass="auto"`` batches of fewer than
+``MIN_FOLD_ROWS`` rows take the separate pass, and the first forward with at least that many
+rows (forwards before it run as they are, watched) is replayed once with the canary rows
+appended (no grad, forked RNG): if the batch's outputs change by a bit, nothing is ever folded.
+Whether a machine folds is therefore its own business; exactness is not.
+``input_pass="batch"`` folds regardless (exact up to such rounding). Only a training
 forward of the wrapped model is folded, never one inside ``per_sample_clipped_grads``; when no
 fold happened in a logical step (a forward that does not match), ``take()`` returns None and the
 hook falls back to the separate pass.
@@ -318,8 +321,8 @@ class BatchFold:
         canary rows appended (one extra no-grad forward, off the global RNG): matrix kernels
         that pick their algorithm by the number of rows would change the batch's rounding."""
         b = self._batch_rows(args, kwargs) if self._foldable else None
-        if b is None or b < self._min_rows or not isinstance(output, torch.Tensor):
-            return True  # nothing to compare now; such calls are not folded anyway
+        if b is None or not isinstance(output, torch.Tensor):
+            return True  # not a call the canaries' rows can join: such calls are never folded
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         cuda = sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
         new_args, new_kwargs = self._concat(args, kwargs)
@@ -337,7 +340,12 @@ class BatchFold:
             tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
             self._random = not _same_states(self._rng_before, rng_states(tensors))
             self._rng_before = None
-            if not self._random and not self._rows_independent(module, args, kwargs, output):
+            if self._random:
+                return None  # never fold: the canary rows would shift the batch's draws
+            b = self._batch_rows(args, kwargs) if self._foldable else None
+            if b is not None and b < self._min_rows:
+                self._random = None  # nothing to compare rows on: probe the next forward too
+            elif not self._rows_independent(module, args, kwargs, output):
                 self._random = True  # never fold: the batch's arithmetic would change
             return None
         if not self._in_call:
