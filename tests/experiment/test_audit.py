@@ -112,13 +112,63 @@ def test_woodbury_covariance_audit_reports_its_truncation(tmp_path):
     kept = res["canary_info"]["precision"]
     assert kept["n_refs"] == 32 and 1 <= kept["rank"] < 32
     assert 0.9 <= kept["explained_variance_kept"] <= 1.0
-    assert 0 < kept["ridge"] <= 1.0  # sigma^2 C^2 / b with sigma = 1 and C = 1
+    assert 0 < kept["noise_ridge"] <= 1.0 and kept["ridge"] == 0  # sigma^2 C^2 / b, no extra
+    assert kept["estimator"] == "woodbury"
     rows = [b for b in res["bounds"] if b["attack"] == "covariance"]
     assert rows and all(np.isfinite(b["epsilon"]) for b in rows if b["kind"] != "not applicable")
     with pytest.raises(ValueError, match=r"attack\.explained_variance must be null unless"):
         AuditSettings.from_mappings(attack={"explained_variance": 0.9})
     with pytest.raises(ValueError, match=r"attack\.explained_variance must be in \(0, 1\]"):
         AuditSettings.from_mappings(attack={"estimator": "woodbury", "explained_variance": 1.5})
+
+
+@pytest.mark.parametrize("estimator", ["ledoit_wolf", "oas", "diagonal", "dense", "woodbury"])
+def test_covariance_and_glir_score_dirac_canaries_on_dead_coordinates(tmp_path, estimator):
+    """The default audit's Dirac canaries sit on dead coordinates, where every reference
+    gradient is 0: the noise-aware precision is (sigma^2 C^2 / b)^-1 I there, never singular,
+    so the covariance score is an increasing affine map of the scalar product (the same ranks,
+    hence the same AUC and bounds) and GLiR runs too. The estimator's choice is recorded."""
+    cfg = {
+        **TINY,
+        "dp": {"noise_multiplier": 4.0, "steps": 10, "batch_size": 64},
+        "canary": {"kind": "gradient", "count": 20},
+        "attack": {"scores": ["scalar", "covariance", "glir"], "estimator": estimator},
+        "audit": {"methods": ["clopper_pearson", "gdp"]},
+    }
+    run = audit_run(AuditSettings.from_mappings(**cfg), white_box=False)
+    info = run.canary_info["precision"]
+    sigma, b = cfg["dp"]["noise_multiplier"], info["batch_size"]
+    assert info["estimator"] == estimator and info["ridge"] == 0.0 and info["dim"] == 20
+    assert b == pytest.approx(64) and info["noise_ridge"] == pytest.approx(sigma**2 / b)
+    scalar, cov = (np.asarray(run.scores[k]) for k in ("scalar", "covariance"))
+    slope, offset = np.polyfit(scalar, cov, 1)
+    np.testing.assert_allclose(cov, slope * scalar + offset, rtol=1e-6, atol=1e-6 * abs(cov).max())
+    assert slope == pytest.approx(1 / info["noise_ridge"], rel=1e-6)
+    assert np.isfinite(run.scores["glir"]).all() and np.ptp(run.scores["glir"]) > 0
+
+
+def test_attack_ridge_adds_to_the_noise_ridge_and_dense_beyond_its_size_is_named(tmp_path):
+    """attack.ridge regularises beyond the noise: on dead coordinates the covariance score's
+    slope against the scalar product is 1 / (sigma^2 C^2 / b + ridge). An estimator that
+    cannot take the coordinates is refused before training, naming attack.estimator."""
+    cfg = {
+        **TINY,
+        "dp": {"noise_multiplier": 4.0, "steps": 5, "batch_size": 64},
+        "canary": {"kind": "gradient", "count": 10},
+        "attack": {"scores": ["scalar", "covariance"], "ridge": 1.0},
+    }
+    run = audit_run(AuditSettings.from_mappings(**cfg), white_box=False)
+    info = run.canary_info["precision"]
+    assert info["ridge"] == 1.0
+    slope = np.polyfit(run.scores["scalar"], run.scores["covariance"], 1)[0]
+    assert slope == pytest.approx(1 / (info["noise_ridge"] + 1.0), rel=1e-6)
+    with pytest.raises(ValueError, match=r"^attack\.ridge must be a non-negative"):
+        AuditSettings.from_mappings(attack={"ridge": -0.5})
+    big = {**cfg, "model": {"name": "mlp"},
+           "canary": {"kind": "input", "count": 4, "source": "mislabeled", "candidates": 20},
+           "attack": {"scores": ["covariance"], "estimator": "dense"}}
+    with pytest.raises(ValueError, match=r"^attack\.estimator=dense: dense estimator forms d x d"):
+        audit_run(AuditSettings.from_mappings(**big), white_box=False)
 
 
 def test_allowed_names_come_from_the_registries():

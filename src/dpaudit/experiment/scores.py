@@ -21,7 +21,7 @@ from dpaudit.attacks import (
     ScalarProduct,
     StepScore,
 )
-from dpaudit.covariance import PrecisionOperator, estimate_precision, noise_aware
+from dpaudit.covariance import PrecisionOperator, estimate_precision
 from dpaudit.experiment.canary_setup import LOSS, CanarySetup
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.gradients import per_sample_clipped_grads
@@ -41,11 +41,13 @@ class ScoreContext:
 
     @functools.cached_property
     def precision(self) -> PrecisionOperator:
-        """Noise-aware precision, estimated once for all scores that need it: the
-        ``attack.estimator`` of the clipped reference gradients at theta_0 plus
-        (sigma^2 C^2 / b) I, what the released mean's covariance is. ``woodbury`` takes that
-        ridge directly (it needs one) and its optional ``attack.explained_variance``
-        truncation; what it kept is recorded in the canary info (``precision``)."""
+        """Noise-aware precision, estimated once for all scores that need it: the inverse of
+        the ``attack.estimator``'s covariance of the clipped reference gradients at theta_0
+        plus (sigma^2 C^2 / b + ``attack.ridge``) I, what the released mean's covariance is
+        (DESIGN 4.3). With sigma > 0 (the settings' rule) it is never singular, also where every
+        reference gradient is the same (Dirac canaries on dead coordinates). What was built is
+        recorded in the canary info (``precision``): estimator, references, b, the two ridges,
+        woodbury's rank."""
         a, dp, setup = self.settings.attack, self.settings.dp, self.setup
         x, y = setup.references
         k = min(a.n_references, len(x))
@@ -54,15 +56,23 @@ class ScoreContext:
         )
         if setup.coordinates is not None:  # the hook's coordinate view
             grads = grads[:, torch.as_tensor(setup.coordinates, device=grads.device)]
-        if a.estimator == "woodbury":  # the noise's ridge regularises the low-rank estimate
-            noise = dp.noise_multiplier**2 * dp.max_grad_norm**2 / self.expected_batch_size
-            op = estimate_precision(
-                grads, "woodbury", ridge=noise, explained_variance=a.explained_variance
-            )
-            self.setup.info["precision"] = op.summary()
-            return op
-        base = estimate_precision(grads, a.estimator)
-        return noise_aware(base, dp.noise_multiplier, dp.max_grad_norm, self.expected_batch_size)
+        noise = dp.noise_multiplier**2 * dp.max_grad_norm**2 / self.expected_batch_size
+        extra = {"explained_variance": a.explained_variance} if a.estimator == "woodbury" else {}
+        try:
+            op = estimate_precision(grads, a.estimator, ridge=noise + a.ridge, **extra)
+        except ValueError as err:  # e.g. dense beyond its dimension: name the setting
+            raise ValueError(f"attack.estimator={a.estimator}: {err}") from err
+        summary = op.summary() if hasattr(op, "summary") else {}
+        self.setup.info["precision"] = {
+            "estimator": a.estimator,
+            "n_refs": k,
+            "dim": int(grads.shape[1]),
+            "batch_size": self.expected_batch_size,
+            "noise_ridge": noise,
+            "ridge": a.ridge,
+            **{key: v for key, v in summary.items() if key not in ("n_refs", "ridge")},
+        }
+        return op
 
 
 def _mixture_lr(ctx: ScoreContext) -> StepScore:

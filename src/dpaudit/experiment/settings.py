@@ -89,6 +89,11 @@ def _positive(group, name, v, integer=False):
         _fail(group, name, "a positive finite " + ("integer" if integer else "number"), v)
 
 
+def _nonnegative(group, name, v):
+    if not (_number(v) and v >= 0):
+        _fail(group, name, "a non-negative finite number", v)
+
+
 def _choice(group, name, v, options):
     if v not in options:
         _fail(group, name, f"one of {options}", v)
@@ -254,6 +259,10 @@ class AttackSettings:
     )
     estimator: str = _opt("ledoit_wolf", "covariance / glir precision estimator", "ESTIMATORS")
     n_references: int = _opt(128, "reference points for the covariance / glir precision")
+    ridge: float = _opt(
+        0.0, "covariance / glir: ridge added to the DP noise's (sigma^2 C^2 / b) I in the "
+        "precision; needed only at dp.noise_multiplier=0 when the references are all equal"
+    )
     explained_variance: float | None = _opt(
         None, "woodbury only: keep the fewest reference components reaching this share of the "
         "variance (null: all; the kept rank is reported in canary_info.precision)"
@@ -268,6 +277,7 @@ class AttackSettings:
                 _choice("attack", "scores", s, attacks)
         _choice("attack", "estimator", self.estimator, _registry_names("ESTIMATORS"))
         _positive("attack", "n_references", self.n_references, integer=True)
+        _nonnegative("attack", "ridge", self.ridge)
         if self.explained_variance is not None:
             if self.estimator != "woodbury":
                 _fail("attack", "explained_variance", "null unless attack.estimator=woodbury "
