@@ -64,6 +64,16 @@ def test_one_run_audit_report(tmp_path):
         ("canary", {"norm": 2.0}, "exceeds the clip norm"),
         ("canary", {"count": 100000}, "larger than the candidate pool"),
         ("canary", {"kind": "input", "count": 500, "candidates": 100}, "candidate pool"),
+        (
+            "canary",
+            {"kind": "input", "source": "blank", "count": 12, "candidates": 1000},
+            r"the blank source makes at most 10 here, whatever canary\.candidates says",
+        ),
+        (
+            "canary",
+            {"kind": "input", "selection": "stratified", "count": 12},
+            r"canary\.count must be a multiple of 5 with canary\.selection=stratified",
+        ),
         ("attack", {"scores": ["nope"]}, "attack.scores"),
         ("audit", {"confidence": 95}, "audit.confidence"),
         ("model", {"name": "resnet"}, "model.name"),
@@ -74,6 +84,26 @@ def test_bad_settings_fail_clearly(group, values, needle):
     cfg = {**TINY, group: {**TINY.get(group, {}), **values}}
     with pytest.raises(ValueError, match=needle):
         run_audit(**cfg)
+
+
+def test_stratified_selection_draws_count_over_five_score_strata():
+    """canary.selection=stratified: count / 5 canaries at random from each quintile of the
+    candidates' Mahalanobis scores (seeded), count in all, each quintile represented."""
+    cfg = {
+        **TINY,
+        "dp": {"noise_multiplier": 1.0, "steps": 2, "batch_size": 64},
+        "canary": {"kind": "input", "count": 10, "selection": "stratified", "candidates": 60},
+        "attack": {"scores": ["scalar"]},
+    }
+    settings = AuditSettings.from_mappings(**cfg)
+    setup = prepare_run(settings, np.ones(10, dtype=bool)).setup
+    chosen, scores = np.asarray(setup.chosen), np.asarray(setup.candidate_scores)
+    assert len(chosen) == len(set(chosen.tolist())) == 10
+    ranks = np.argsort(np.argsort(scores))  # 0 = lowest score
+    strata = ranks[chosen] * 5 // len(scores)
+    assert sorted(np.bincount(strata, minlength=5).tolist()) == [2] * 5
+    again = prepare_run(settings, np.ones(10, dtype=bool)).setup
+    assert np.array_equal(again.chosen, setup.chosen)
 
 
 def test_settings_reject_unknown_group():

@@ -396,3 +396,15 @@ def test_joblib_launcher_runs_jobs_in_parallel_processes(tmp_path):
     assert len(summary["jobs"]) == 2 and summary["pending"] == []
     assert all(r["eps_certified"] <= r["eps_claimed"] for r in summary["jobs"])
     assert {r["status"] for r in summary["jobs"]} <= {"consistent", "estimate_above_claim"}
+
+
+def test_vanishing_bounds_warning_is_given_once_per_audit(tmp_path):
+    """Both membership bits are prepared, but the 'expect epsilon bounds of 0' warning about
+    too few runs is one statement about the audit: given once."""
+    cfg = {
+        **MULTI, "canary": {"kind": "gradient", "count": 1}, "audit": {**MULTI["audit"], "runs": 4}
+    }
+    with pytest.warns(UserWarning) as caught:
+        run_audit(output_dir=tmp_path, **cfg)
+    vanish = [w for w in caught if "expect epsilon bounds of 0" in str(w.message)]
+    assert len(vanish) == 1 and "raise audit.runs" in str(vanish[0].message)

@@ -35,7 +35,7 @@ from dpaudit.canaries import (
 from dpaudit.capture import GradientCanaries, InputCanaries
 from dpaudit.capture.gradient_canaries import NORM_SLACK
 from dpaudit.covariance import PrecisionOperator
-from dpaudit.experiment.settings import AuditSettings
+from dpaudit.experiment.settings import STRATA, AuditSettings
 from dpaudit.experiment.threat import canary_sample_rate
 from dpaudit.gradients import per_sample_clipped_grads, resolve_parameter_names
 
@@ -219,9 +219,15 @@ def _input(settings, model, train_set, references, params, membership, rng, devi
     )
     k = c.count
     if k > len(cand):
+        fix = (
+            "raise canary.candidates or lower canary.count"
+            if len(cand) >= c.candidates
+            else f"the {c.source} source makes at most {len(cand)} here, whatever "
+            "canary.candidates says: lower canary.count or choose another canary.source"
+        )
         raise ValueError(
             f"canary.count={k} is larger than the candidate pool ({len(cand)} "
-            f"{c.source} candidates; raise canary.candidates or lower canary.count)"
+            f"{c.source} candidates; {fix})"
         )
     if c.selection in ("easy", "medium", "hard"):
         if 3 * k > len(cand):
@@ -232,6 +238,10 @@ def _input(settings, model, train_set, references, params, membership, rng, devi
         chosen = select_canaries(ranking.scores, "easy_medium_hard", k=k).by_label()[c.selection]
     elif c.selection == "random":
         chosen = rng.choice(len(cand), size=k, replace=False)
+    elif c.selection == "stratified":  # count / STRATA at random from each score quantile
+        chosen = select_canaries(
+            ranking.scores, "stratified", k=k // STRATA, num_strata=STRATA, seed=rng
+        ).indices
     else:
         chosen = select_canaries(ranking.scores, c.selection, k=k, seed=rng).indices
     chosen = np.asarray(chosen)

@@ -115,7 +115,7 @@ def run_one(
     membership = np.full(settings.canary.count, bit)
     cache = {} if prepared is None else prepared
     if bit not in cache:
-        cache[bit] = prepare_run(settings, membership)
+        cache[bit] = prepare_run(settings, membership, warn=not cache)  # one warning per audit
     record = audit_run(
         settings,
         run_seed=seeds.run_seed(settings.seed, r),

@@ -232,7 +232,9 @@ class PreparedRun:
     threat: ThreatModel
 
 
-def prepare_run(settings: AuditSettings, membership: np.ndarray | None = None) -> PreparedRun:
+def prepare_run(
+    settings: AuditSettings, membership: np.ndarray | None = None, warn: bool = True
+) -> PreparedRun:
     """Load the data, build the model at theta_0, set up the canaries, the threat model and
     the attack scores.
 
@@ -240,7 +242,8 @@ def prepare_run(settings: AuditSettings, membership: np.ndarray | None = None) -
     canaries drawn from the training data are held out of it first), so it is the same in
     every run of an audit. Refused before anything is loaded: a device that is not available
     (``resolve_device``) and an audit without members or non-members (``membership_counts``);
-    a warning names canary.count when the bounds are expected to be 0.
+    a warning names canary.count when the bounds are expected to be 0 (``warn=False``: not
+    again, for the second membership bit of a multi-run audit).
     """
     seed, dp = settings.seed, settings.dp
     device = resolve_device(settings)
@@ -260,7 +263,8 @@ def prepare_run(settings: AuditSettings, membership: np.ndarray | None = None) -
         setup.info["predicted_leakage"] = predict_input_leakage(
             settings, model, setup, sample_rate, expected_b
         )
-    warn_if_bounds_vanish(settings, counts, threat, setup.info)
+    if warn:
+        warn_if_bounds_vanish(settings, counts, threat, setup.info)
     return PreparedRun(model, test, setup, sample_rate, scores, threat)
 
 

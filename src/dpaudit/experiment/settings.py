@@ -26,6 +26,7 @@ PLACEMENTS = ("least_active", "random_live")
 GRADIENT_POLICIES = ("every_step", "bernoulli")
 VIEWS = ("full", "auto")
 CANARY_SELECTIONS = ("top", "easy", "medium", "hard", "stratified", "random")
+STRATA = 5  # canary.selection=stratified: count / STRATA canaries from each score quintile
 MODES = ("one_run", "multi_run")
 OPTIMIZERS = ("sgd", "adam")
 
@@ -220,7 +221,8 @@ class CanarySettings:
                      "coordinates (O(K^2) per step), full the whole gradient", VIEWS)
     source: str = _opt("mislabeled", "input: candidate pool", "INPUT_SOURCES")
     selection: str = _opt("top", "input: which ranked candidates (easy/medium/hard need 3 x "
-                          "count candidates)", CANARY_SELECTIONS)
+                          "count candidates; stratified: count / 5 from each score quintile)",
+                          CANARY_SELECTIONS)
     candidates: int = _opt(200, "input: size of the candidate pool, >= count")
     n_references: int = _opt(128, "reference points for Algorithm 3's covariance")
     estimator: str = _opt("ledoit_wolf", "input: Algorithm 3's covariance estimator",
@@ -241,6 +243,9 @@ class CanarySettings:
             _unit("canary", "inclusion_prob", self.inclusion_prob, closed_right=True)
         _choice("canary", "source", self.source, _registry_names("INPUT_SOURCES"))
         _choice("canary", "selection", self.selection, CANARY_SELECTIONS)
+        if self.kind == "input" and self.selection == "stratified" and self.count % STRATA:
+            _fail("canary", "count", f"a multiple of {STRATA} with canary.selection=stratified "
+                  f"(count / {STRATA} canaries from each of {STRATA} score strata)", self.count)
         _positive("canary", "candidates", self.candidates, integer=True)
         _positive("canary", "n_references", self.n_references, integer=True)
         _choice("canary", "estimator", self.estimator, _registry_names("ESTIMATORS"))
