@@ -36,6 +36,7 @@ def test_one_run_audit_report(tmp_path):
     assert not res["independent_canaries"]
     assert {b["kind"] for b in res["bounds"]} == {"estimate"}
     assert v["best_lower_bound"] == 0.0 and v["best_method"] is None
+    assert not v["certified_bound_applies"] and "no certified epsilon bound applies" in v["message"]
     assert 0.0 < v["best_estimate"] <= th["upper_bound"] and v["status"] == "consistent"
     # Statements are simultaneously valid: each at 1 - 0.05 / (2 attacks x (3 methods + the
     # claim test) + 3 white-box tests: noise floor, noise independence at the 30 dead
@@ -75,6 +76,7 @@ def test_one_run_audit_report(tmp_path):
             r"canary\.count must be a multiple of 5 with canary\.selection=stratified",
         ),
         ("attack", {"scores": ["nope"]}, "attack.scores"),
+        ("attack", {"scores": ["batch_size"]}, "without 'batch_size' in a one-run audit"),
         ("audit", {"confidence": 95}, "audit.confidence"),
         ("model", {"name": "resnet"}, "model.name"),
         ("dp", {"lr_typo": 1}, "unknown dp setting"),

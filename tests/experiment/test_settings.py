@@ -11,10 +11,14 @@ import torch
 from dpaudit.experiment.canary_setup import draw_membership
 from dpaudit.experiment.run import (
     expected_certified_bound,
+    ideal_scores,
     membership_counts,
     resolve_device,
+    warn_if_bounds_vanish,
 )
 from dpaudit.experiment.settings import AuditSettings, describe_settings
+from dpaudit.experiment.threat import threat_model_for
+from dpaudit.threat_model import ThreatModel
 
 
 @pytest.mark.parametrize(
@@ -103,3 +107,41 @@ def test_describe_settings_has_every_field_with_allowed_values():
             assert f"  {name} " in text, name
     assert "allowed: gradient | input" in text
     assert np.all([line.strip() for line in text.splitlines()])
+
+
+@pytest.mark.parametrize("q", [1.0, 0.3])
+def test_ideal_scores_are_the_likelihood_ratio_of_the_claimed_mechanism(q):
+    """One step, canary norm C, sigma 1 (m = 1): the most powerful attack's score s is the log
+    likelihood ratio, so E_out[e^s] = 1 and E_in[e^-s] = 1 (q = 1: N(1, 1) vs N(0, 1), whose
+    log ratio is x - 1/2, so the test is on s - 1/2). Tolerance: 4 standard errors."""
+    threat = ThreatModel(noise_multiplier=1.0, max_grad_norm=1.0, sample_rate=q, steps=1,
+                         delta=1e-5, canary_kind="gradient")
+    n = 200_000
+    s_in, s_out = ideal_scores(threat, n, n, seed=3)
+    llr_in, llr_out = (s_in - 0.5, s_out - 0.5) if q == 1.0 else (s_in, s_out)
+    for values in (np.exp(llr_out), np.exp(-llr_in)):
+        assert abs(values.mean() - 1) < 4 * values.std() / np.sqrt(n)
+    assert np.mean(s_in) > np.mean(s_out)
+
+
+def test_poisson_canary_defaults_say_before_training_that_they_certify_nothing():
+    """canary=gradient_poisson at the default dp (sigma 6, q = 0.048, 200 canaries): even the
+    most powerful attack certifies 0, said with what to change; at sigma 1 and 1000 canaries
+    a positive bound is expected and nothing is said."""
+    def expect(noise, count):
+        settings = AuditSettings.from_mappings(
+            dp={"noise_multiplier": noise},
+            canary={"kind": "gradient", "policy": "bernoulli", "count": count},
+        )
+        threat = threat_model_for(settings, 64 / 1347, 100, 1.0)
+        info = {}
+        warn_if_bounds_vanish(settings, membership_counts(settings), threat, info)
+        return info["expected_certified_epsilon"]
+
+    with pytest.warns(UserWarning, match=r"expect epsilon bounds of 0: canary\.count=200 .*"
+                      r"most powerful attack on Poisson gradient canaries .*lower "
+                      r"dp\.noise_multiplier, raise dp\.steps or canary\.inclusion_prob"):
+        weak = expect(6.0, 200)
+    assert weak["epsilon"] == 0 and "advice" in weak
+    strong = expect(1.0, 1000)
+    assert strong["epsilon"] > 0.1 and "advice" not in strong

@@ -386,9 +386,15 @@ def verdict(
             f"evidence rejects it at {confidence:.0%}; {noise}. [{where}]"
         )
     else:
+        certified = (
+            f"certified epsilon >= {cert_eps:.3f}"
+            if cert
+            else "no certified epsilon bound applies: every bound here is an estimate or not "
+            "applicable (canaries that are not independent certify only through one_run)"
+        )
         message = (
             f"consistent: no certified evidence against the claim at {confidence:.0%} "
-            f"(certified epsilon >= {cert_eps:.3f}, best estimate {est_eps:.3f} vs claimed "
+            f"({certified}, best estimate {est_eps:.3f} vs claimed "
             f"{claimed:.3f}); {noise}. [{where}]"
         )
     return {
@@ -401,6 +407,7 @@ def verdict(
         "claimed_epsilon": claimed,
         "upper_bound": claimed,
         "best_lower_bound": cert_eps,
+        "certified_bound_applies": cert is not None,
         "best_attack": cert["attack"] if cert else None,
         "best_method": cert["method"] if cert else None,
         "ratio": cert_eps / claimed if claimed > 0 else float("nan"),

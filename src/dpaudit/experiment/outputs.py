@@ -81,6 +81,9 @@ def console_table(result: dict) -> str:
                   "Koskela & Mohammadi Sec. 9.2): "
                   + ", ".join(f"{a} epsilon {r['epsilon']:.3f}" for a, r in pld.items())]
     lines += white_box_lines(result.get("white_box"))
+    expected = (result.get("canary_info") or {}).get("expected_certified_epsilon") or {}
+    if expected.get("advice"):  # said before training too: a 0 above is no surprise
+        lines += ["", f"as said before training: {expected['advice']}"]
     note = (th.get("training_data") or {}).get("note")
     if note:
         lines += ["", note]

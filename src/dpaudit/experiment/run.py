@@ -97,15 +97,50 @@ def membership_counts(settings: AuditSettings) -> tuple[int, int]:
     return members, c.count - members
 
 
+def ideal_scores(
+    threat: ThreatModel, n_in: int, n_out: int, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Member / non-member scores of the most powerful attack on one gradient canary of a
+    correct run, drawn from the claimed mechanism itself (seeded, ``seeds.POWER_SIMULATION``).
+
+    Every step (q = 1): N(mu, 1) vs N(0, 1) with mu = sqrt(T) c / (sigma C). Poisson canaries
+    (q < 1): the summed per-step log-likelihood ratio log(1 - q + q exp(m y - m^2 / 2)), y the
+    released coordinate over sigma C, m = c / (sigma C), the Neyman-Pearson test of the
+    subsampled Gaussian. No real attack does better, so a bound that is 0 here is 0 for the
+    audit."""
+    rng = seeds.stream(seed, seeds.POWER_SIMULATION)
+    c = threat.canary_norm or threat.max_grad_norm
+    m = c / (threat.noise_multiplier * threat.max_grad_norm)
+    q, steps = threat.sample_rate, threat.steps
+    if q >= 1.0:
+        mu = m * np.sqrt(steps)
+        return rng.standard_normal(n_in) + mu, rng.standard_normal(n_out)
+
+    def draw(n: int, member: bool) -> np.ndarray:
+        out, rows = np.empty(n), max(1, 2_000_000 // steps)  # bounded memory per chunk
+        for i in range(0, n, rows):
+            y = rng.standard_normal((min(rows, n - i), steps))
+            if member:
+                y += m * (rng.random(y.shape) < q)
+            out[i : i + len(y)] = np.log1p(q * np.expm1(m * y - m * m / 2)).sum(axis=1)
+        return out
+
+    return draw(n_in, True), draw(n_out, False)
+
+
 def expected_certified_bound(
-    n_in: int, n_out: int, mu: float | None, confidence: float, delta: float, seed: int = 0
+    n_in: int, n_out: int, mu: float | None, confidence: float, delta: float, seed: int = 0,
+    scores: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> float:
     """The Clopper-Pearson epsilon bound of n_in member / n_out non-member scores drawn as
     N(mu, 1) / N(0, 1) (mu None: perfectly separated scores, the most any certified rate
-    bound can give with these counts). Used to say before training what an audit can show."""
+    bound can give with these counts), or of the given ``scores``. Used to say before
+    training what an audit can show."""
     from dpaudit.stats import epsilon_lower_bound
 
-    if mu is None:
+    if scores is not None:
+        s_in, s_out = scores
+    elif mu is None:
         s_in, s_out = np.ones(n_in), np.zeros(n_out)
     else:
         rng = seeds.stream(seed, seeds.POWER_SIMULATION)
@@ -116,30 +151,50 @@ def expected_certified_bound(
     return float(res.epsilon)
 
 
-def warn_if_bounds_vanish(settings: AuditSettings, counts, threat: ThreatModel, info: dict):
-    """Warn, naming canary.count, when this audit's certified bounds are expected to be 0:
-    too few canaries for the leakage they carry (the exact mu of every-step gradient canaries,
-    seed 001's predicted mu of input canaries, or perfect separation otherwise)."""
-    mu, source = None, "perfectly separated scores"
+def warn_if_bounds_vanish(
+    settings: AuditSettings, counts, threat: ThreatModel, info: dict, warn: bool = True
+) -> None:
+    """Say before training, naming what to change, when this audit's certified bounds are
+    expected to be 0: too few canaries, or too little leakage per canary, for the scores of
+    seed 001's predicted mu of input canaries, of the most powerful attack on gradient
+    canaries of a correct run (``ideal_scores``), or of perfect separation otherwise. The
+    expectation is kept in ``info["expected_certified_epsilon"]`` (the report prints it);
+    ``warn=False`` records it without warning again."""
+    mu, scores, source = None, None, "perfectly separated scores"
     pred = info.get("predicted_leakage")
+    n_in, n_out = counts
     if pred is not None:
         mu = float(np.mean(pred["mu_composed"]))
         source = f"seed 001's predicted mean mu={mu:.3g} of these input canaries"
-    elif settings.canary.kind == "gradient" and threat.mu() is not None:
-        mu = float(threat.mu())
-        source = f"the exact mu={mu:.3g} of every-step gradient canaries"
-    n_in, n_out = counts
-    a = settings.audit
-    expected = expected_certified_bound(n_in, n_out, mu, a.confidence, threat.delta, settings.seed)
-    if expected <= 0:
-        more = "audit.runs" if a.mode == "multi_run" else "canary.count"
-        warnings.warn(
-            f"expect epsilon bounds of 0: canary.count={settings.canary.count} gives {n_in} "
-            f"member and {n_out} non-member scores, too few to certify a positive epsilon at "
-            f"{a.confidence:.0%} confidence for {source} (a simulated Clopper-Pearson bound is "
-            f"0); raise {more} or use canaries that leak more",
-            stacklevel=3,
+    elif settings.canary.kind == "gradient":
+        scores = ideal_scores(threat, n_in, n_out, settings.seed)
+        source = (
+            f"the exact mu={threat.mu():.3g} of every-step gradient canaries"
+            if threat.mu() is not None
+            else "the most powerful attack on Poisson gradient canaries (q_c = "
+            f"{threat.sample_rate:.3g}) of a correct run"
         )
+    a = settings.audit
+    expected = expected_certified_bound(
+        n_in, n_out, mu, a.confidence, threat.delta, settings.seed, scores=scores
+    )
+    info["expected_certified_epsilon"] = {"epsilon": expected, "for": source}
+    if expected > 0 or not warn:
+        return
+    more = "audit.runs" if a.mode == "multi_run" else "canary.count"
+    leak = (
+        "lower dp.noise_multiplier, raise dp.steps or canary.inclusion_prob"
+        if settings.canary.kind == "gradient"
+        else "use canaries that leak more"
+    )
+    message = (
+        f"expect epsilon bounds of 0: canary.count={settings.canary.count} gives {n_in} "
+        f"member and {n_out} non-member scores, too few to certify a positive epsilon at "
+        f"{a.confidence:.0%} confidence for {source} (a simulated Clopper-Pearson bound is "
+        f"0); raise {more}, or {leak}"
+    )
+    info["expected_certified_epsilon"]["advice"] = message
+    warnings.warn(message, stacklevel=3)
 
 
 @dataclass
@@ -263,8 +318,7 @@ def prepare_run(
         setup.info["predicted_leakage"] = predict_input_leakage(
             settings, model, setup, sample_rate, expected_b
         )
-    if warn:
-        warn_if_bounds_vanish(settings, counts, threat, setup.info)
+    warn_if_bounds_vanish(settings, counts, threat, setup.info, warn=warn)
     return PreparedRun(model, test, setup, sample_rate, scores, threat)
 
 

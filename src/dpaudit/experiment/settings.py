@@ -377,6 +377,11 @@ class AuditSettings:
             _fail("", "device", "null or a torch device string (cpu, cuda, cuda:N)", self.device)
         if self.dp.bug == "realised_batch_size" and self.dp.max_physical_batch_size:
             _fail("dp", "max_physical_batch_size", "unset with bug=realised_batch_size", 1)
+        if self.audit.mode == "one_run" and "batch_size" in self.attack_scores():
+            _fail("attack", "scores", "without 'batch_size' in a one-run audit: that score reads "
+                  "only the released gradient's norm, the same for every canary of one training, "
+                  "so it cannot tell members apart (use it with audit=multi_run)",
+                  self.attack_scores())
         c = self.canary
         if self.audit.mode == "multi_run" and c.count > 1:
             if c.kind != "gradient" or c.direction != "dirac":
