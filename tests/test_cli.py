@@ -178,6 +178,16 @@ def test_bad_audit_config_fails_clearly(tmp_path, override, needle):
     assert needle in proc.stderr
 
 
+def test_a_data_set_that_cannot_be_loaded_is_refused_in_one_line(tmp_path):
+    """data=cifar10 here: torchvision missing (or, where it is installed, no copy under
+    data.root): exit 2 and one line naming data.name, no traceback."""
+    proc = run_cli(tmp_path, "data=cifar10", "dp.steps=2", "progress=false")
+    assert proc.returncode == 2, proc.stderr
+    error = [line for line in proc.stderr.splitlines() if line.startswith("dpaudit: error:")]
+    assert len(error) == 1 and "data.name=cifar10" in error[0]
+    assert "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize("launcher", ["slurm_gpu", "cpu_parallel"])
 def test_launcher_presets_compose(launcher):
     from hydra import compose, initialize_config_module

@@ -188,11 +188,12 @@ def _hydra_main(cfg: DictConfig):
         with warnings.catch_warnings():
             warnings.showwarning = router
             result = call(cfg.task, output_dir=str(out))
-    except (ValueError, RuntimeError, InstantiationException) as exc:  # user error: one line
+    except (ValueError, RuntimeError, ImportError, InstantiationException) as exc:  # one line
         err = exc.__cause__ if isinstance(exc, InstantiationException) else exc
-        from dpaudit.report.lock import DirectoryBusyError  # only on this path (matplotlib)
+        from dpaudit.data import MissingExtraError  # only on this path
+        from dpaudit.report.lock import DirectoryBusyError  # (matplotlib)
 
-        if not isinstance(err, ValueError | DirectoryBusyError):
+        if not isinstance(err, ValueError | DirectoryBusyError | MissingExtraError):
             raise
         file_log.error("error: %s", err)
         if hc.mode != RunMode.RUN or os.environ.get("HYDRA_FULL_ERROR") == "1":

@@ -107,12 +107,17 @@ def _synthetic(
     return _tensors(xtr, ytr, (dim,)), _tensors(xte, y[te], (dim,)), info
 
 
-def _torchvision():
+class MissingExtraError(ImportError):
+    """An optional extra the chosen setting needs is not installed (the CLI says so in one
+    line, like a bad setting)."""
+
+
+def _torchvision(name: str):
     try:
         import torchvision
     except Exception as err:  # ImportError, or a broken install
-        raise ImportError(
-            "this dataset needs torchvision, which is not usable here: install the release "
+        raise MissingExtraError(
+            f"data.name={name} needs torchvision, which is not usable here: install the release "
             "built for your torch (torchvision 0.28.0 for torch 2.13.0), e.g. from the "
             "repository root: pip install -c requirements/dev.txt -e '.[vision]'"
         ) from err
@@ -129,11 +134,17 @@ def _vision(
     **_,
 ):
     """A torchvision set with its fixed train/test split (``test_fraction`` unused)."""
-    tv = _torchvision()
+    tv = _torchvision(name)
     cls = {"fmnist": tv.datasets.FashionMNIST, "cifar10": tv.datasets.CIFAR10}[name]
     out = []
     for train in (True, False):
-        ds = cls(root=str(root), train=train, download=download)
+        try:
+            ds = cls(root=str(root), train=train, download=download)
+        except RuntimeError as err:  # torchvision: not found (and download=False)
+            raise ValueError(
+                f"data.name={name}: not found under data.root={root} ({err}); point data.root "
+                "at a copy, or set data.download=true where the internet can be reached"
+            ) from err
         x = np.asarray(ds.data, dtype=np.float32) / 255.0
         x = x[:, None] if x.ndim == 3 else x.transpose(0, 3, 1, 2)  # (N, C, H, W)
         out.append((x, np.asarray(ds.targets, dtype=np.int64)))

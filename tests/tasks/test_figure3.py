@@ -115,6 +115,9 @@ def test_shuffle_sampling_makes_one_pass_per_epoch():
         ({"sampling": "rr"}, "sampling"),
         ({"candidates": 5, "canaries_per_class": 2}, "canaries_per_class"),
         ({"dp": {"lr": -1}}, "dp.lr"),
+        # 2 runs x 1 target per class: some class is a member in both runs or in neither
+        ({"runs": 2, "canaries_per_class": 1, "n_references": 20},
+         r"task\.runs=2: the membership drawn for the \w+ targets has no (non-)?member run"),
     ],
 )
 def test_bad_arguments_fail_clearly(kwargs, needle):

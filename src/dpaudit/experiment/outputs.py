@@ -84,6 +84,10 @@ def console_table(result: dict) -> str:
     expected = (result.get("canary_info") or {}).get("expected_certified_epsilon") or {}
     if expected.get("advice"):  # said before training too: a 0 above is no surprise
         lines += ["", f"as said before training: {expected['advice']}"]
+    elif expected and v.get("certified_bound_applies") and not v["best_lower_bound"] > 0:
+        lines += ["", f"certified 0 where about {expected['epsilon']:.3g} was expected before "
+                  f"training for {expected['for']} (a simulated Clopper-Pearson bound): these "
+                  "attacks fell short of that one, or the draw was unlucky"]
     note = (th.get("training_data") or {}).get("note")
     if note:
         lines += ["", note]

@@ -119,6 +119,14 @@ def figure3(
     precision = noise_aware(ranking.precision, dps.noise_multiplier, dps.max_grad_norm, b)
     q = poisson_sample_rate(dps, n_pool)
     membership = rng.random((int(runs), canary_pos.size)) < 0.5
+    for cls in CLASSES:  # refused here, before any training, rather than after all of it
+        mem = membership[:, np.asarray(sel.labels) == cls]
+        if mem.all() or not mem.any():
+            raise ValueError(
+                f"task.runs={runs}: the membership drawn for the {cls} targets has no "
+                f"{'non-member' if mem.all() else 'member'} run to compare with; raise "
+                "task.runs or task.canaries_per_class"
+            )
     table = {a: np.zeros(membership.shape) for a in ATTACKS}
     accuracy, steps = [], 0
     for r in range(int(runs)):
