@@ -84,6 +84,8 @@ def test_one_run_audit_report(tmp_path):
 )
 def test_bad_settings_fail_clearly(group, values, needle):
     cfg = {**TINY, group: {**TINY.get(group, {}), **values}}
+    if cfg["canary"]["kind"] == "input":  # TINY's mixture_lr is for gradient canaries only
+        cfg["attack"] = {"scores": ["scalar"]}
     with pytest.raises(ValueError, match=needle):
         run_audit(**cfg)
 
@@ -106,6 +108,21 @@ def test_stratified_selection_draws_count_over_five_score_strata():
     assert sorted(np.bincount(strata, minlength=5).tolist()) == [2] * 5
     again = prepare_run(settings, np.ones(10, dtype=bool)).setup
     assert np.array_equal(again.chosen, setup.chosen)
+
+
+def test_scores_that_cannot_apply_are_refused_before_anything_is_loaded():
+    """mixture_lr models a gradient canary's per-step inclusion; batch_size gives every canary
+    of one training the same value. Both refused by the settings, naming attack.scores."""
+    with pytest.raises(ValueError, match=r"attack\.scores must be without 'mixture_lr' unless"):
+        AuditSettings.from_mappings(canary={"kind": "input", "count": 5},
+                                    attack={"scores": ["scalar", "mixture_lr"]})
+    with pytest.raises(ValueError, match=r"attack\.scores must be without 'batch_size' in a one"):
+        AuditSettings.from_mappings(attack={"scores": ["batch_size"]})
+    multi = AuditSettings.from_mappings(  # where batch_size can separate: one bit per run
+        canary={"count": 1}, attack={"scores": ["batch_size"]},
+        audit={"mode": "multi_run", "runs": 10},
+    )
+    assert multi.attack_scores() == ["batch_size"]
 
 
 def test_settings_reject_unknown_group():

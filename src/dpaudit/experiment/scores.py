@@ -76,9 +76,8 @@ class ScoreContext:
 
 
 def _mixture_lr(ctx: ScoreContext) -> StepScore:
-    """Mixture likelihood ratio at the canaries' per-step sample rate (the threat model's)."""
-    if ctx.settings.canary.kind != "gradient":
-        raise ValueError("attack.scores: 'mixture_lr' needs canary.kind='gradient'")
+    """Mixture likelihood ratio at the canaries' per-step sample rate (the threat model's);
+    gradient canaries only (``AuditSettings.check``)."""
     return MixtureLR(inclusion_prob=ctx.threat.sample_rate)
 
 

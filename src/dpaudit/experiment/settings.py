@@ -377,6 +377,10 @@ class AuditSettings:
             _fail("", "device", "null or a torch device string (cpu, cuda, cuda:N)", self.device)
         if self.dp.bug == "realised_batch_size" and self.dp.max_physical_batch_size:
             _fail("dp", "max_physical_batch_size", "unset with bug=realised_batch_size", 1)
+        if "mixture_lr" in self.attack_scores() and self.canary.kind != "gradient":
+            _fail("attack", "scores", "without 'mixture_lr' unless canary.kind=gradient (it is "
+                  "the likelihood ratio of a gradient canary's per-step inclusion)",
+                  self.attack_scores())
         if self.audit.mode == "one_run" and "batch_size" in self.attack_scores():
             _fail("attack", "scores", "without 'batch_size' in a one-run audit: that score reads "
                   "only the released gradient's norm, the same for every canary of one training, "
