@@ -45,7 +45,8 @@ MODES = ("one_run", "multi_run")
 # what the CLI's model=NAME composes (the cnn group's own width, not the mlp's default)
 MODEL_GROUPS = {m: {"name": m, **(yaml.safe_load(option_text("model", m)) or {})} for m in MODELS}
 SETTING = re.compile(r"\b(data|model|dp|canary|attack|audit|task)\.[a-z_]+")
-EXPLAINED = ("as said before training", "no certified epsilon bound applies", "certified 0 where")
+EXPLAINED = ("as said before training", "no certified epsilon bound applies", "certified 0 where",
+             "certified 0: these canaries are not independent")
 TINY = {"dp": {"steps": 3}, "progress": False}
 
 

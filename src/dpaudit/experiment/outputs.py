@@ -85,9 +85,19 @@ def console_table(result: dict) -> str:
     if expected.get("advice"):  # said before training too: a 0 above is no surprise
         lines += ["", f"as said before training: {expected['advice']}"]
     elif expected and v.get("certified_bound_applies") and not v["best_lower_bound"] > 0:
-        lines += ["", f"certified 0 where about {expected['epsilon']:.3g} was expected before "
-                  f"training for {expected['for']} (a simulated Clopper-Pearson bound): these "
-                  "attacks fell short of that one, or the draw was unlucky"]
+        cp_certified = any(
+            b["method"] == "clopper_pearson" and b.get("kind") == "certified"
+            for b in result["bounds"]
+        )
+        lines += ["", (
+            f"certified 0 where about {expected['epsilon']:.3g} was expected before training "
+            f"for {expected['for']} (a simulated Clopper-Pearson bound): these attacks fell "
+            "short of that one, or the draw was unlucky"
+            if cp_certified
+            else "certified 0: these canaries are not independent experiments, so only "
+            "one_run certifies here, and it needs many canaries that each leak much (its "
+            "m delta term); the Clopper-Pearson row is an estimate"
+        )]
     note = (th.get("training_data") or {}).get("note")
     if note:
         lines += ["", note]
