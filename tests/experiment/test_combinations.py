@@ -101,7 +101,9 @@ def classify(groups: dict, out) -> tuple[str, str]:
 
     run_module.train_audited = watched
     try:
-        result = run_audit(output_dir=out, **groups)
+        # one-run audits need no directory (plots and files are not what is checked here)
+        multi = groups.get("audit", {}).get("mode") == "multi_run"
+        result = run_audit(output_dir=out if multi else None, **groups)
     except (ValueError, MissingExtraError) as err:
         message = str(err)
         if trained:
