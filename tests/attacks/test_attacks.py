@@ -300,3 +300,19 @@ def test_woodbury_score_float32_close_to_float64_at_moderate_d():
         op = noise_aware(estimate_precision(refs.to(dtype), "woodbury", rel_ridge=0.1), 1, 1, b)
         out.append(covariance_llr(g_star.to(dtype), released[0].to(dtype), op.mean, op, b))
     np.testing.assert_allclose(out[1].numpy(), out[0].numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_per_step_covariance_on_equal_references_is_the_noise_scaled_scalar_product():
+    """References all zero (Dirac canaries on dead coordinates): the noise's ridge is in the
+    estimate itself, so the precision is I / (sigma^2 C^2 / b), never singular, and the score is
+    (g* . g) / r - ||g*||^2 / (2 b r) with r = sigma^2 C^2 / b."""
+    torch.manual_seed(0)
+    b, sigma, clip = 16.0, 0.5, 1.0
+    grads, released = torch.randn(3, D, dtype=torch.float64), torch.randn(D, dtype=torch.float64)
+    refs = torch.zeros(10, D, dtype=torch.float64)
+    ctx = StepContext(0, sigma, clip, b, 0.1, refs)
+    r = sigma**2 * clip**2 / b
+    for method in ("ledoit_wolf", "oas", "diagonal", "dense"):
+        got = PerStepCovarianceScore(method=method).step(grads, released, ctx)
+        want = grads @ released / r - (grads**2).sum(1) / (2 * b * r)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)

@@ -15,7 +15,12 @@ import torch
 
 from dpaudit._validate import check_positive
 from dpaudit.attacks.base import StepContext, StepScore
-from dpaudit.covariance import PrecisionOperator, estimate_precision, noise_aware
+from dpaudit.covariance import (
+    PrecisionOperator,
+    estimate_precision,
+    noise_aware,
+    noise_ridge,
+)
 
 
 def covariance_llr(
@@ -134,11 +139,16 @@ class PerStepCovarianceScore(StepScore):
         refs = ctx.reference_grads
         if refs is None:
             raise ValueError("PerStepCovarianceScore needs ctx.reference_grads (n_r, d)")
+        b = ctx.expected_batch_size
+        noisy = self.noise_aware and ctx.noise_multiplier > 0
         if self.estimator is not None:
             op = self.estimator(refs)
-        else:
-            op = estimate_precision(refs, self.method, **self.estimator_kwargs)
-        b = ctx.expected_batch_size
-        if self.noise_aware and ctx.noise_multiplier > 0:
-            op = noise_aware(op, ctx.noise_multiplier, ctx.max_grad_norm, b)
+            if noisy:
+                op = noise_aware(op, ctx.noise_multiplier, ctx.max_grad_norm, b)
+        else:  # the noise's ridge in the estimate itself: never singular on equal references
+            kwargs = dict(self.estimator_kwargs)
+            if noisy:
+                extra = noise_ridge(ctx.noise_multiplier, ctx.max_grad_norm, b)
+                kwargs["ridge"] = kwargs.get("ridge", 0.0) + extra
+            op = estimate_precision(refs, self.method, **kwargs)
         return covariance_llr(canary_grads, released, op.mean, op, b)

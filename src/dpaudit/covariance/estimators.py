@@ -246,18 +246,25 @@ def shrinkage_precision(
     return op
 
 
-def noise_aware(
-    op: PrecisionOperator, noise_multiplier: float, max_grad_norm: float, batch_size: float
-) -> PrecisionOperator:
-    """Shift any estimator to C + (sigma^2 C_clip^2 / b) I: what DP-SGD's released mean sees.
+def noise_ridge(noise_multiplier: float, max_grad_norm: float, batch_size: float) -> float:
+    """sigma^2 C_clip^2 / b: the ridge DP-SGD's noise adds to the reference covariance.
 
     The mean of b clipped gradients plus N(0, sigma^2 C_clip^2 I)/b has covariance
-    (C + sigma^2 C_clip^2 / b I) / b (DESIGN 4.3).
+    (C + sigma^2 C_clip^2 / b I) / b (DESIGN 4.3). Pass it as an estimator's ``ridge`` where
+    the references alone may be singular (all equal, e.g. on dead coordinates).
     """
     sigma = check_nonnegative(noise_multiplier, "noise_multiplier")
     clip = check_positive(max_grad_norm, "max_grad_norm")
     b = check_positive(batch_size, "batch_size")
-    return op.with_ridge(sigma * sigma * clip * clip / b)
+    return sigma * sigma * clip * clip / b
+
+
+def noise_aware(
+    op: PrecisionOperator, noise_multiplier: float, max_grad_norm: float, batch_size: float
+) -> PrecisionOperator:
+    """Shift any estimator to C + (sigma^2 C_clip^2 / b) I (``noise_ridge``): what DP-SGD's
+    released mean sees."""
+    return op.with_ridge(noise_ridge(noise_multiplier, max_grad_norm, batch_size))
 
 
 def estimate_precision(

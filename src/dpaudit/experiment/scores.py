@@ -21,7 +21,7 @@ from dpaudit.attacks import (
     ScalarProduct,
     StepScore,
 )
-from dpaudit.covariance import PrecisionOperator, estimate_precision
+from dpaudit.covariance import PrecisionOperator, estimate_precision, noise_ridge
 from dpaudit.experiment.canary_setup import LOSS, CanarySetup
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.gradients import per_sample_clipped_grads
@@ -56,7 +56,7 @@ class ScoreContext:
         )
         if setup.coordinates is not None:  # the hook's coordinate view
             grads = grads[:, torch.as_tensor(setup.coordinates, device=grads.device)]
-        noise = dp.noise_multiplier**2 * dp.max_grad_norm**2 / self.expected_batch_size
+        noise = noise_ridge(dp.noise_multiplier, dp.max_grad_norm, self.expected_batch_size)
         extra = {"explained_variance": a.explained_variance} if a.estimator == "woodbury" else {}
         try:
             op = estimate_precision(grads, a.estimator, ridge=noise + a.ridge, **extra)
