@@ -3,7 +3,9 @@
 For each configuration (``default``; ``tight_every_step`` at eps 2 / 4 / 8, i.e.
 ``dp.noise_multiplier`` 19.938 / 10.812 / 6.0023; ``tight_poisson``; ``one_run_live`` at
 eps 4 / 8, ``live_eps4`` / ``live_eps8``: the CNN with 10,000 Dirac canaries on random live
-coordinates) and ``--seeds`` seeds, runs the preset on the correct optimizer and prints two
+coordinates; on real 28x28 images, ``default_mnist5k_cnn`` and ``live_mnist5k_eps4``: the
+default audit and ``one_run_live`` with ``data=mnist5k``, the CNN; run only when named) and
+``--seeds`` seeds, runs the preset on the correct optimizer and prints two
 tables of median [min-max] over seeds, never mixed:
 
 * certified: one_run and Clopper-Pearson epsilon / claimed epsilon, the claim test's
@@ -22,6 +24,7 @@ fdp_one_run it lacks (printed: more methods split the 5% more ways). Runs:
     OMP_NUM_THREADS=1 python benchmarks/tightness.py --seeds 3
     OMP_NUM_THREADS=1 python benchmarks/tightness.py --configs default,tight_eps4 --seeds 10
     OMP_NUM_THREADS=1 python benchmarks/tightness.py --configs live_eps4,live_eps8 --seeds 10
+    OMP_NUM_THREADS=1 python benchmarks/tightness.py --configs default_mnist5k_cnn,live_mnist5k_eps4
 
 Extra Hydra overrides for every configuration go after ``--``.
 """
@@ -48,7 +51,12 @@ CONFIGS = {
     "tight_poisson": ("tight_poisson", []),
     "live_eps4": ("one_run_live", []),
     "live_eps8": ("one_run_live", ["dp.noise_multiplier=6.0022907219891986"]),
+    # the same audits on real 28x28 images (data=mnist5k, the mnist extra) and the CNN
+    "default_mnist5k_cnn": ("default", ["data=mnist5k", "model=cnn"]),
+    "live_mnist5k_eps4": ("one_run_live", ["data=mnist5k"]),
 }
+DEFAULT_CONFIGS = ("default", "tight_eps2", "tight_eps4", "tight_eps8", "tight_poisson",
+                   "live_eps4", "live_eps8")
 WANTED = ("clopper_pearson", "gdp", "gaussian", "fdp_one_run")  # added to a preset's methods
 ESTIMATES = ("gdp", "gaussian", "fdp_one_run")
 
@@ -171,7 +179,7 @@ def print_tables(table) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help=f"of {list(CONFIGS)}")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--json", default=None)

