@@ -123,9 +123,11 @@ def figure3(
     # held-out points for the second prediction: the first of the (random) non-references
     # that are not targets; no draw, so the game's stream is unchanged
     heldout = rest[~np.isin(rest, canary_pos)][:HELDOUT_POINTS]
-    heldout_grads = per_sample_clipped_grads(
-        model0, x_all[heldout].to(dev), y_all[heldout].to(dev), LOSS, dps.max_grad_norm, names
-    )
+    heldout_grads = None
+    if heldout.size >= 2:  # a variance needs two points (else the JSON says None)
+        heldout_grads = per_sample_clipped_grads(
+            model0, x_all[heldout].to(dev), y_all[heldout].to(dev), LOSS, dps.max_grad_norm, names
+        )
     b = float(dps.batch_size)
     precision = noise_aware(ranking.precision, dps.noise_multiplier, dps.max_grad_norm, b)
     q = poisson_sample_rate(dps, n_pool)
@@ -187,13 +189,16 @@ def figure3(
             "mahalanobis": sel.scores[cols].tolist(),
             "predicted_auc_covariance": float(np.mean(pred.auc_summed_score[cols])),
             "predicted_mu_covariance": pred.mu_summed_score[cols].tolist(),
-            "predicted_auc_covariance_heldout": float(
-                np.mean(pred.auc_summed_score_heldout[cols])
-            ),
-            "predicted_mu_covariance_heldout": (
-                pred.mu_summed_score[cols] * pred.heldout_ratio[cols]
-            ).tolist(),
+            "predicted_auc_covariance_heldout": None,
+            "predicted_mu_covariance_heldout": None,
         }
+        if pred.heldout_ratio is not None:
+            entry["predicted_auc_covariance_heldout"] = float(
+                np.mean(pred.auc_summed_score_heldout[cols])
+            )
+            entry["predicted_mu_covariance_heldout"] = (
+                pred.mu_summed_score[cols] * pred.heldout_ratio[cols]
+            ).tolist()
         for a in ATTACKS:
             mem = membership[:, cols]
             s_in, s_out = table[a][:, cols][mem], table[a][:, cols][~mem]
