@@ -10,6 +10,7 @@ the mean Mahalanobis score, as median [min-max] over seeds; then the checks of i
 * |covariance AUC - predicted| <= 0.05, per class and seed (where not, the rows say by how much),
   for the prediction at theta_0 and for the same prediction with the variance along each
   attack direction measured on held-out gradients instead of taken from the estimate;
+* the covariance AUC within 0.03 of the bracket [min, max] of those two predictions;
 
 and the time per seed (set-up, runs, per run), the process's peak memory, threads and load.
 Each seed's ``figure3.json`` and plots go to ``--out/seed_<s>/``. Runs:
@@ -40,6 +41,7 @@ from verdict_power import med_range
 
 CLASSES = ("easy", "medium", "hard")
 PREDICTION_TOLERANCE = 0.05
+BRACKET_SLACK = 0.03
 
 
 def run_seed(preset: str, seed: int, overrides: list[str], out: Path) -> tuple[dict, float]:
@@ -80,6 +82,13 @@ def checks(report: dict) -> dict[str, list[str]]:
             for c in CLASSES
             if res[c][key] is not None and abs(cov[c] - res[c][key]) > PREDICTION_TOLERANCE
         ]
+    bracket = []
+    for c in CLASSES:
+        pred = [res[c][k] for k in ("predicted_auc_covariance", "predicted_auc_covariance_heldout")]
+        pred = [x for x in pred if x is not None]
+        if not min(pred) - BRACKET_SLACK <= cov[c] <= max(pred) + BRACKET_SLACK:
+            bracket.append(f"{c}: {cov[c]:.3f} outside [{min(pred):.3f}, {max(pred):.3f}]")
+    out[f"covariance within {BRACKET_SLACK} of the two predictions' bracket"] = bracket
     return out
 
 
