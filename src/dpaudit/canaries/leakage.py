@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from dpaudit._validate import check_open_unit, check_positive
-from dpaudit.covariance import PrecisionOperator, noise_aware
+from dpaudit.covariance import PrecisionOperator, noise_aware, noise_ridge
 from dpaudit.stats import gdp_auc, gdp_compose, gdp_epsilon
 
 
@@ -93,7 +93,7 @@ def predicted_leakage(
                 "heldout_grads must be (n >= 2, d) gradients and needs total_steps, got "
                 f"shape {tuple(heldout_grads.shape)}, total_steps={total_steps!r}"
             )
-        noise_var = (float(noise_multiplier) * float(max_grad_norm)) ** 2 / b if add_noise else 0
+        noise_var = noise_ridge(noise_multiplier, max_grad_norm, b) if add_noise else 0.0
         ratio = heldout_ratio(diff, op, heldout_grads, noise_var)
         auc_held = np.array([gdp_auc(u) for u in mu_sum * ratio])
     return PredictedLeakage(m, mu_step, mu_comp, eps, auc_comp, mu_sum, auc_sum, ratio, auc_held)

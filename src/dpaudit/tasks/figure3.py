@@ -122,9 +122,13 @@ def figure3(
     n_pool = max(1, round(float(subsample) * pool.size))
     # held-out points for the second prediction: the first of the (random) non-references
     # that are not targets; no draw, so the game's stream is unchanged
-    heldout = rest[~np.isin(rest, canary_pos)][:HELDOUT_POINTS]
-    heldout_grads = None
-    if heldout.size >= 2:  # a variance needs two points (else the JSON says None)
+    at = np.flatnonzero(~np.isin(rest, canary_pos))[:HELDOUT_POINTS]  # positions in rest
+    heldout = rest[at]
+    if heldout.size < 2:  # a variance needs two points (the JSON then says None)
+        heldout_grads = None
+    elif at[-1] < cand_idx.size:  # ranked already (always with candidates=None)
+        heldout_grads = ranking.candidate_grads[at]
+    else:
         heldout_grads = per_sample_clipped_grads(
             model0, x_all[heldout].to(dev), y_all[heldout].to(dev), LOSS, dps.max_grad_norm, names
         )
@@ -182,7 +186,7 @@ def figure3(
     if standardise:
         table = {a: standardise_columns(v) for a, v in table.items()}
     labels = np.asarray(sel.labels)
-    results, split = {}, {}
+    results, split = {}, {c: {} for c in CLASSES}
     for cls in CLASSES:
         cols = np.flatnonzero(labels == cls)
         entry = {
@@ -202,7 +206,7 @@ def figure3(
         for a in ATTACKS:
             mem = membership[:, cols]
             s_in, s_out = table[a][:, cols][mem], table[a][:, cols][~mem]
-            split[f"{cls} / {a}"] = (s_in, s_out)
+            split[cls][a] = (s_in, s_out)
             entry[a] = roc_summary(s_in, s_out, fprs)
         results[cls] = entry
     report = {
@@ -278,7 +282,6 @@ def _write(report, split, ranking, sel, cand_x, cand_y, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     s = report["settings"]
     title = f"seed 001 Figure 3: {s['model']['name']} on {s['data']['name']}"
-    by_class = {c: {a: split[f"{c} / {a}"] for a in ATTACKS} for c in CLASSES}
     res = report["results"]
     predicted = {
         "predicted": {c: res[c]["predicted_mu_covariance"] for c in CLASSES},
@@ -286,7 +289,7 @@ def _write(report, split, ranking, sel, cand_x, cand_y, out: Path) -> None:
             c: res[c]["predicted_mu_covariance_heldout"] for c in CLASSES
         },
     }
-    plot_roc_by_class(by_class, out / "figure3_roc.png", predicted, title=title)
+    plot_roc_by_class(split, out / "figure3_roc.png", predicted, title=title)
     plot_score_distribution(ranking.scores, sel, out / "mahalanobis_candidates.png")
     groups = sel.by_label()
     plot_canary_grid(
