@@ -8,8 +8,10 @@ coordinates; on real 28x28 images (``data=mnist5k``, run only when named): ``def
 ``--seeds`` seeds, runs the preset on the correct optimizer and prints two
 tables of median [min-max] over seeds, never mixed:
 
-* certified: one_run and Clopper-Pearson epsilon / claimed epsilon, the claim test's
-  mu_lower / mu (every-step threat models, where mu exists), sigma / sigma_upper (1 = the
+* certified: one_run, fdp_one_run_certified and Clopper-Pearson epsilon / claimed epsilon,
+  the claim test's mu_lower / mu (every-step threat models, where mu exists), the one-run
+  claim test's mu_lower / mu and how often it rejected (canaries trained together, where the
+  threshold claim test is not certified), sigma / sigma_upper (1 = the
   data pin the noise down to the configured one) and the verdict's best certified epsilon,
   each only where the audit certifies it (Clopper-Pearson and the claim test need independent
   canaries, which live coordinates do not give);
@@ -59,7 +61,8 @@ CONFIGS = {
 }
 DEFAULT_CONFIGS = ("default", "tight_eps2", "tight_eps4", "tight_eps8", "tight_poisson",
                    "live_eps4", "live_eps8")
-WANTED = ("clopper_pearson", "gdp", "gaussian", "fdp_one_run")  # added to a preset's methods
+# added to a preset's methods
+WANTED = ("clopper_pearson", "fdp_one_run_certified", "gdp", "gaussian", "fdp_one_run")
 ESTIMATES = ("gdp", "gaussian", "fdp_one_run")
 
 
@@ -90,6 +93,7 @@ def summarise(result: dict, seconds: float) -> dict:
     claims = list(result["claim"].values())
     cert = [c for c in claims if c["certified"]]
     uncert = [c for c in claims if not c["certified"]]
+    one_run = [c for c in (result.get("one_run_claim") or {}).values() if c.get("applicable")]
     s = {
         "status": v["status"],
         "claimed_epsilon": claimed,
@@ -98,6 +102,9 @@ def summarise(result: dict, seconds: float) -> dict:
         # claim test: certified only when canaries are independent experiments
         "mu_ratio": max(c["mu_lower"] for c in cert) / mu if (mu and cert) else None,
         "mu_ratio_estimate": max(c["mu_lower"] for c in uncert) / mu if (mu and uncert) else None,
+        # the one-run claim test (certified for canaries trained together)
+        "mu_ratio_one_run": max(c["mu_lower"] for c in one_run) / mu if (mu and one_run) else None,
+        "one_run_claim_rejected": any(c["rejected"] for c in one_run) if one_run else None,
         "sigma_ratio": v["noise_multiplier"] / v["sigma_upper"] if v["sigma_upper"] else None,
         "sigma_certified": v["sigma_upper_certified"],
         "certified": v["ratio"],
@@ -107,7 +114,7 @@ def summarise(result: dict, seconds: float) -> dict:
         "estimate_assumption": v["estimate_assumption"],
         "seconds": seconds,
     }
-    for m in ("one_run", "clopper_pearson", *ESTIMATES):
+    for m in ("one_run", "fdp_one_run_certified", "clopper_pearson", *ESTIMATES):
         b = best(result, m)
         s[m] = _ratio(b, claimed)
         s[f"{m}_kind"] = b["kind"] if b else None
@@ -134,10 +141,11 @@ def print_tables(table) -> None:
     )
     print(
         "| config | claimed eps | exact eps | seeds | independent canaries | one_run / claimed "
-        "| Clopper-Pearson / claimed | claim test mu_lower / mu | sigma / sigma_upper "
-        "| best certified / claimed (method) |"
+        "| fdp_one_run_certified / claimed | Clopper-Pearson / claimed "
+        "| claim test mu_lower / mu | one-run claim test mu_lower / mu (rejected) "
+        "| sigma / sigma_upper | best certified / claimed (method) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, _, _, runs in table:
         exact = runs[0]["exact_epsilon"]
         indep = sum(bool(r["independent"]) for r in runs)
@@ -146,8 +154,12 @@ def print_tables(table) -> None:
             f"| {name} | {runs[0]['claimed_epsilon']:.3f} "
             f"| {'n/a' if exact is None else f'{exact:.3f}'} | {len(runs)} | {indep}/{len(runs)} "
             f"| {cell(runs, 'one_run', 'certified')} "
+            f"| {cell(runs, 'fdp_one_run_certified', 'certified')} "
             f"| {cell(runs, 'clopper_pearson', 'certified')} "
-            f"| {med_range([r['mu_ratio'] for r in runs])} | {med_range(sig)} "
+            f"| {med_range([r['mu_ratio'] for r in runs])} "
+            f"| {med_range([r['mu_ratio_one_run'] for r in runs])} "
+            f"({sum(bool(r['one_run_claim_rejected']) for r in runs)}/{len(runs)}) "
+            f"| {med_range(sig)} "
             f"| {med_range([r['certified'] for r in runs])} "
             f"({methods_count(runs, 'certified_method')}) |"
         )

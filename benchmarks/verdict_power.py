@@ -71,8 +71,8 @@ def summarise(result: dict, seconds: float) -> dict:
     theory = result["theory"]
     mu = theory.get("gaussian_mu")
     sigma = v["noise_multiplier"]
-    claims = result["claim"]
-    cert_mu = [c["mu_lower"] for c in claims.values() if c["certified"]]
+    claims = [*result["claim"].values(), *(result.get("one_run_claim") or {}).values()]
+    cert_mu = [c["mu_lower"] for c in claims if c["certified"] and c.get("applicable", True)]
     mu_lower = max(cert_mu) if cert_mu else None
     return {
         "status": v["status"],

@@ -156,6 +156,31 @@ def tradeoff_from_profile(alpha, epsilons, deltas) -> np.ndarray:
     return np.maximum(tpr, a).reshape(np.shape(alpha))
 
 
+def roc_inverse_from_profile(tpr, epsilons, deltas) -> np.ndarray:
+    """Smallest FPR at which ``tradeoff_from_profile``'s ROC reaches ``tpr``, in closed form.
+
+    That ROC is max(alpha, min(1, L(alpha))) with L the minimum of the profile's lines
+    delta_i + e^eps_i alpha and 1 - e^-eps_i (1 - delta_i - alpha), all increasing. For a TPR
+    y < 1 the smallest alpha is min(y, max(0, max_i of each line's inverse)): the lines reach
+    y at (y - delta_i) e^-eps_i and 1 - delta_i - e^eps_i (1 - y). y >= 1 gives the smallest
+    alpha where every line is >= 1 (at most 1). Returns an array shaped like ``tpr``.
+    """
+    y = np.atleast_1d(np.asarray(tpr, dtype=np.float64))
+    if np.any((y < 0) | (y > 1)) or not np.all(np.isfinite(y)):
+        raise ValueError("tpr must lie in [0, 1]")
+    e = np.asarray(epsilons, dtype=np.float64).reshape(-1, 1)
+    d = np.asarray(deltas, dtype=np.float64).reshape(-1, 1)
+    if e.shape != d.shape or e.size == 0:
+        raise ValueError("epsilons and deltas must be non-empty and of equal length")
+    flat = y.reshape(1, -1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        line1 = (flat - d) * np.exp(-e)
+        line2 = 1.0 - d - np.exp(e) * (1.0 - flat)
+    reach = np.nan_to_num(np.maximum(line1, line2), nan=1.0, neginf=0.0).max(axis=0)
+    alpha = np.minimum(flat[0], np.clip(reach, 0.0, 1.0))
+    return alpha.reshape(np.shape(tpr))
+
+
 def subsampled_gaussian_profile(
     noise_multiplier: float,
     sample_rate: float,

@@ -29,6 +29,7 @@ from scipy.special import ndtr, ndtri
 from dpaudit.accounting import (
     AccountantEpsilon,
     all_accountants,
+    roc_inverse_from_profile,
     subsampled_gaussian_profile_grid,
     tradeoff_from_profile,
 )
@@ -156,6 +157,19 @@ class ThreatModel:
     def roc_curve(self, alpha, noise_multiplier: float | None = None) -> np.ndarray:
         """The same claim as an ROC upper curve: the largest TPR at FPR ``alpha``."""
         return 1.0 - self.tradeoff(alpha, noise_multiplier)
+
+    def roc_inverse(self, tpr, noise_multiplier: float | None = None) -> np.ndarray:
+        """The smallest FPR at which the claimed ROC reaches ``tpr`` (the inverse of
+        ``roc_curve``), in closed form: Phi(Phi^-1(tpr) - mu) every step, the profile's lines
+        otherwise (``accounting.roc_inverse_from_profile``). Used by the one-run claim test."""
+        y = np.asarray(tpr, dtype=np.float64)
+        sigma = self.effective_noise(noise_multiplier)
+        q, steps = float(self.sample_rate), int(self.steps)
+        if q == 1.0:
+            with np.errstate(divide="ignore"):
+                return ndtr(ndtri(y) - np.sqrt(steps) / sigma)
+        eps, deltas = _subsampled_profile(sigma, q, steps)
+        return roc_inverse_from_profile(y, eps, deltas)
 
     def clt_noise_for_mu(self, mu: float) -> float:
         """Noise multiplier whose CLT (GDP-accountant) mu equals ``mu``, a starting guess:

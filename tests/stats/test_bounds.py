@@ -156,7 +156,7 @@ def test_reversed_scores_give_zero_for_every_method():
 def test_delta_zero_where_allowed():
     s_in, s_out = _gdp_scores(3.0, 2000, seed=8)
     zero_ok = {m for m, spec in METHOD_REGISTRY.items() if spec.zero_delta}
-    assert zero_ok == {"clopper_pearson", "one_run", "density"}
+    assert zero_ok == {"clopper_pearson", "one_run", "density", "fdp_one_run_certified"}
     for m in sorted(zero_ok):
         res = epsilon_lower_bound(s_in, s_out, delta=0.0, method=m)
         assert 0 < res.epsilon < np.inf and res.delta == 0.0, m

@@ -28,13 +28,13 @@ def _reference_refutes(m, k, v, mu, level, one_sided):
     """Scalar transcription of the recursion (module doc): no vectorisation, no shortcuts."""
     lam = 2.0 if one_sided else 1.0
     r, h = level * v / m, level * (k - v) / m
-    if v >= 1 and lam * r >= 1:
+    if v >= 1 and lam * r > 1:
         return True
     for j in range(v - 1, -1, -1):
         h_new = max(h, stats.norm.cdf(stats.norm.ppf(lam * r) - mu) / lam)
         r = r + j / (k - j) * (h_new - h)
         h = h_new
-        if lam * r >= 1:
+        if lam * r > 1:
             return True
     return r + h > k / m
 

@@ -17,8 +17,11 @@ the same per-test confidence so they can be compared.
 The threshold-based certified methods and the claim test need each canary's (score,
 membership) to be an independent draw of the one-canary experiment; when the audit's design
 does not give that (``experiment.threat.independent_canaries``), their numbers are reported
-as estimates under that assumption and only the one_run method (Steinke et al., which covers
-the dependence of canaries trained together) can certify.
+as estimates under that assumption. What certifies then covers canaries trained together: the
+one-run claim test (``one_run_claim_evidence``: the claimed curve, mu_lower and sigma_upper
+from the guess-count recursion of Mahloujifar et al., ``stats.one_run_claim``; one more
+statement per attack in the Bonferroni split) and the one_run / fdp_one_run_certified epsilon
+bounds.
 
 Verdict: ``privacy_bug`` only when certified evidence rejects the claim;
 ``estimate_above_claim`` when only an estimate exceeds it; ``consistent`` otherwise.
@@ -40,13 +43,19 @@ from dpaudit.experiment.white_box import (
     white_box_evidence,
 )
 from dpaudit.stats import epsilon_lower_bound
-from dpaudit.stats.bounds import METHOD_OPTIONS
+from dpaudit.stats.bounds import METHOD_OPTIONS, METHOD_REGISTRY
 from dpaudit.stats.claim import claim_test, mu_lower_bound, noise_upper_bound
+from dpaudit.stats.fdp_one_run import guess_table
+from dpaudit.stats.one_run_claim import (
+    claim_test_on_table,
+    one_run_mu_lower,
+    one_run_noise_upper_bound,
+)
 from dpaudit.stats.pld import histogram_pld_epsilon
 from dpaudit.stats.roc import SUMMARY_FPRS, roc_summary
 from dpaudit.threat_model import ThreatModel
 
-DEFAULT_METHODS = ("clopper_pearson", "one_run", "gdp", "gaussian")
+DEFAULT_METHODS = ("clopper_pearson", "one_run", "fdp_one_run_certified", "gdp", "gaussian")
 STATUSES = ("privacy_bug", "estimate_above_claim", "consistent")
 
 
@@ -155,12 +164,7 @@ def claim_evidence(
         # (q = 1/2, T = 48: 1 s at 0.5, 23 s at 0.1, 114 s at 0.05): "at most the floor"
         floor = SIGMA_UPPER_FLOOR * threat.sensitivity
         sigma_ub = noise_upper_bound(rows, family, start, sigma_min=floor)
-    eps_at = None
-    if np.isfinite(sigma_ub) and sigma_ub > 0:
-        try:
-            eps_at = threat.claimed_epsilon(sigma_ub)
-        except (ValueError, RuntimeError, OverflowError):
-            eps_at = float("inf")  # beyond what the accountant can compute
+    eps_at = _epsilon_at(threat, sigma_ub)
     return {
         "test": test.to_dict(),
         "rejected": test.rejected,
@@ -175,6 +179,65 @@ def claim_evidence(
 
 def _family_curve(threat: ThreatModel, sigma: float):
     return functools.partial(threat.tradeoff, noise_multiplier=sigma)
+
+
+ONE_RUN_CLAIM_METHOD = (
+    "one-run guess counts (Mahloujifar et al. 2024, Algorithm 3, on the claimed curve): valid "
+    "for canaries trained together"
+)
+
+
+def one_run_claim_evidence(
+    s_in, s_out, threat: ThreatModel, confidence: float, *, inclusion: float = 0.5
+) -> dict:
+    """Certified claim test, mu_lower and sigma_upper of one attack for canaries trained
+    together (``stats.one_run_claim``), at ``confidence``; the same keys as
+    ``claim_evidence`` plus ``applicable`` (False, with ``error``, when the design is not
+    the fair-coin one the theorem needs or there are too few canaries)."""
+    base = {
+        "certified": True,
+        "method": ONE_RUN_CLAIM_METHOD,
+        "noise_multiplier": threat.noise_multiplier,
+        "epsilon_at_sigma_upper_kind": "estimate (DP-SGD family: same q, T, C)",
+    }
+    try:
+        table = guess_table(s_in, s_out, method="the one-run claim test", inclusion=inclusion)
+    except ValueError as err:
+        return {**base, "applicable": False, "error": str(err), "rejected": False,
+                "mu_lower": 0.0, "sigma_upper": float("inf"), "epsilon_at_sigma_upper": None}
+    test = claim_test_on_table(table, threat.roc_inverse, confidence)
+    mu_lb = one_run_mu_lower(table, confidence)
+    if mu_lb <= 0:
+        sigma_ub = float("inf")
+    elif threat.every_step:  # GDP family: refuted exactly when mu(sigma) <= mu_lower
+        sigma_ub = threat.clt_noise_for_mu(mu_lb)
+    else:
+        sigma_ub = one_run_noise_upper_bound(
+            table,
+            confidence,
+            lambda sigma: functools.partial(threat.roc_inverse, noise_multiplier=sigma),
+            threat.clt_noise_for_mu(mu_lb),
+            sigma_min=SIGMA_UPPER_FLOOR * threat.sensitivity,
+        )
+    return {
+        **base,
+        "applicable": test.n_candidates > 0,
+        "error": test.note or None,
+        "test": test.to_dict(),
+        "rejected": test.rejected,
+        "mu_lower": mu_lb,
+        "sigma_upper": sigma_ub,
+        "epsilon_at_sigma_upper": _epsilon_at(threat, sigma_ub),
+    }
+
+
+def _epsilon_at(threat: ThreatModel, sigma_ub: float) -> float | None:
+    if not (np.isfinite(sigma_ub) and sigma_ub > 0):
+        return None
+    try:
+        return threat.claimed_epsilon(sigma_ub)
+    except (ValueError, RuntimeError, OverflowError):
+        return float("inf")  # beyond what the accountant can compute
 
 
 def bound_rows(
@@ -204,7 +267,11 @@ def bound_rows(
                         s_in, s_out, delta=delta, confidence=confidence, method=method, **opts
                     )
                 assumption = res.assumption
-                if assumption is None and not independent and method != "one_run":
+                if (
+                    assumption is None
+                    and not independent
+                    and not METHOD_REGISTRY[method].dependent_ok
+                ):
                     assumption = INDEPENDENCE
                 row.update(
                     epsilon=res.epsilon,
@@ -289,10 +356,16 @@ def evaluate_scores(
     check_split(split)
     methods = list(methods)
     n_white = count_tests(white_box)
-    per = per_test_confidence(confidence, len(split), len(methods), n_white)
+    n_one_run = 0 if independent else len(split)  # the one-run claim test, one per attack
+    per = per_test_confidence(confidence, len(split), len(methods), n_white + n_one_run)
     claims = {
         name: claim_evidence(s_in, s_out, threat, per, certified=independent)
         for name, (s_in, s_out) in split.items()
+    }
+    one_run_claims = {
+        name: one_run_claim_evidence(s_in, s_out, threat, per, inclusion=inclusion)
+        for name, (s_in, s_out) in split.items()
+        if not independent
     }
     bounds = bound_rows(
         split, methods, threat.delta, per, independent=independent, inclusion=inclusion
@@ -304,6 +377,7 @@ def evaluate_scores(
     return {
         "attacks": attack_summaries(split),
         "claim": claims,
+        "one_run_claim": one_run_claims,
         "bounds": bounds,
         "theory": theory,
         "white_box": {
@@ -314,7 +388,8 @@ def evaluate_scores(
         "per_test_confidence": per,
         "independent_canaries": independent,
         "verdict": verdict(
-            bounds, claims, threat, confidence, theory.get("training_data"), checks
+            bounds, claims, threat, confidence, theory.get("training_data"), checks,
+            one_run_claims,
         ),
     }
 
@@ -331,21 +406,31 @@ def verdict(
     confidence: float,
     training: dict | None = None,
     white_box: dict | None = None,
+    one_run_claims: dict | None = None,
 ) -> dict:
     """Three states (module doc), naming the threat model and the accountant compared with.
 
     ``white_box``: the white-box checks (``experiment.white_box``); any that rejects is
-    certified evidence and makes the verdict a privacy bug, named in the message."""
+    certified evidence and makes the verdict a privacy bug, named in the message.
+    ``one_run_claims``: attack -> ``one_run_claim_evidence`` (canaries trained together),
+    named "<attack> (one-run)" in the verdict. sigma_upper is the smallest certified one when
+    any is finite, else the smallest estimate."""
     claimed = threat.claimed_epsilon()
     cert, est = _best(bounds, "certified"), _best(bounds, "estimate")
     cert_eps = cert["epsilon"] if cert else 0.0
     est_eps = est["epsilon"] if est else 0.0
-    rejected_by = [a for a, c in claims.items() if c["rejected"] and c["certified"]]
-    est_rejected = [a for a, c in claims.items() if c["rejected"] and not c["certified"]]
-    sigma_ubs = {a: c["sigma_upper"] for a, c in claims.items()}
-    best_sigma_attack = min(sigma_ubs, key=sigma_ubs.get) if sigma_ubs else None
+    evidence = dict(claims)
+    evidence.update({f"{a} (one-run)": c for a, c in (one_run_claims or {}).items()})
+    rejected_by = [a for a, c in evidence.items() if c["rejected"] and c["certified"]]
+    est_rejected = [a for a, c in evidence.items() if c["rejected"] and not c["certified"]]
+    sigma_ubs = {a: c["sigma_upper"] for a, c in evidence.items()}
+    certified_sigmas = {
+        a: v for a, v in sigma_ubs.items() if evidence[a]["certified"] and np.isfinite(v)
+    }
+    pool = certified_sigmas or sigma_ubs
+    best_sigma_attack = min(pool, key=pool.get) if pool else None
     sigma_ub = sigma_ubs[best_sigma_attack] if best_sigma_attack else float("inf")
-    sigma_certified = bool(best_sigma_attack and claims[best_sigma_attack]["certified"])
+    sigma_certified = bool(best_sigma_attack and evidence[best_sigma_attack]["certified"])
     white_fired = fired(white_box or {})
     if rejected_by or cert_eps > claimed or white_fired:
         status = "privacy_bug"
@@ -390,7 +475,8 @@ def verdict(
             f"certified epsilon >= {cert_eps:.3f}"
             if cert
             else "no certified epsilon bound applies: every bound here is an estimate or not "
-            "applicable (canaries that are not independent certify only through one_run)"
+            "applicable (canaries that are not independent certify only through the one-run "
+            "methods)"
         )
         message = (
             f"consistent: no certified evidence against the claim at {confidence:.0%} "

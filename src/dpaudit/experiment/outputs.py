@@ -48,6 +48,19 @@ def console_table(result: dict) -> str:
             "auc": result["attacks"][name]["auc"],
         }
         for name, c in result.get("claim", {}).items()
+    ] + [
+        {
+            "attack": f"{name} (one-run)",
+            "claim rejected": (
+                "YES" if c["rejected"] else ("no" if c.get("applicable", True) else "n/a")
+            ),
+            "kind": "certified" if c.get("applicable", True) else "not applicable",
+            "mu_lower": c["mu_lower"],
+            "sigma_upper": _fmt(c["sigma_upper"]),
+            "eps@sigma_upper": _fmt(c.get("epsilon_at_sigma_upper")),
+            "auc": result["attacks"][name]["auc"],
+        }
+        for name, c in (result.get("one_run_claim") or {}).items()
     ]
     bound_rows = [
         {
@@ -94,9 +107,10 @@ def console_table(result: dict) -> str:
             f"for {expected['for']} (a simulated Clopper-Pearson bound): these attacks fell "
             "short of that one, or the draw was unlucky"
             if cp_certified
-            else "certified 0: these canaries are not independent experiments, so only "
-            "one_run certifies here, and it needs many canaries that each leak much (its "
-            "m delta term); the Clopper-Pearson row is an estimate"
+            else "certified 0: these canaries are not independent experiments, so only the "
+            "one-run methods certify here (one_run, fdp_one_run_certified and the one-run "
+            "claim test), and they need many canaries that each leak much; the "
+            "Clopper-Pearson row is an estimate"
         )]
     note = (th.get("training_data") or {}).get("note")
     if note:

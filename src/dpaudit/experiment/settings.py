@@ -300,7 +300,10 @@ class AuditGroupSettings:
     methods: list[str] = _opt(  # noqa: RUF009
         help="epsilon lower-bound methods (certified and estimates)",
         choices="METHODS",
-        factory=lambda: ["clopper_pearson", "one_run", "gdp", "gaussian", "fdp_one_run"],
+        factory=lambda: [
+            "clopper_pearson", "one_run", "fdp_one_run_certified", "gdp", "gaussian",
+            "fdp_one_run",
+        ],
     )
     confidence: float = _opt(0.95, "confidence of all statements together, in (0, 1)")
     inclusion: float = _opt(0.5, "probability that a canary (multi_run: a run) is a member")

@@ -17,6 +17,9 @@ is allowed, the model an estimate assumes or None). A new method is one module w
   (checked and reported); see ``gaussian_fit``.
 * ``"fdp_one_run"`` (GDP estimate): guess_fractions, sides, inclusion (1/2 only; an
   implausible split is refused), seed (ties). See ``fdp_one_run``.
+* ``"fdp_one_run_certified"`` (certified; delta = 0 allowed): the same guesses and options;
+  the largest epsilon whose (epsilon, delta)-DP they refute, valid for canaries trained
+  together. See ``one_run_claim``.
 
 Orientation: the scores are checked once (``thresholds.orientation_test``: one-sided
 Mann-Whitney, p < 1e-3). When members score significantly LOWER than non-members every method
@@ -40,6 +43,7 @@ from dpaudit.stats.density import density_bound
 from dpaudit.stats.fdp_one_run import ASSUME_FDP_ONE_RUN, fdp_one_run_bound
 from dpaudit.stats.gaussian_fit import gaussian_bound
 from dpaudit.stats.one_run import one_run_bound
+from dpaudit.stats.one_run_claim import fdp_one_run_certified_bound
 from dpaudit.stats.result import ASSUME_GAUSSIAN_SCORES, ASSUME_GDP, EpsilonBound
 from dpaudit.stats.thresholds import OrientationWarning, orientation_test
 
@@ -51,6 +55,9 @@ class MethodSpec(NamedTuple):
     options: frozenset[str]
     zero_delta: bool
     assumption: str | None = None
+    # certified also when the canaries were trained together and may influence each other
+    # (the one-run theorems); the others need independent (score, membership) pairs
+    dependent_ok: bool = False
 
 
 _BIN_OPTIONS = frozenset({"bin_rule", "n_bins", "end_quantiles", "edges"})
@@ -58,7 +65,9 @@ _SELECTION = frozenset({"selection"})
 METHOD_REGISTRY: dict[str, MethodSpec] = {
     "clopper_pearson": MethodSpec(partial(threshold_bound, "clopper_pearson"), _SELECTION, True),
     "gdp": MethodSpec(partial(threshold_bound, "gdp"), _SELECTION, False, ASSUME_GDP),
-    "one_run": MethodSpec(one_run_bound, frozenset({"grid", "inclusion", "seed"}), True),
+    "one_run": MethodSpec(
+        one_run_bound, frozenset({"grid", "inclusion", "seed"}), True, dependent_ok=True
+    ),
     "density": MethodSpec(density_bound, _BIN_OPTIONS, True),
     "density_tv": MethodSpec(partial(density_bound, tv_only=True), _BIN_OPTIONS, False, ASSUME_GDP),
     "gaussian": MethodSpec(
@@ -69,6 +78,12 @@ METHOD_REGISTRY: dict[str, MethodSpec] = {
         frozenset({"guess_fractions", "sides", "inclusion", "seed"}),
         False,
         ASSUME_FDP_ONE_RUN,
+    ),
+    "fdp_one_run_certified": MethodSpec(
+        fdp_one_run_certified_bound,
+        frozenset({"guess_fractions", "sides", "inclusion", "seed"}),
+        True,
+        dependent_ok=True,
     ),
 }
 METHOD_OPTIONS: dict[str, frozenset[str]] = {k: v.options for k, v in METHOD_REGISTRY.items()}

@@ -310,14 +310,37 @@ def noise_upper_bound(
 
     if not callable(family):
         raise ValueError(f"family must be a callable sigma -> trade-off curve, got {family!r}")
+    if mu_lower_bound(rows) == 0.0:  # no row lies below the coin-flip line: nothing rejects
+        check_positive(sigma_start, "sigma_start")
+        return float("inf")
+    return smallest_rejected_sigma(
+        rejected, sigma_start, rtol=rtol, span=span, step=step, sigma_min=sigma_min
+    )
+
+
+def smallest_rejected_sigma(
+    rejected: Callable[[float], bool],
+    sigma_start: float,
+    *,
+    rtol: float = 1e-2,
+    span: float = 1e4,
+    step: float = 1.25,
+    sigma_min: float | None = None,
+) -> float:
+    """Smallest noise multiplier sigma with ``rejected(sigma)`` True, for a monotone family.
+
+    ``rejected`` must be monotone: if a sigma is rejected, every smaller one is too (less
+    noise, a lower claimed curve). Brackets from ``sigma_start`` in factors of ``step`` and
+    bisects in log space to relative width ``rtol``; returns the bracket's upper end (a
+    rejected sigma), +inf when even ``sigma_start * span`` is not rejected, and the floor
+    (max of ``sigma_start / span`` and ``sigma_min``) when that is itself rejected.
+    """
     sigma0 = check_positive(sigma_start, "sigma_start")
     rtol = check_positive(rtol, "rtol")
     span = check_positive(span, "span")
     step = check_positive(step, "step")
     if step <= 1.0 or span <= 1.0:
         raise ValueError(f"step and span must exceed 1, got step={step!r}, span={span!r}")
-    if mu_lower_bound(rows) == 0.0:  # no row lies below the coin-flip line: nothing rejects
-        return float("inf")
     floor = sigma0 / span
     if sigma_min is not None:
         floor = max(floor, check_positive(sigma_min, "sigma_min"))

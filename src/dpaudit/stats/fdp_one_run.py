@@ -44,6 +44,7 @@ Each candidate is tested at level (1 - confidence) / G, G the number of distinct
 from __future__ import annotations
 
 import numbers
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.special import ndtr, ndtri
@@ -66,34 +67,47 @@ _POINTS = 63  # mu values tried per candidate per refinement round
 _REL_TOL = 1e-6
 
 
-def _refutes(guesses, correct, mu, one_sided, *, m: int, level: float) -> np.ndarray:
-    """Vectorised Algorithm-3 test: True where "mu-GDP" is refuted at ``level``.
+def gdp_roc_inverse(tpr, mu):
+    """Smallest FPR at which mu-GDP's ROC reaches ``tpr``: Phi(Phi^-1(tpr) - mu) (vectorised)."""
+    return ndtr(ndtri(tpr) - mu)
 
-    All array arguments broadcast together (one entry per test). The recursion runs over the
-    levels j = v-1, ..., 0 for all entries at once; an entry leaves when its wrong-guess bound
-    stops growing (nothing changes after that) or as soon as the bounds exceed r / m.
+
+def _refutes(
+    guesses, correct, param, one_sided, *, m: int, level: float, roc_inverse=gdp_roc_inverse
+) -> np.ndarray:
+    """Vectorised Algorithm-3 test: True where the claim ``param`` is refuted at ``level``.
+
+    ``roc_inverse(tpr, param)``: the smallest FPR at which the claimed ROC (1 - f) reaches
+    ``tpr``, vectorised over both (default: mu-GDP, ``param`` = mu). It must never exceed the
+    exact inverse (a larger value could refute a true claim). All array arguments broadcast
+    together (one entry per test). The recursion runs over the levels j = v-1, ..., 0 for all
+    entries at once; an entry leaves when its wrong-guess bound stops growing (nothing changes
+    after that) or as soon as the bounds exceed r / m.
     """
     arrs = np.broadcast_arrays(
         np.asarray(guesses, dtype=np.float64),
         np.asarray(correct, dtype=np.float64),
-        np.asarray(mu, dtype=np.float64),
+        np.asarray(param, dtype=np.float64),
         np.where(np.asarray(one_sided, dtype=bool), 2.0, 1.0),
     )
     k, v, mus, lam = (a.ravel() for a in arrs)
-    r = level * v / m  # lower bound on R_j (correct guesses, weighted by C >= j)
-    h = level * (k - v) / m  # lower bound on H_j (wrong guesses)
+    # (r_v, h_v): if P[C >= v] >= level, then R_v >= r_v and R_v - c H_v >= r_v - c h_v for
+    # every c <= v / (k - v); below v, h_j is a lower bound on H_j (docs/one_run_fdp.md)
+    r = level * v / m
+    h = level * (k - v) / m
     # R_j <= E[C] / m <= 1 / lam (one-sided: C <= number of canaries in, or out), so a start
-    # above it is already a contradiction; R_0 + H_0 = r / m ends the recursion.
-    refuted = (v >= 1) & (lam * r >= 1.0)
+    # above it is already a contradiction; R_j + H_j <= k / m ends the recursion.
+    refuted = (v >= 1) & (lam * r > 1.0)
     act = np.flatnonzero((v >= 1) & ~refuted)
     r, h, j, k, mus, lam = r[act], h[act], v[act] - 1.0, k[act], mus[act], lam[act]
     cap = k / m
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         while act.size:
-            h_new = ndtr(ndtri(lam * r) - mus) / lam  # smallest H_j that R_{j+1} = r allows
+            # smallest H_j that R_{j+1} = r allows
+            h_new = np.asarray(roc_inverse(lam * r, mus), dtype=np.float64) / lam
             r_new = r + j / (k - j) * (h_new - h)
             grows = h_new > h
-            hit = grows & ((r_new + h_new > cap) | (lam * r_new >= 1.0))
+            hit = grows & ((r_new + h_new > cap) | (lam * r_new > 1.0))
             refuted[act[hit]] = True
             keep = grows & ~hit & (j >= 1.0)
             if not keep.all():
@@ -114,17 +128,27 @@ def refutes_gdp(guesses, correct, mu, *, m: int, level: float, one_sided: bool =
     return bool(out) if out.ndim == 0 else out
 
 
-def largest_refuted_mu(
-    guesses, correct, one_sided, *, m: int, level: float, prune: bool = False
+def largest_refuted(
+    guesses,
+    correct,
+    one_sided,
+    *,
+    m: int,
+    level: float,
+    roc_inverse=gdp_roc_inverse,
+    cap: float = MU_CAP,
+    prune: bool = False,
 ) -> np.ndarray:
-    """For each candidate, the largest mu that its guesses refute at ``level`` (0 if none).
+    """For each candidate, the largest parameter of a claim family that its guesses refute.
 
-    Refutation is monotone in mu (a larger mu explains more correct guesses), so a bracket
-    [lo, hi] (lo refuted, hi not) is found by doubling from 1 and then shrunk by trying 63
-    values per candidate per round, all candidates at once, to a relative width of 1e-6. The
-    lower end is returned (a refuted value), capped at ``MU_CAP``. ``prune``: stop refining a
-    candidate once its bracket lies below the best lower end (only the maximum is then exact;
-    the other values are still refuted ones).
+    ``roc_inverse(tpr, param)`` describes the family (``_refutes``; default mu-GDP); the
+    family must grow less private with the parameter, so that refutation is monotone (mu of
+    GDP, epsilon of (epsilon, delta)-DP). Returns 0 where not even the parameter 0 is refuted.
+    A bracket [lo, hi] (lo refuted, hi not) is found by doubling from 1 and then shrunk by
+    trying 63 values per candidate per round, all candidates at once, to a relative width of
+    1e-6. The lower end is returned (a refuted value), capped at ``cap``. ``prune``: stop
+    refining a candidate once its bracket lies below the best lower end (only the maximum is
+    then exact; the other values are still refuted ones).
     """
     k = np.atleast_1d(np.asarray(guesses, dtype=np.float64))
     v = np.atleast_1d(np.asarray(correct, dtype=np.float64))
@@ -132,16 +156,19 @@ def largest_refuted_mu(
     lo = np.zeros(k.size)
     hi = np.ones(k.size)
 
-    def test(idx, mus):
-        return _refutes(k[idx, None], v[idx, None], mus, sided[idx, None], m=m, level=level)
+    def test(idx, params):
+        return _refutes(
+            k[idx, None], v[idx, None], params, sided[idx, None], m=m, level=level,
+            roc_inverse=roc_inverse,
+        )
 
     alive = np.flatnonzero(test(np.arange(k.size), np.zeros((k.size, 1)))[:, 0])
-    hi[np.setdiff1d(np.arange(k.size), alive)] = 0.0  # not even mu = 0 is refuted
+    hi[np.setdiff1d(np.arange(k.size), alive)] = 0.0  # not even the parameter 0 is refuted
     while alive.size:  # doubling
         grow = alive[test(alive, hi[alive, None])[:, 0]]
         lo[grow] = hi[grow]
-        hi[grow] = np.minimum(2.0 * hi[grow], MU_CAP)
-        alive = grow[lo[grow] < MU_CAP]
+        hi[grow] = np.minimum(2.0 * hi[grow], cap)
+        alive = grow[lo[grow] < cap]
     frac = np.arange(1, _POINTS + 1) / (_POINTS + 1.0)
     fine = np.arange(k.size)
     while True:
@@ -157,6 +184,14 @@ def largest_refuted_mu(
         lo[fine[has]] = grid[has, n_ok[has] - 1]
         below = n_ok < _POINTS
         hi[fine[below]] = grid[below, n_ok[below]]
+
+
+def largest_refuted_mu(
+    guesses, correct, one_sided, *, m: int, level: float, prune: bool = False
+) -> np.ndarray:
+    """For each candidate, the largest mu that its guesses refute at ``level`` (0 if none):
+    ``largest_refuted`` for the mu-GDP family, capped at ``MU_CAP``."""
+    return largest_refuted(guesses, correct, one_sided, m=m, level=level, prune=prune)
 
 
 def _candidates(m: int, fractions: np.ndarray, sides: tuple[str, ...]):
@@ -219,6 +254,96 @@ def _check_fractions(guess_fractions) -> np.ndarray:
     return fr
 
 
+GUESS_OPTIONS = ("guess_fractions", "inclusion", "seed", "sides")
+
+
+@dataclass(frozen=True)
+class GuessTable:
+    """The candidate guess sets of a one-run audit and how many guesses each got right.
+
+    One entry per candidate: ``k_plus`` "in" guesses on the top scores, ``k_minus`` "out"
+    guesses on the bottom ones, ``correct`` of them right, ``t_plus`` / ``t_minus`` the
+    thresholds, ``one_sided`` when every guess points the same way. ``m``: the canaries.
+    ``details``: the design (sides, inclusion, split p-value, seed) for reports.
+    """
+
+    m: int
+    k_plus: np.ndarray
+    k_minus: np.ndarray
+    correct: np.ndarray
+    t_plus: np.ndarray
+    t_minus: np.ndarray
+    details: dict
+
+    @property
+    def guesses(self) -> np.ndarray:
+        return self.k_plus + self.k_minus
+
+    @property
+    def one_sided(self) -> np.ndarray:
+        return (self.k_plus == 0) | (self.k_minus == 0)
+
+    def witness(self, i: int) -> dict:
+        """Candidate ``i`` for reports: side, counts and thresholds."""
+        kp, km = int(self.k_plus[i]), int(self.k_minus[i])
+        return {
+            "side": "in" if km == 0 else ("out" if kp == 0 else "both"),
+            "k_plus": kp,
+            "k_minus": km,
+            "guesses": kp + km,
+            "correct": int(self.correct[i]),
+            "t_plus": float(self.t_plus[i]),
+            "t_minus": float(self.t_minus[i]),
+        }
+
+
+def guess_table(scores_in, scores_out, *, method: str, **options) -> GuessTable:
+    """Validate the guess options and count the correct guesses of every candidate.
+
+    ``scores_in`` / ``scores_out``: the scores (higher = member) of the canaries that were
+    included / excluded, each included independently with probability 1/2. Options (anything
+    else raises ValueError naming it and ``method``): ``guess_fractions``, ``sides``,
+    ``inclusion`` (only 0.5), ``seed`` (see ``fdp_one_run_bound``). A split implausible under
+    1/2 raises ValueError naming ``inclusion``. The candidates depend on m and the options
+    only, never on the scores.
+    """
+    unknown = sorted(set(options) - set(GUESS_OPTIONS))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {unknown} for {method}; allowed: {list(GUESS_OPTIONS)}"
+        )
+    fractions = _check_fractions(options.get("guess_fractions", DEFAULT_GUESS_FRACTIONS))
+    sides = _check_sides(options.get("sides", DEFAULT_SIDES))
+    inclusion = check_inclusion(options.get("inclusion", 0.5))
+    seed = check_seed(options.get("seed", 0))
+    if inclusion != 0.5:
+        raise ValueError(
+            f"inclusion={inclusion:g}: {method} is derived for canaries included with "
+            "probability 1/2 only (its guess-count recursion is written for fair coins; "
+            "for p != 1/2 the virtual fair-coin design makes the curve a subsampled one, not "
+            "derived here); use method='one_run', which takes any inclusion probability"
+        )
+    s_in = np.sort(np.asarray(scores_in, dtype=np.float64))
+    s_out = np.sort(np.asarray(scores_out, dtype=np.float64))
+    split_pv = require_plausible(s_in.size, s_out.size, inclusion, method)
+    m = s_in.size + s_out.size
+    pairs = _candidates(m, fractions, sides)
+    details = {
+        "m": m,
+        "n_candidates": len(pairs),
+        "sides": list(sides),
+        "inclusion": inclusion,
+        "split_p_value": split_pv,
+        "seed": seed,
+    }
+    kp, km = (np.array(pairs, dtype=np.int64).reshape(-1, 2).T)
+    if pairs:
+        correct, t_plus, t_minus = _guess_counts(s_in, s_out, kp, km, seed)
+    else:
+        correct = t_plus = t_minus = np.zeros(0)
+    return GuessTable(m, kp, km, np.asarray(correct), t_plus, t_minus, details)
+
+
 def fdp_one_run_bound(
     scores_in: np.ndarray,
     scores_out: np.ndarray,
@@ -251,21 +376,6 @@ def fdp_one_run_bound(
     guesses and a refuted mu (the largest for the chosen one; candidates that cannot win are
     not refined), and the chosen one's side, counts and thresholds t+ / t-.
     """
-    allowed = ["guess_fractions", "inclusion", "seed", "sides"]
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise ValueError(f"unknown option(s) {unknown} for fdp_one_run; allowed: {allowed}")
-    fractions = _check_fractions(options.get("guess_fractions", DEFAULT_GUESS_FRACTIONS))
-    sides = _check_sides(options.get("sides", DEFAULT_SIDES))
-    inclusion = check_inclusion(options.get("inclusion", 0.5))
-    seed = check_seed(options.get("seed", 0))
-    if inclusion != 0.5:
-        raise ValueError(
-            f"inclusion={inclusion:g}: fdp_one_run is derived for canaries included with "
-            "probability 1/2 only (its guess-count recursion uses the symmetric GDP curve; "
-            "for p != 1/2 the virtual fair-coin design makes the curve a subsampled one, not "
-            "derived here); use method='one_run', which takes any inclusion probability"
-        )
     delta = float(delta)
     if not (np.isfinite(delta) and 0.0 < delta < 1.0):
         raise ValueError(
@@ -275,58 +385,39 @@ def fdp_one_run_bound(
     confidence = float(confidence)
     if not (np.isfinite(confidence) and 0.0 < confidence < 1.0):
         raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
-
-    s_in = np.sort(np.asarray(scores_in, dtype=np.float64))
-    s_out = np.sort(np.asarray(scores_out, dtype=np.float64))
-    split_pv = require_plausible(s_in.size, s_out.size, inclusion, "fdp_one_run")
-    m = s_in.size + s_out.size
-    pairs = _candidates(m, fractions, sides)
-    details: dict = {
-        "m": m,
-        "n_candidates": len(pairs),
-        "sides": list(sides),
-        "inclusion": inclusion,
-        "split_p_value": split_pv,
-        "seed": seed,
-    }
+    table = guess_table(scores_in, scores_out, method="fdp_one_run", **options)
+    m, details = table.m, dict(table.details)
     common = {
         "method": "fdp_one_run",
         "confidence": confidence,
         "delta": delta,
-        "n_in": int(s_in.size),
-        "n_out": int(s_out.size),
+        "n_in": int(np.size(scores_in)),
+        "n_out": int(np.size(scores_out)),
         "assumption": ASSUME_FDP_ONE_RUN,
     }
-    if not pairs:
+    if not table.k_plus.size:
         details["note"] = f"no candidate with at least {MIN_GUESSES} guesses (m={m})"
         return EpsilonBound(epsilon=0.0, mu_lower=0.0, details=details, **common)
 
-    level = (1.0 - confidence) / len(pairs)
-    kp, km = np.array(pairs, dtype=np.int64).T
-    correct, t_plus, t_minus = _guess_counts(s_in, s_out, kp, km, seed)
-    one_sided = (kp == 0) | (km == 0)
-    mu = largest_refuted_mu(kp + km, correct, one_sided, m=m, level=level, prune=True)
+    level = (1.0 - confidence) / table.k_plus.size
+    mu = largest_refuted_mu(
+        table.guesses, table.correct, table.one_sided, m=m, level=level, prune=True
+    )
     best = int(np.argmax(mu))
     mu_lower = float(mu[best])
-    side = "in" if km[best] == 0 else ("out" if kp[best] == 0 else "both")
+    witness = table.witness(best)
     details.update(
         level_per_candidate=level,
-        side=side,
-        k_plus=int(kp[best]),
-        k_minus=int(km[best]),
-        guesses=int(kp[best] + km[best]),
-        correct=int(correct[best]),
-        t_plus=float(t_plus[best]),
-        t_minus=float(t_minus[best]),
+        **witness,
         candidates={
-            "k_plus": kp.tolist(),
-            "k_minus": km.tolist(),
-            "correct": correct.tolist(),
+            "k_plus": table.k_plus.tolist(),
+            "k_minus": table.k_minus.tolist(),
+            "correct": table.correct.tolist(),
             "mu": mu.tolist(),
         },
     )
     epsilon = gdp_epsilon(mu_lower, delta) if mu_lower > 0 else 0.0
-    threshold = float(t_plus[best]) if kp[best] > 0 else float(t_minus[best])
+    threshold = witness["t_plus"] if witness["k_plus"] > 0 else witness["t_minus"]
     return EpsilonBound(
         epsilon=float(epsilon),
         threshold=threshold if mu_lower > 0 else None,
