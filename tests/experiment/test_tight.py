@@ -105,8 +105,10 @@ def test_one_run_live_preset_reduced():
     best estimate / exact 0.948 / 0.901 / 0.964 / 0.943 / 0.957 (gdp each time), certified
     one_run 0.082-0.089, 8-12 s per run under load ~6. Asserted: best estimate >= 0.80 (the
     seeds' minimum less 0.1) and <= 1 (an estimate at 95% confidence above the exact epsilon
-    would mean inflated scores). Certified: only one_run (live canaries are not independent,
-    so Clopper-Pearson and the claim test are estimates), never above the exact epsilon."""
+    would mean inflated scores). Certified: only the one-run evidence (live canaries are not
+    independent, so Clopper-Pearson and the claim test are estimates), never above the exact
+    epsilon; fdp_one_run_certified above Steinke et al.'s one_run, and the one-run claim test
+    keeps the true claim."""
     from dpaudit.experiment.threat import INDEPENDENCE
 
     eps, steps = 8.0, 25
@@ -124,13 +126,17 @@ def test_one_run_live_preset_reduced():
     assert info["data_gradient_activity_max"] > 0
     assert r["independent_canaries"] is False and not r["claim"]["scalar"]["certified"]
     rows = {b["method"]: b for b in r["bounds"]}
-    assert rows["one_run"]["kind"] == "certified"
+    assert rows["one_run"]["kind"] == rows["fdp_one_run_certified"]["kind"] == "certified"
     assert rows["clopper_pearson"]["kind"] == "estimate"
     assert rows["clopper_pearson"]["assumption"] == INDEPENDENCE
     assert {rows[m]["kind"] for m in ("gdp", "gaussian", "fdp_one_run")} == {"estimate"}
     v = r["verdict"]
     assert v["status"] == "consistent", v["message"]
-    assert v["best_method"] == "one_run" and v["best_lower_bound"] <= truth
+    assert v["best_method"] == "fdp_one_run_certified" and v["best_lower_bound"] <= truth
+    assert v["best_lower_bound"] > 2 * rows["one_run"]["epsilon"]
+    c = r["one_run_claim"]["scalar"]
+    assert c["certified"] and not c["rejected"]
+    assert 0 < c["mu_lower"] < r["theory"]["gaussian_mu"]
     assert v["estimate_method"] in ("gaussian", "gdp")
     assert 0.80 <= v["estimate_ratio"] <= 1.0, v["message"]
 
