@@ -18,13 +18,14 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "dpaudit"
 # writes what they produce; experiment composes; tasks and the config schema sit on top of
 # it; cli only parses the config and calls a task.
 LAYERS = (
-    ("_jsonable", "_validate", "seeds", "gradients"),
+    ("_jsonable", "_validate", "seeds", "names", "gradients"),
     ("stats", "covariance"),
     ("accounting", "meanlab", "attacks", "canaries", "data", "models"),
     ("threat_model", "capture", "validity", "report"),
     ("experiment",),
     ("conf", "tasks"),
     ("cli",),
+    ("__main__",),
 )
 LEVEL = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
@@ -122,3 +123,14 @@ def test_tests_mirror_the_package():
     assert not list((tests / "support").glob("test_*.py"))
     for folder in folders - {"support"}:
         assert list((tests / folder).glob("test_*.py")), folder
+
+
+def test_declared_names_are_the_registries():
+    # dpaudit.names lets --help and config validation run without torch; each tuple must be
+    # its registry's keys, in order
+    import importlib
+
+    from dpaudit import names
+
+    for name, (module, attr) in names.REGISTRIES.items():
+        assert getattr(names, name) == tuple(getattr(importlib.import_module(module), attr)), name

@@ -124,6 +124,34 @@ def test_help_lists_groups_options_and_presets(tmp_path):
     assert "_target_" not in out and "powered by Hydra" not in out
 
 
+_HEAVY = ("torch", "opacus", "matplotlib")
+_LOADED = (
+    "import sys\nfrom dpaudit.cli import main\nsys.argv = ['dpaudit', *sys.argv[1:]]\n"
+    "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\nelse:\n    code = 0\n"
+    f"print('LOADED', code, sorted(m for m in {_HEAVY!r} if m in sys.modules))\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [(["--help"], 0), (["-h"], 0), (["dp.noise_multiplier=-1"], 2), (["model.name=vgg"], 2)],
+)
+def test_help_and_config_errors_import_neither_torch_nor_opacus(tmp_path, args, code):
+    # start-up: the help text and config errors come from the light settings module
+    run_dir = [] if args[0].startswith("-") else [f"hydra.run.dir={tmp_path}"]
+    proc = subprocess.run([sys.executable, "-c", _LOADED, *run_dir, *args],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    line = [x for x in proc.stdout.splitlines() if x.startswith("LOADED")][-1]
+    assert line == f"LOADED {code} []", (line, proc.stderr[-2000:])
+
+
+def test_python_m_dpaudit_is_the_cli(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "dpaudit", "--help"], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "== Presets (experiment=NAME) ==" in proc.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides,needle",

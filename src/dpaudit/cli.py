@@ -171,6 +171,25 @@ def _outputs(out: Path, since: float) -> list[str]:
     return files
 
 
+AUDIT_TASK = "dpaudit.tasks.audit.audit_task"
+# errors shown as one line besides ValueError: (module, class); such an error exists only if
+# its module was imported, so a config error never imports them (data: torch; report: plots)
+_ONE_LINE = (("dpaudit.data", "MissingExtraError"), ("dpaudit.report.lock", "DirectoryBusyError"))
+
+
+def _one_line_errors() -> tuple[type, ...]:
+    return tuple(getattr(sys.modules[m], c) for m, c in _ONE_LINE if m in sys.modules)
+
+
+def _check_audit_settings(cfg: DictConfig) -> None:
+    """Validate an audit's settings before its task is imported: a config error costs the
+    light settings module, not torch and Opacus (``run_audit`` checks them again)."""
+    if cfg.task.get("_target_") != AUDIT_TASK:
+        return
+    task = OmegaConf.to_container(cfg.task, resolve=True)
+    AuditSettings.from_mappings(**{k: v for k, v in task.items() if not k.startswith("_")})
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def _hydra_main(cfg: DictConfig):
     hc = HydraConfig.get()
@@ -185,15 +204,13 @@ def _hydra_main(cfg: DictConfig):
     start, wall = time.time(), time.perf_counter()
     try:
         _check_overrides(cfg, hc)
+        _check_audit_settings(cfg)
         with warnings.catch_warnings():
             warnings.showwarning = router
             result = call(cfg.task, output_dir=str(out))
     except (ValueError, RuntimeError, ImportError, InstantiationException) as exc:  # one line
         err = exc.__cause__ if isinstance(exc, InstantiationException) else exc
-        from dpaudit.data import MissingExtraError  # only on this path
-        from dpaudit.report.lock import DirectoryBusyError  # (matplotlib)
-
-        if not isinstance(err, ValueError | DirectoryBusyError | MissingExtraError):
+        if not isinstance(err, (ValueError, *_one_line_errors())):
             raise
         file_log.error("error: %s", err)
         if hc.mode != RunMode.RUN or os.environ.get("HYDRA_FULL_ERROR") == "1":
@@ -217,7 +234,14 @@ def _hydra_main(cfg: DictConfig):
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point. ``dpaudit --help`` (alone) prints the help text without
+    starting Hydra, whose help composes every config group several times (about 2 s); with
+    overrides beside it, Hydra prints the same text."""
+    if sys.argv[1:] in (["--help"], ["-h"]):
+        from dpaudit.conf import help_text
+
+        print(help_text())
+        return
     hint = missing_launcher(sys.argv[1:])
     if hint:
         print(f"dpaudit: {hint}", file=sys.stderr)

@@ -1,6 +1,8 @@
 """The audit's evaluation passes the design's inclusion probability to the one-run methods: the
 CLI's audit.inclusion, and audit_report(inclusion=) for your own loop."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -53,3 +55,27 @@ def test_audit_report_takes_and_checks_inclusion():
     for bad in (0.0, "0.2", None):
         with pytest.raises(ValueError, match="inclusion"):
             audit_report(inclusion=bad, **kw)
+
+
+@pytest.mark.slow
+def test_effective_noise_search_builds_few_claimed_curves(monkeypatch):
+    # the evaluation's cost on subsampled claims is the privacy profiles it builds (one per
+    # sigma tried, about 1 s each at q = 1/2): the claim and a 1% bracket of sigma_upper
+    # need at most 12 of them (counted, not timed)
+    import dpaudit.threat_model as tm
+    from dpaudit.experiment.evaluation import claim_evidence
+
+    built = []
+    original = tm._subsampled_profile.__wrapped__
+
+    def counting(sigma, q, steps):
+        built.append(sigma)
+        return original(sigma, q, steps)
+
+    monkeypatch.setattr(tm, "_subsampled_profile", functools.lru_cache(maxsize=64)(counting))
+    threat = ThreatModel(noise_multiplier=10.0, max_grad_norm=1.0, sample_rate=0.5, steps=100,
+                         delta=1e-5)
+    rng = np.random.default_rng(0)
+    c = claim_evidence(rng.normal(3.0, 1, 50), rng.normal(0, 1, 50), threat, 0.99)
+    assert 0 < c["sigma_upper"] < 10.0 and c["rejected"]
+    assert len(built) <= 12, built

@@ -92,7 +92,23 @@ def run_audit(
         run = run_multi(settings, Path(output_dir))
     else:
         run = audit_run(settings)
-    result = evaluate(settings, run, {"wall_seconds": time.perf_counter() - start})
+    ran = time.perf_counter()
+    result = evaluate(settings, run, {"wall_seconds": ran - start})
+    result["timing"] = audit_timing(run, ran - start, time.perf_counter() - ran)
     if output_dir is not None:
         write_report(result, run, Path(output_dir), settings)
     return result
+
+
+def audit_timing(run: RunRecord, run_seconds: float, evaluation_seconds: float) -> dict:
+    """Where an audit's time went (``benchmarks/presets.py`` reads it): the trainings with the
+    capture hook (``training_seconds``; a multi-run audit: the runs trained now), the rest of
+    the run (canary set-up, scoring: ``setup_seconds``) and the evaluation (statistics and
+    accounting). The report adds ``report_seconds`` (plots) when it is written."""
+    train = run.train_seconds
+    return {
+        "run_seconds": run_seconds,
+        "training_seconds": train,
+        "setup_seconds": None if train is None else max(run_seconds - train, 0.0),
+        "evaluation_seconds": evaluation_seconds,
+    }

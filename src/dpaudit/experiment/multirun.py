@@ -310,6 +310,12 @@ def _problems(bad: list[RunFileError], limit: int = 3) -> str:
     return shown + (f"; and {len(bad) - limit} more" if len(bad) > limit else "")
 
 
+def _summed(values) -> float | None:
+    """Sum of the known values (runs read from older files may lack a time), or None."""
+    known = [v for v in values if v is not None]
+    return float(sum(known)) if known else None
+
+
 def aggregate(out: str | Path, settings: AuditSettings | None = None) -> RunRecord:
     """Pool the verified run records under ``out/runs`` into one record (``runs`` lists them).
 
@@ -357,4 +363,5 @@ def aggregate(out: str | Path, settings: AuditSettings | None = None) -> RunReco
         threat_model=threat,
         canary_norm=first.canary_norm,
         runs=sorted(good),
+        train_seconds=_summed([r.train_seconds for r in records]),
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -259,6 +260,7 @@ def write_audit_report(
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    plots_start = time.perf_counter()
     if "mode" in result and "audit_mode" not in result:
         result["audit_mode"] = audit_mode(result.pop("mode"))
     result["confidence"] = confidence_block(result)
@@ -334,6 +336,8 @@ def write_audit_report(
             final.name: hashlib.sha256(tmp.read_bytes()).hexdigest()
             for tmp, final in staged.values()
         }
+        if isinstance(result.get("timing"), dict):
+            result["timing"]["report_seconds"] = time.perf_counter() - plots_start
         result["provenance"] = provenance(device)
         result["schema_version"] = result["provenance"]["schema_version"]
         path = write_json(out / "results.json", result)

@@ -20,6 +20,8 @@ import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
+from dpaudit import names
+
 CANARY_KINDS = ("gradient", "input")
 DIRECTIONS = ("dirac", "random")
 PLACEMENTS = ("least_active", "random_live")
@@ -30,23 +32,10 @@ STRATA = 5  # canary.selection=stratified: count / STRATA canaries from each sco
 MODES = ("one_run", "multi_run")
 OPTIMIZERS = ("sgd", "adam")
 
-_REGISTRIES = {
-    "DATASETS": ("dpaudit.data", "DATASETS"),
-    "MODELS": ("dpaudit.models", "MODELS"),
-    "INPUT_SOURCES": ("dpaudit.canaries.sources", "INPUT_SOURCES"),
-    "ATTACKS": ("dpaudit.experiment.scores", "SCORES"),
-    "METHODS": ("dpaudit.stats", "METHODS"),
-    "BUGS": ("dpaudit.experiment.bugs", "BUGS"),
-    "ESTIMATORS": ("dpaudit.covariance.estimators", "ESTIMATORS"),
-}
-
 
 def _registry_names(name: str) -> tuple[str, ...]:
-    """The names a registry holds, imported on first use (most registries import torch)."""
-    import importlib
-
-    module, attr = _REGISTRIES[name]
-    return tuple(getattr(importlib.import_module(module), attr))
+    """The names a registry holds (``dpaudit.names``: declared without importing torch)."""
+    return tuple(getattr(names, name))
 
 
 def __getattr__(name: str) -> tuple[str, ...]:
@@ -58,7 +47,7 @@ def __getattr__(name: str) -> tuple[str, ...]:
 
 def _opt(default: Any = MISSING, help: str = "", choices: Any = None, factory: Any = None):
     """A dataclass field with its one-line ``help`` and allowed values (``choices``: a tuple, or
-    the name of a registry in ``_REGISTRIES``) in the metadata the CLI's help is built from."""
+    the name of a registry in ``dpaudit.names``) in the metadata the CLI's help is built from."""
     meta = {"help": help, "choices": choices}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)

@@ -1,0 +1,35 @@
+"""The names each registry holds, declared without importing torch.
+
+Settings validation, config errors and ``dpaudit --help`` check names against these tuples.
+The registries themselves (``dpaudit.data.DATASETS``, ``dpaudit.models.MODELS``, ...) import
+torch, Opacus or scipy. ``tests/test_architecture.py`` keeps each tuple equal to its registry,
+so adding a dataset, a model, an attack, a method, a bug or an estimator means one more
+name here.
+"""
+
+DATASETS = ("digits", "mnist5k", "synthetic", "fmnist", "cifar10")
+MODELS = ("logreg", "mlp", "cnn")
+INPUT_SOURCES = ("in_distribution", "mislabeled", "blank", "crafted")
+ATTACKS = ("scalar", "covariance", "mixture_lr", "glir", "batch_size")
+METHODS = (
+    "clopper_pearson", "gdp", "one_run", "density", "density_tv", "gaussian", "fdp_one_run",
+    "fdp_one_run_certified",
+)
+BUGS = (
+    "none", "halved_noise", "scaled_noise", "noise_skipped_steps", "noise_reused",
+    "noise_partial_tensors", "unclipped_example", "layer_clip_ignored", "microbatch_clipping",
+    "realised_batch_size", "shuffled_batches", "accountant_sigma", "accountant_sample_rate",
+    "accountant_steps",
+)
+ESTIMATORS = ("dense", "diagonal", "ledoit_wolf", "oas", "woodbury")
+
+# registry name -> (module, attribute) of the registry the tuple above mirrors
+REGISTRIES = {
+    "DATASETS": ("dpaudit.data", "DATASETS"),
+    "MODELS": ("dpaudit.models", "MODELS"),
+    "INPUT_SOURCES": ("dpaudit.canaries.sources", "INPUT_SOURCES"),
+    "ATTACKS": ("dpaudit.experiment.scores", "SCORES"),
+    "METHODS": ("dpaudit.stats", "METHODS"),
+    "BUGS": ("dpaudit.experiment.bugs", "BUGS"),
+    "ESTIMATORS": ("dpaudit.covariance.estimators", "ESTIMATORS"),
+}
