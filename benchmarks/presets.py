@@ -42,10 +42,11 @@ def presets() -> list[str]:
     return sorted(p.stem for p in CONF.glob("*.yaml"))
 
 
-def run_preset(name: str, overrides: list[str]) -> dict:
-    """Wall time, peak memory and the results' timing block of one preset run."""
+def run_preset(name: str, overrides: list[str], module: str = "dpaudit") -> dict:
+    """Wall time, peak memory and the results' timing block of one preset run
+    (``python -m MODULE experiment=NAME``)."""
     out = Path(tempfile.mkdtemp(prefix=f"preset_{name}_"))
-    cmd = [sys.executable, "-m", "dpaudit", f"experiment={name}", f"hydra.run.dir={out}",
+    cmd = [sys.executable, "-m", module, f"experiment={name}", f"hydra.run.dir={out}",
            *overrides]
     timer = shutil.which("time") or "/usr/bin/time"
     peak_mb = None
@@ -68,7 +69,8 @@ def run_preset(name: str, overrides: list[str]) -> dict:
         row["verdict"] = (data.get("verdict") or {}).get("status")
         row["sigma_upper"] = (data.get("verdict") or {}).get("sigma_upper")
     elif proc.returncode != 0:
-        row["error"] = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "?"
+        lines = [x for x in proc.stderr.strip().splitlines() if not x.startswith("PEAK_KB")]
+        row["error"] = lines[-1] if lines else "?"
     shutil.rmtree(out, ignore_errors=True)
     return row
 
@@ -107,6 +109,8 @@ def main(argv=None) -> None:
     p.add_argument("--presets", default=",".join(presets()))
     p.add_argument("--markdown", default=None, help="write the table (and its setting) here")
     p.add_argument("--json", default=None)
+    p.add_argument("--module", default="dpaudit",
+                   help="run python -m MODULE (dpaudit.cli for versions before python -m dpaudit)")
     p.add_argument("overrides", nargs="*")
     a = p.parse_args(argv)
     rows = []
@@ -116,7 +120,7 @@ def main(argv=None) -> None:
             rows.append({"preset": name, "skipped": f"needs {NEEDS_OWN_DATA[name]}"})
             continue
         load.append(os.getloadavg()[0])
-        row = run_preset(name, a.overrides)
+        row = run_preset(name, a.overrides, a.module)
         rows.append(row)
         print(f"  {name}: {row['wall_seconds']:.1f} s, rc {row['returncode']}", flush=True)
     setting = (
