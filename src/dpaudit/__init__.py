@@ -43,8 +43,8 @@ __all__ = ["__version__", *_LAZY]
 # Subpackages and modules (``import dpaudit.stats`` etc.); shown by ``dir(dpaudit)``.
 _SUBMODULES = (
     "accounting", "attacks", "canaries", "capture", "cli", "conf", "covariance", "data",
-    "experiment", "gradients", "meanlab", "models", "report", "seeds", "stats", "tasks",
-    "threat_model", "validity",
+    "experiment", "gradients", "meanlab", "models", "names", "report", "seeds", "stats",
+    "tasks", "threat_model", "validity",
 )
 
 

@@ -17,6 +17,7 @@ them so this module stays cheap to import (no torch); ``settings.DATASETS`` /
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
@@ -34,7 +35,13 @@ OPTIMIZERS = ("sgd", "adam")
 
 
 def _registry_names(name: str) -> tuple[str, ...]:
-    """The names a registry holds (``dpaudit.names``: declared without importing torch)."""
+    """The names a registry holds: the live registry once its module is imported (names
+    registered at run time count), else the names ``dpaudit.names`` declares without
+    importing torch (``--help``, config errors)."""
+    module, attr = names.REGISTRIES[name]
+    loaded = sys.modules.get(module)
+    if loaded is not None and hasattr(loaded, attr):
+        return tuple(getattr(loaded, attr))
     return tuple(getattr(names, name))
 
 
