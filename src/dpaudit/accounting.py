@@ -141,6 +141,17 @@ def gaussian_mechanism_epsilon(noise_multiplier: float, steps: int, delta: float
     return gdp_epsilon(np.sqrt(steps) / noise_multiplier, delta)
 
 
+def _profile_columns(epsilons, deltas) -> tuple[np.ndarray, np.ndarray]:
+    """A privacy profile's epsilons and deltas as checked column vectors."""
+    e = np.asarray(epsilons, dtype=np.float64).reshape(-1, 1)
+    d = np.asarray(deltas, dtype=np.float64).reshape(-1, 1)
+    if e.shape != d.shape or e.size == 0:
+        raise ValueError("epsilons and deltas must be non-empty and of equal length")
+    if np.any(e < 0) or np.any((d < 0) | (d > 1)):
+        raise ValueError("epsilons must be >= 0 and deltas in [0, 1]")
+    return e, d
+
+
 def tradeoff_from_profile(alpha, epsilons, deltas) -> np.ndarray:
     """Largest TPR at FPR ``alpha`` allowed by every (eps_i, delta_i) pair of a privacy profile.
 
@@ -151,12 +162,7 @@ def tradeoff_from_profile(alpha, epsilons, deltas) -> np.ndarray:
     a = np.atleast_1d(np.asarray(alpha, dtype=np.float64))
     if np.any((a < 0) | (a > 1)) or not np.all(np.isfinite(a)):
         raise ValueError("alpha must lie in [0, 1]")
-    e = np.asarray(epsilons, dtype=np.float64).reshape(-1, 1)
-    d = np.asarray(deltas, dtype=np.float64).reshape(-1, 1)
-    if e.shape != d.shape or e.size == 0:
-        raise ValueError("epsilons and deltas must be non-empty and of equal length")
-    if np.any(e < 0) or np.any((d < 0) | (d > 1)):
-        raise ValueError("epsilons must be >= 0 and deltas in [0, 1]")
+    e, d = _profile_columns(epsilons, deltas)
     with np.errstate(over="ignore", invalid="ignore"):
         line1 = np.where(a > 0.0, d + np.exp(e) * a, d)  # e^eps * 0 is 0, also when e^eps = inf
     line2 = 1.0 - np.exp(-e) * (1.0 - d - a)
@@ -176,10 +182,7 @@ def roc_inverse_from_profile(tpr, epsilons, deltas) -> np.ndarray:
     y = np.atleast_1d(np.asarray(tpr, dtype=np.float64))
     if np.any((y < 0) | (y > 1)) or not np.all(np.isfinite(y)):
         raise ValueError("tpr must lie in [0, 1]")
-    e = np.asarray(epsilons, dtype=np.float64).reshape(-1, 1)
-    d = np.asarray(deltas, dtype=np.float64).reshape(-1, 1)
-    if e.shape != d.shape or e.size == 0:
-        raise ValueError("epsilons and deltas must be non-empty and of equal length")
+    e, d = _profile_columns(epsilons, deltas)
     flat = y.reshape(1, -1)
     with np.errstate(over="ignore", invalid="ignore"):
         line1 = (flat - d) * np.exp(-e)

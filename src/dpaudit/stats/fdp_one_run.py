@@ -283,6 +283,30 @@ class GuessTable:
     def one_sided(self) -> np.ndarray:
         return (self.k_plus == 0) | (self.k_minus == 0)
 
+    def level(self, confidence: float) -> float:
+        """Each candidate's level: (1 - confidence) / the number of candidates (Bonferroni)."""
+        return (1.0 - confidence) / max(1, self.k_plus.size)
+
+    def threshold(self, i: int) -> float:
+        """Candidate ``i``'s threshold: t+ when it guesses "in", else t-."""
+        return float(self.t_plus[i] if self.k_plus[i] > 0 else self.t_minus[i])
+
+    def best(self, values: np.ndarray, name: str, level: float) -> tuple[int, dict]:
+        """The candidate with the largest ``values`` (a refuted parameter per candidate) and
+        the details reports show: the level, its witness and every candidate's counts and
+        ``name`` value."""
+        best = int(np.argmax(values))
+        return best, {
+            "level_per_candidate": level,
+            **self.witness(best),
+            "candidates": {
+                "k_plus": self.k_plus.tolist(),
+                "k_minus": self.k_minus.tolist(),
+                "correct": self.correct.tolist(),
+                name: np.asarray(values).tolist(),
+            },
+        }
+
     def witness(self, i: int) -> dict:
         """Candidate ``i`` for reports: side, counts and thresholds."""
         kp, km = int(self.k_plus[i]), int(self.k_minus[i])
@@ -399,28 +423,17 @@ def fdp_one_run_bound(
         details["note"] = f"no candidate with at least {MIN_GUESSES} guesses (m={m})"
         return EpsilonBound(epsilon=0.0, mu_lower=0.0, details=details, **common)
 
-    level = (1.0 - confidence) / table.k_plus.size
+    level = table.level(confidence)
     mu = largest_refuted_mu(
         table.guesses, table.correct, table.one_sided, m=m, level=level, prune=True
     )
-    best = int(np.argmax(mu))
+    best, report = table.best(mu, "mu", level)
+    details.update(report)
     mu_lower = float(mu[best])
-    witness = table.witness(best)
-    details.update(
-        level_per_candidate=level,
-        **witness,
-        candidates={
-            "k_plus": table.k_plus.tolist(),
-            "k_minus": table.k_minus.tolist(),
-            "correct": table.correct.tolist(),
-            "mu": mu.tolist(),
-        },
-    )
     epsilon = gdp_epsilon(mu_lower, delta) if mu_lower > 0 else 0.0
-    threshold = witness["t_plus"] if witness["k_plus"] > 0 else witness["t_minus"]
     return EpsilonBound(
         epsilon=float(epsilon),
-        threshold=threshold if mu_lower > 0 else None,
+        threshold=table.threshold(best) if mu_lower > 0 else None,
         mu_lower=mu_lower,
         details=details,
         **common,

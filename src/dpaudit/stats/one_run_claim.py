@@ -143,10 +143,6 @@ def _symmetric(tradeoff, tol: float = 1e-6) -> bool:
     return bool(np.all(np.abs(back - alpha)[strict] <= tol))
 
 
-def _level(table: GuessTable, confidence: float) -> float:
-    return (1.0 - confidence) / max(1, table.k_plus.size)
-
-
 def _refuted(table: GuessTable, roc_inverse: RocInverse, level: float) -> np.ndarray:
     """Per candidate: do its guesses refute the curve whose inverse ROC is given?"""
     if not table.k_plus.size:
@@ -168,7 +164,7 @@ def claim_test_on_table(
     table: GuessTable, roc_inverse: RocInverse, confidence: float
 ) -> OneRunClaimTest:
     """``one_run_claim_test`` on guesses already counted (``fdp_one_run.guess_table``)."""
-    level = _level(table, confidence)
+    level = table.level(confidence)
     if not table.k_plus.size:
         return OneRunClaimTest(
             False, confidence, level, 0, table.m, None, None, None, None, None, None,
@@ -179,7 +175,7 @@ def claim_test_on_table(
     pool = np.flatnonzero(refuted) if refuted.any() else np.arange(table.k_plus.size)
     best = int(pool[np.argmax(precision[pool])])
     w = table.witness(best)
-    threshold = w["t_plus"] if w["k_plus"] > 0 else w["t_minus"]
+    threshold = table.threshold(best)
     return OneRunClaimTest(
         rejected=bool(refuted.any()),
         confidence=confidence,
@@ -240,7 +236,7 @@ def one_run_mu_lower(table: GuessTable, confidence: float) -> float:
     """Certified "not mu-GDP for any mu < mu_lower" from the table's guesses (0 if none)."""
     if not table.k_plus.size:
         return 0.0
-    level = _level(table, confidence)
+    level = table.level(confidence)
     mu = largest_refuted(
         table.guesses, table.correct, table.one_sided, m=table.m, level=level, prune=True
     )
@@ -258,7 +254,7 @@ def one_run_noise_upper_bound(
 ) -> float:
     """Smallest noise multiplier whose claimed curve ``family(sigma)`` (an inverse ROC) the
     table's guesses refute; +inf when none is (``claim.smallest_rejected_sigma``)."""
-    level = _level(table, confidence)
+    level = table.level(confidence)
     if not table.k_plus.size:
         return float("inf")
 
@@ -305,27 +301,16 @@ def fdp_one_run_certified_bound(
     if not table.k_plus.size:
         details["note"] = f"no candidate with at least {MIN_GUESSES} guesses (m={table.m})"
         return EpsilonBound(epsilon=0.0, details=details, **common)
-    level = _level(table, confidence)
+    level = table.level(confidence)
     eps = largest_refuted(
         table.guesses, table.correct, table.one_sided, m=table.m, level=level,
         roc_inverse=epsdelta_roc_inverse(delta), cap=EPSILON_CAP, prune=True,
     )
-    best = int(np.argmax(eps))
-    w = table.witness(best)
-    details.update(
-        level_per_candidate=level,
-        **w,
-        candidates={
-            "k_plus": table.k_plus.tolist(),
-            "k_minus": table.k_minus.tolist(),
-            "correct": table.correct.tolist(),
-            "epsilon": eps.tolist(),
-        },
-    )
-    threshold = w["t_plus"] if w["k_plus"] > 0 else w["t_minus"]
+    best, report = table.best(eps, "epsilon", level)
+    details.update(report)
     return EpsilonBound(
         epsilon=float(eps[best]),
-        threshold=threshold if eps[best] > 0 else None,
+        threshold=table.threshold(best) if eps[best] > 0 else None,
         details=details,
         **common,
     )
