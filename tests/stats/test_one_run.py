@@ -171,3 +171,36 @@ def test_one_run_not_applicable_when_m_delta_is_large():
     rows = bound_rows({"a": (sc[inc], sc[~inc])}, ["one_run"], 2.5e-3, 0.95)
     assert rows[0]["kind"] == "not applicable" and np.isnan(rows[0]["epsilon"])
     assert rows[0]["error"].startswith("not applicable") and _best(rows, "certified") is None
+
+
+def test_vectorised_p_value_lower_bound_never_exceeds_the_p_value():
+    # the one-run search dismisses pairs with it: it must be a lower bound, rounding included
+    from dpaudit.stats.one_run import _p_value_lower, p_value
+
+    rng = np.random.default_rng(0)
+    for _ in range(600):
+        m = int(rng.integers(2, 100_000))
+        r = int(rng.integers(1, m + 1))
+        v = int(rng.integers(0, r + 1))
+        eps, delta = float(rng.uniform(0, 6)), float(rng.choice([0.0, 1e-6, 1e-3, 0.01]))
+        incl = float(rng.choice([0.5, 0.1, 0.9]))
+        low = _p_value_lower(m, np.array([r]), np.array([v]), eps, delta, incl)[0]
+        assert low <= p_value(m, r, v, eps, delta, incl)
+
+
+def test_vectorised_delta0_brackets_match_the_scalar_p_value():
+    from dpaudit.stats.one_run import _tail_upper_ends, p_value
+
+    rng = np.random.default_rng(1)
+    m, sig = 2000, 0.05 / 63
+    r = rng.integers(0, 1000, 50)
+    v = np.minimum(r, rng.integers(0, 1000, 50))
+    for incl in (0.5, 0.2):
+        ub = _tail_upper_ends(m, r, v, sig, incl)
+        for ri, vi, u in zip(r, v, ub, strict=True):
+            if u == 0.0:  # nothing rejected at delta = 0
+                assert ri == 0 or p_value(m, int(ri), int(vi), 0.0, 0.0, incl) >= sig
+            else:
+                assert p_value(m, int(ri), int(vi), float(u), 0.0, incl) >= sig
+                below = float(u) - 1.01e-3 * max(1.0, float(u))  # the bracket's width
+                assert p_value(m, int(ri), int(vi), below, 0.0, incl) < sig

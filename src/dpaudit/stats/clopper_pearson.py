@@ -20,15 +20,15 @@ Two lower bounds follow:
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import bdtr, betaincinv, ndtr, ndtri
+from scipy.special import ndtri
 
 from dpaudit._validate import check_rates, check_real
 from dpaudit.stats.gdp import gdp_epsilon
+from dpaudit.stats.joint_gdp import joint_gdp_mu
 from dpaudit.stats.result import ASSUME_GDP, EpsilonBound
 from dpaudit.stats.threshold_selection import (
     DEFAULT_SELECTION,
     Bonferroni,
-    OneSidedCandidates,
     check_selection,
     cp_upper,
 )
@@ -61,67 +61,6 @@ def mu_from_rates(fpr, fnr):
         out = ndtri(1.0 - fpr) - ndtri(fnr)
     out = np.nan_to_num(out, nan=-np.inf)
     return float(out) if out.ndim == 0 else out
-
-
-# Quadrature on the probability scale of the own side's Beta law (right end points, widths).
-_TAIL = np.geomspace(1e-14, 1e-3, 120)
-_Q = np.unique(np.concatenate([np.linspace(0.0, 1.0, 4097), _TAIL, 1.0 - _TAIL]))
-_Q_RIGHT, _Q_WIDTH = _Q[1:], np.diff(_Q)
-_MU_CAP = 200.0
-
-
-def _joint_p(z_own: np.ndarray, cross: int, n_other: int, mu: float) -> float:
-    """Upper bound on E_W[P(Bin(n_other, G_mu(W)) <= cross)] (see ``joint_gdp_mu``)."""
-    b = ndtr(z_own - mu)  # G_mu(w) = Phi(Phi^-1(1 - w) - mu) at the grid's right end points
-    return float(np.dot(_Q_WIDTH, bdtr(cross, n_other, b)))
-
-
-def _joint_mu(rank: int, n_own: int, cross: int, n_other: int, level: float, floor: float):
-    """sup{mu >= floor : p(mu) <= level} or None when p(floor) > level."""
-    w = betaincinv(rank + 1.0, n_own - rank, _Q_RIGHT)  # own-side rate quantiles (Beta law)
-    with np.errstate(divide="ignore"):
-        z_own = ndtri(1.0 - w)
-    if _joint_p(z_own, cross, n_other, floor) > level:
-        return None
-    lo, hi = floor, max(2.0 * floor, 1.0)
-    while _joint_p(z_own, cross, n_other, hi) <= level:
-        lo, hi = hi, 2.0 * hi
-        if hi > _MU_CAP:
-            return lo
-    while hi - lo > 1e-9 * max(1.0, lo):
-        mid = 0.5 * (lo + hi)
-        if _joint_p(z_own, cross, n_other, mid) <= level:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def joint_gdp_mu(cands: OneSidedCandidates, level: float) -> tuple[float, int | None]:
-    """Largest mu rejected by a joint test at some candidate: (mu_lb, index) or (0.0, None).
-
-    At an "out" candidate of rank k the true FPR is <= W ~ Beta(k+1, n_out - k) (exactly, see
-    ``threshold_selection``) and, given the threshold, the false negatives are Binomial(n_in,
-    FNR). If the mechanism is mu-GDP, FNR >= G_mu(FPR) >= G_mu(W) with G_mu(a) =
-    Phi(Phi^-1(1 - a) - mu), so fn is stochastically larger than the mixture X* of
-    Binomial(n_in, G_mu(W)) over W and p(mu) = P(X* <= fn_observed) is a valid p-value
-    ("in" candidates: the same with the roles swapped, G_mu being its own inverse). It grows
-    with mu; mu_lb is the largest mu with p(mu) <= ``level`` (bisection). The expectation over W
-    is an upper Riemann sum on a fixed grid of Beta quantiles (the integrand increases with W),
-    so the computed p-value is never smaller than the true one. With ``level`` = beta / m a
-    union bound over the m candidates makes max mu_lb a level-beta bound.
-    """
-    best, index = 0.0, None
-    for i in range(cands.thresholds.size):
-        out = cands.side[i] == "out"
-        n_own, n_other = (cands.n_out, cands.n_in) if out else (cands.n_in, cands.n_out)
-        rank, cross = int(cands.rank[i]), int(cands.cross[i])
-        if cross >= n_other:
-            continue
-        mu = _joint_mu(rank, n_own, cross, n_other, level, best)
-        if mu is not None and (index is None or mu > best):
-            best, index = mu, i
-    return best, index
 
 
 def threshold_bound(

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.special import bdtr, bdtrc, expit
+from scipy.stats import binom
 
 from dpaudit._validate import (
     check_count,
@@ -38,6 +39,7 @@ from dpaudit._validate import (
     check_real,
     check_seed,
 )
+from dpaudit.stats.bracket import largest_accepted
 from dpaudit.stats.inclusion import (
     amplification,
     amplified_epsilon,
@@ -124,25 +126,75 @@ def _window_max(r: int, v: int, q: float, w: int, below_v: float) -> tuple[float
     return best, sum_w
 
 
-def _bracket(
+def _largest_rejected(
     m: int, r: int, v: int, delta: float, significance: float, tol: float, inclusion: float
-):
-    """(lo, hi) with p(lo) < significance <= p(hi) (lo = 0 when nothing is rejected)."""
+) -> float:
+    """lo with p(lo) < significance <= p(lo + tol * max(1, lo)) (0 when nothing is rejected)."""
     if r == 0 or p_value(m, r, v, 0.0, delta, inclusion) >= significance:
-        return 0.0, 0.0
+        return 0.0
     hi = 1.0
     while p_value(m, r, v, hi, 0.0, inclusion) < significance:  # p grows with delta
         hi *= 2.0
         if hi > 1e4:
             break
-    lo = 0.0
-    while hi - lo > tol * max(1.0, lo):
+    return _bisect(m, r, v, delta, significance, tol, inclusion, 0.0, hi)
+
+
+def _bisect(m, r, v, delta, significance, tol, inclusion, lo: float, hi: float) -> float:
+    """From p(lo) < significance (lo = 0 checked by the caller) and p(hi) >= significance to
+    hi - lo <= tol * max(1, lo); returns the rejected end lo (``bracket.largest_accepted``)."""
+    return largest_accepted(
+        lambda eps: p_value(m, r, v, eps, delta, inclusion),
+        lambda value: value < significance,
+        significance,
+        lo,
+        hi,
+        tol,
+    )
+
+
+def _p_value_lower(
+    m: int, r: np.ndarray, v: np.ndarray, epsilon: float, delta: float, inclusion: float
+) -> np.ndarray:
+    """A lower bound on ``p_value`` for arrays of (r, v): the i = 1 term of its max, i.e.
+    P[Bin >= v] + 2 m delta P[Bin = v - 1] (the same amplified eps and delta)."""
+    if inclusion != 0.5:
+        gamma = amplification(inclusion)
+        epsilon, delta = float(amplified_epsilon(epsilon, gamma)), gamma * delta
+    q = float(expit(epsilon))
+    tail = np.where(v == 0, 1.0, bdtrc(np.maximum(v - 1, 0), r, q))
+    pmf = np.where(v == 0, 0.0, binom.pmf(v - 1, r, q))
+    # shaved by a relative 1e-9 so that rounding can never lift it above the exact p-value
+    return np.minimum(tail + 2.0 * m * delta * pmf, 1.0) * (1.0 - 1e-9)
+
+
+def _tail_upper_ends(
+    m: int, r: np.ndarray, v: np.ndarray, significance: float, inclusion: float
+) -> np.ndarray:
+    """Per pair, an eps at which the delta = 0 p-value P[Bin(r, q) >= v] is >= significance
+    (0 where eps = 0 is not rejected), to relative width 1e-3: every pair at once."""
+    gamma = amplification(inclusion)
+
+    def p0(eps: np.ndarray) -> np.ndarray:
+        e = amplified_epsilon(eps, gamma) if inclusion != 0.5 else eps
+        return np.where(v == 0, 1.0, bdtrc(np.maximum(v - 1, 0), r, expit(e)))
+
+    live = (r > 0) & (p0(np.zeros(r.size)) < significance)
+    hi = np.where(live, 1.0, 0.0)
+    grow = live.copy()
+    while grow.any():
+        grow &= p0(hi) < significance
+        grow &= hi <= 1e4
+        hi = np.where(grow, 2.0 * hi, hi)
+    lo = np.zeros(r.size)
+    while True:
+        open_ = live & (hi - lo > 1e-3 * np.maximum(1.0, lo))
+        if not open_.any():
+            return hi
         mid = 0.5 * (lo + hi)
-        if p_value(m, r, v, mid, delta, inclusion) < significance:
-            lo = mid
-        else:
-            hi = mid
-    return lo, hi
+        rejected = p0(mid) < significance
+        lo = np.where(open_ & rejected, mid, lo)
+        hi = np.where(open_ & ~rejected, mid, hi)
 
 
 def epsilon_from_guesses(
@@ -159,7 +211,7 @@ def epsilon_from_guesses(
     significance (``inclusion``: see ``p_value``)."""
     significance = check_open_unit(significance, "significance")
     p_value(m, r, v, 0.0, delta, inclusion)  # checks m, r, v, delta and inclusion by name
-    return _bracket(m, r, v, delta, significance, tol, inclusion)[0]
+    return _largest_rejected(m, r, v, delta, significance, tol, inclusion)
 
 
 def guess_counts(labels_by_score: np.ndarray, k_plus, k_minus) -> np.ndarray:
@@ -238,20 +290,38 @@ def one_run_bound(
     labels = virtual_labels(s_in.size, s_out.size, p, seed)
     v_all, tp_all, tm_all = ranked_guesses(pooled, labels, kp, km, seed)
     r_all = kp + km
-    rows = []
-    for i in range(len(pairs)):
-        r, v = int(r_all[i]), int(v_all[i])
-        # coarse delta = 0 bracket: its upper end bounds eps(delta) from above (p grows in delta)
-        ub = _bracket(m, r, v, 0.0, significance, 1e-3, p)[1]
-        rows.append((ub, int(kp[i]), int(km[i]), r, v, float(tp_all[i]), float(tm_all[i])))
-    rows.sort(key=lambda row: -row[0])  # visit promising pairs first, stop when none can win
+    r_all, v_all = r_all.astype(np.int64), np.asarray(v_all, dtype=np.int64)
+    # coarse delta = 0 brackets of every pair at once: their upper ends bound eps(delta) from
+    # above (p grows in delta), so pairs are visited best first and the rest dismissed
+    ubs = _tail_upper_ends(m, r_all, v_all, significance, p)
+    rows = sorted(
+        (
+            (float(ubs[i]), int(kp[i]), int(km[i]), int(r_all[i]), int(v_all[i]),
+             float(tp_all[i]), float(tm_all[i]))
+            for i in range(len(pairs))
+        ),
+        key=lambda row: -row[0],
+    )
     best = (0.0, None)
-    for ub, a, b, r, v, tp, tm in rows:
-        if ub <= best[0] and best[1] is not None:
-            break
-        eps = epsilon_from_guesses(
-            m, r, v, delta=delta, significance=significance, inclusion=p
-        )
+    dismissed = np.zeros(len(rows), dtype=bool)
+    for j, (ub, a, b, r, v, tp, tm) in enumerate(rows):
+        if best[1] is not None and j == 1:
+            # one vectorised pass with a lower bound on every pair's p-value at the first
+            # best eps dismisses most pairs at once (the best only grows)
+            r_rows = np.array([row[3] for row in rows], dtype=np.int64)
+            v_rows = np.array([row[4] for row in rows], dtype=np.int64)
+            dismissed = _p_value_lower(m, r_rows, v_rows, best[0], delta, p) >= significance
+        if dismissed[j]:
+            continue
+        if best[1] is not None:
+            # a pair that cannot reject the best eps so far cannot beat it (p grows in eps)
+            if ub <= best[0] or p_value(m, r, v, best[0], delta, p) >= significance:
+                continue
+            eps = _bisect(m, r, v, delta, significance, 1e-6, p, best[0], ub)
+        else:
+            eps = epsilon_from_guesses(
+                m, r, v, delta=delta, significance=significance, inclusion=p
+            )
         if eps > best[0] or best[1] is None:
             best = (eps, (a, b, r, v, tp, tm))
     gamma = amplification(p)

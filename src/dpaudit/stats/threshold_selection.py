@@ -53,7 +53,7 @@ Measured against jax_privacy (``benchmarks/bench_vs_jax_privacy.py``: 50 pairs o
 their two-sided variant, and +0.40 to +1.35 for the GDP epsilon (+0.08 to +0.16 in mu).
 
 The ``gdp`` method additionally tests each candidate JOINTLY against the mu-GDP curve (see
-``clopper_pearson.joint_gdp_mu``) at level beta / m, using the exact Beta law of the own side;
+``joint_gdp.joint_gdp_mu``) at level beta / m, using the exact Beta law of the own side;
 it uses the same candidates and the same union bound, so it is valid for the same reason.
 """
 
