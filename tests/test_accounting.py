@@ -143,3 +143,31 @@ def test_profile_domain_is_opacus_own_or_larger_and_the_profile_agrees():
         opacus = _delta_upper(acc._get_dprv(eps_error=eps_error, delta_error=delta_error), eps,
                               eps_error, delta_error)
     np.testing.assert_allclose(mine, opacus, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("sigma", [0.3, 0.6, 1.0, 2.0, 8.0])
+@pytest.mark.parametrize("q,steps", [(0.01, 1000), (0.28, 36), (0.5, 100), (1.0, 10)])
+def test_domain_rdp_epsilon_equals_all_domain_orders(sigma, q, steps):
+    # the fractional orders below 2 are skipped unless the integers' best order is 2: the
+    # epsilon must equal the one over every domain order (and so the domain is unchanged)
+    import warnings
+
+    from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+
+    from dpaudit.accounting import _DOMAIN_ORDERS, _rdp_epsilon
+
+    for delta in (1e-11 / 4, 1e-11 / (8 * steps)):
+        rdp = compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=_DOMAIN_ORDERS)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            full = float(get_privacy_spent(orders=_DOMAIN_ORDERS, rdp=rdp, delta=delta)[0])
+        assert _rdp_epsilon(sigma, q, steps, delta) == pytest.approx(full, rel=1e-12)
+
+
+@pytest.mark.parametrize("sigma,q,steps", [(2.0, 1 / 3, 30), (6.9, 1 / 3, 30), (1.0, 0.5, 100),
+                                           (0.8, 0.01, 1000), (3.0, 0.9, 20)])
+def test_prv_epsilon_equals_opacus_prv_accountant(sigma, q, steps):
+    from dpaudit.accounting import accountant_epsilon, prv_epsilon
+
+    opacus = accountant_epsilon(sigma, q, steps, 1e-5, "prv").epsilon
+    assert prv_epsilon(sigma, q, steps, 1e-5) == pytest.approx(opacus, rel=1e-6, abs=1e-9)

@@ -29,6 +29,7 @@ from scipy.special import ndtr, ndtri
 from dpaudit.accounting import (
     AccountantEpsilon,
     all_accountants,
+    prv_epsilon,
     roc_inverse_from_profile,
     subsampled_gaussian_profile_grid,
     tradeoff_from_profile,
@@ -135,6 +136,16 @@ class ThreatModel:
             return exact
         acc = self.accountants(noise_multiplier)
         return float(min(acc["rdp"].epsilon, acc["prv"].epsilon))
+
+    def estimated_epsilon(self, noise_multiplier: float) -> float:
+        """Epsilon of the DP-SGD family member at ``noise_multiplier`` (same q, T, C): exact
+        where known, else the PRV accountant's (``accounting.prv_epsilon``, Opacus' number to
+        rounding, faster at large q). For effective-noise estimates, not for the claim."""
+        exact = self.exact_epsilon(noise_multiplier)
+        if exact is not None:
+            return exact
+        sigma = self.effective_noise(noise_multiplier)
+        return prv_epsilon(sigma, float(self.sample_rate), int(self.steps), self.delta)
 
     @property
     def accountant_name(self) -> str:

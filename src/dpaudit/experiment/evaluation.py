@@ -140,6 +140,8 @@ def per_test_confidence(
     return 1.0 - (1.0 - confidence) / max(1, n_attacks * (n_methods + 1) + extra)
 
 
+# what epsilon_at_sigma_upper is (threat.estimated_epsilon)
+EPS_AT_SIGMA_UPPER_KIND = "estimate (DP-SGD family: same q, T, C; PRV accountant)"
 SIGMA_UPPER_FLOOR = 0.5  # effective noise multiplier below which sigma_upper is not resolved
 
 
@@ -173,7 +175,7 @@ def claim_evidence(
         "sigma_upper": sigma_ub,
         "noise_multiplier": threat.noise_multiplier,
         "epsilon_at_sigma_upper": eps_at,
-        "epsilon_at_sigma_upper_kind": "estimate (DP-SGD family: same q, T, C)",
+        "epsilon_at_sigma_upper_kind": EPS_AT_SIGMA_UPPER_KIND,
     }
 
 
@@ -198,7 +200,7 @@ def one_run_claim_evidence(
         "certified": True,
         "method": ONE_RUN_CLAIM_METHOD,
         "noise_multiplier": threat.noise_multiplier,
-        "epsilon_at_sigma_upper_kind": "estimate (DP-SGD family: same q, T, C)",
+        "epsilon_at_sigma_upper_kind": EPS_AT_SIGMA_UPPER_KIND,
     }
     try:
         table = guess_table(s_in, s_out, method="the one-run claim test", inclusion=inclusion)
@@ -235,7 +237,7 @@ def _epsilon_at(threat: ThreatModel, sigma_ub: float) -> float | None:
     if not (np.isfinite(sigma_ub) and sigma_ub > 0):
         return None
     try:
-        return threat.claimed_epsilon(sigma_ub)
+        return threat.estimated_epsilon(sigma_ub)
     except (ValueError, RuntimeError, OverflowError):
         return float("inf")  # beyond what the accountant can compute
 
