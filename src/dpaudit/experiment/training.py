@@ -84,6 +84,71 @@ def accuracy(model: nn.Module, data: Dataset, device: torch.device) -> float:
     return correct / len(data)
 
 
+def _make_private(model, train_set, dp: DPSettings, sample_rate: float, seed: int,
+                  shuffled: bool):
+    """Opacus' PrivacyEngine on ``model``: (engine, model, optimizer, loader), the loader
+    Poisson-sampled at ``sample_rate`` or, when ``shuffled``, shuffled batches of
+    ``dp.batch_size`` (seeded). The caller has seeded torch."""
+    engine = PrivacyEngine(accountant="prv")
+    if shuffled:
+        shuffle_gen = torch.Generator().manual_seed(seed)
+        loader = DataLoader(train_set, batch_size=dp.batch_size, shuffle=True,
+                            generator=shuffle_gen)
+    else:
+        loader = DPDataLoader(train_set, sample_rate=sample_rate)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Secure RNG turned off")
+        model, opt, loader = engine.make_private(
+            module=model,
+            optimizer=make_optimizer(model, dp),
+            data_loader=loader,
+            noise_multiplier=dp.noise_multiplier,
+            max_grad_norm=dp.max_grad_norm,
+            poisson_sampling=False,  # the loader above already samples
+            grad_sample_mode="hooks",
+        )
+    return engine, model, opt, loader
+
+
+def train_plain(model: nn.Module, train_set: Dataset, dp: DPSettings, sample_rate: float,
+                seed: int = 0) -> tuple[float, int]:
+    """The same DP-SGD training as ``train_audited`` without the audit: no hook, no canary
+    scores, no planted bug (Poisson sampling at ``sample_rate``, ``total_steps`` optimizer
+    steps). Returns (seconds, optimizer steps taken): the baseline of the audited / plain training ratio
+    (``benchmarks/presets.py --ratio``). ``model`` is trained in place."""
+    device = next(model.parameters()).device
+    steps = total_steps(dp, sample_rate)
+    start = time.perf_counter()
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        engine, model, opt, loader = _make_private(model, train_set, dp, sample_rate, seed,
+                                                   False)
+        bmm = (
+            BatchMemoryManager(data_loader=loader,
+                               max_physical_batch_size=dp.max_physical_batch_size, optimizer=opt)
+            if dp.max_physical_batch_size
+            else contextlib.nullcontext(loader)
+        )
+        model.train()
+        done = 0
+        with bmm as batches, warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            while done < steps:
+                for x, y in batches:
+                    opt.zero_grad(set_to_none=True)
+                    loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+                    loss.backward()
+                    opt.step()
+                    # the accountant records every step the optimizer takes (not the skipped
+                    # ones of BatchMemoryManager's accumulation)
+                    done = sum(int(h[2]) for h in engine.accountant.history)
+                    if done >= steps:
+                        break
+    model.eval()
+    return time.perf_counter() - start, done
+
+
 def train_audited(
     model: nn.Module,
     train_set: Dataset,
@@ -127,25 +192,8 @@ def train_audited(
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        engine = PrivacyEngine(accountant="prv")
-        if shuffled:
-            shuffle_gen = torch.Generator().manual_seed(seed)
-            loader = DataLoader(
-                train_set, batch_size=dp.batch_size, shuffle=True, generator=shuffle_gen
-            )
-        else:
-            loader = DPDataLoader(train_set, sample_rate=sample_rate)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Secure RNG turned off")
-            model, opt, loader = engine.make_private(
-                module=model,
-                optimizer=make_optimizer(model, dp),
-                data_loader=loader,
-                noise_multiplier=dp.noise_multiplier,
-                max_grad_norm=dp.max_grad_norm,
-                poisson_sampling=False,  # the loader above already samples
-                grad_sample_mode="hooks",
-            )
+        engine, model, opt, loader = _make_private(model, train_set, dp, sample_rate, seed,
+                                                   shuffled)
         on_optimizer = dp.bug != "shuffled_batches"  # that one is the loader above
         remove_bug = plant_bug(opt, dp.bug, dp.bug_factor) if on_optimizer else (lambda: None)
         hook = AuditHook(
