@@ -54,6 +54,9 @@ def test_ci_runs_exactly_the_readme_test_command_first():
     install = 'pip install -c requirements/dev.txt -e ".[dev,docs]"'
     assert tests.startswith("python3 -m venv .venv && . .venv/bin/activate && " + install)
     assert tests.endswith("&& ruff check . && pytest")
+    # ... and then the slow tier that the README names
+    assert "step slow-tests pytest -m slow -n 2" in ci
+    assert "pytest -m slow -n 2" in README.read_text()
     # Both commands install from the lock; the main job is the same install without extras.
     venv = tests.split(" && pip")[0]
     assert main_job == venv + " && pip install -c requirements/dev.txt -e . && dpaudit"

@@ -431,6 +431,7 @@ def _check(rows) -> None:
     )
 
 
+@pytest.mark.xdist_group("validity_default")  # one worker: the study is shared (``_study``)
 @pytest.mark.parametrize("method", METHODS)
 def test_validity_default_sizes(method, record_property):
     rows = _study(method, slow=False)
@@ -439,6 +440,7 @@ def test_validity_default_sizes(method, record_property):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("validity_full")  # one worker: the study is shared (``_study``)
 @pytest.mark.parametrize("method", METHODS)
 def test_validity_full_sizes(method, record_property):
     rows = _study(method, slow=True)
