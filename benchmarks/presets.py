@@ -14,7 +14,9 @@ its outputs in a temporary directory) and prints one row per preset:
   hook (``audit_run``, as the audit trains: white-box records for one-run audits, none for the
   runs of a multi-run audit) and one plain Opacus training of the same data, model, DP
   settings and seed (``experiment.training.train_plain``), alternated twice; the ratio of the
-  medians, with both medians. Planted bugs are not planted in the plain training.
+  medians, with both medians (per training of at most 100 steps: the hook's cost is per step,
+  so longer presets are timed on their first 100). Planted bugs are not planted in the plain
+  training.
 
 The threads, cores and machine load are printed beside the table. Presets whose data cannot
 be loaded here (FMNIST and CIFAR-10 need their own files) are listed as skipped, with the
@@ -91,13 +93,19 @@ from dpaudit.experiment.run import audit_run, prepare_run
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.training import train_plain
 import copy
-name, overrides = sys.argv[1], json.loads(sys.argv[2])
+name, overrides, MAX_STEPS = sys.argv[1], json.loads(sys.argv[2]), 100
 with initialize_config_module(config_module="dpaudit.conf", version_base="1.3"):
     cfg = compose("config", overrides=[f"experiment={name}", *overrides, "progress=false"])
 task = OmegaConf.to_container(cfg.task, resolve=True)
 groups = {k: task[k] for k in ("data", "model", "dp", "canary", "attack", "audit", "seed",
                                "device", "progress") if k in task}
 settings = AuditSettings.from_mappings(**groups)
+from dataclasses import replace
+from dpaudit.experiment.training import poisson_sample_rate, total_steps
+train, _, _ = settings.data.load(settings.seed)
+if total_steps(settings.dp, poisson_sample_rate(settings.dp, len(train))) > MAX_STEPS:
+    # the hook's cost is per step: the ratio of the first MAX_STEPS steps is the ratio
+    settings = replace(settings, dp=replace(settings.dp, steps=MAX_STEPS))
 prepared = prepare_run(settings, warn=False)
 white_box = settings.audit.mode != "multi_run"
 audited, plain = [], []

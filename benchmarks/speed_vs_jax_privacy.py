@@ -3,8 +3,9 @@
 Scores: members N(``--mu``, 1), non-members N(0, 1), n of each for every n of ``--sizes``
 (seed ``--seed``); every statistic at ``--delta`` and 95% confidence. Each time is the median
 of ``--repeats`` calls in one process, from the scores to the number (their
-``CanaryScoreAuditor`` constructor, which sorts, is timed with each call); ours run here, theirs in a separate Python (their venv)
-on the very same arrays, passed through a temporary .npz file. It prints, per (n, statistic):
+``CanaryScoreAuditor`` constructor, which sorts, is timed with each call); ours run here,
+theirs in a separate Python (their venv) on the very same arrays, passed through a temporary
+.npz file. It prints, per (n, statistic):
 our time, theirs, the ratio ours / theirs (<= 1: no slower), and both values (epsilon), so
 that a speed-up cannot hide a looser bound. The machine load and thread settings are printed.
 
@@ -85,7 +86,7 @@ def ours(data: dict, sizes, delta: float, repeats: int) -> dict:
         for method in PAIRS:
             opts = {"inclusion": 0.5} if "one_run" in method else {}
             secs, res = median_time(
-                lambda method=method, opts=opts: epsilon_lower_bound(
+                lambda method=method, opts=opts, s_in=s_in, s_out=s_out: epsilon_lower_bound(
                     s_in, s_out, delta=delta, confidence=CONFIDENCE, method=method, **opts
                 ),
                 repeats,

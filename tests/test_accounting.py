@@ -171,3 +171,25 @@ def test_prv_epsilon_equals_opacus_prv_accountant(sigma, q, steps):
 
     opacus = accountant_epsilon(sigma, q, steps, 1e-5, "prv").epsilon
     assert prv_epsilon(sigma, q, steps, 1e-5) == pytest.approx(opacus, rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("sigma,q,steps", [(2.0, 1 / 3, 30), (1.0, 0.5, 100), (0.5, 0.5, 48),
+                                           (20.0, 0.9, 5), (3.0, 0.05, 2000)])
+def test_profile_roc_inverse_envelope_equals_every_line(sigma, q, steps):
+    # the one-run claim test evaluates the inverse thousands of times: the hull of lines must
+    # give the brute-force maximum, and never more (a larger inverse could refute a true claim)
+    import numpy as np
+
+    from dpaudit.accounting import (
+        ProfileRocInverse,
+        roc_inverse_from_profile,
+        subsampled_gaussian_profile_grid,
+    )
+
+    e, d = subsampled_gaussian_profile_grid(sigma, q, steps)
+    y = np.concatenate([np.linspace(0.0, 1.0, 20001),
+                        np.random.default_rng(0).uniform(0.0, 1.0, 5000),
+                        1.0 - np.geomspace(1e-16, 1e-3, 200), [1e-300]])
+    brute, fast = roc_inverse_from_profile(y, e, d), ProfileRocInverse(e, d)(y)
+    assert np.all(fast <= brute)
+    np.testing.assert_allclose(fast, brute, rtol=1e-12, atol=0.0)

@@ -28,9 +28,9 @@ from scipy.special import ndtr, ndtri
 
 from dpaudit.accounting import (
     AccountantEpsilon,
+    ProfileRocInverse,
     all_accountants,
     prv_epsilon,
-    roc_inverse_from_profile,
     subsampled_gaussian_profile_grid,
     tradeoff_from_profile,
 )
@@ -179,8 +179,7 @@ class ThreatModel:
         if q == 1.0:
             with np.errstate(divide="ignore"):
                 return ndtr(ndtri(y) - np.sqrt(steps) / sigma)
-        eps, deltas = _subsampled_profile(sigma, q, steps)
-        return roc_inverse_from_profile(y, eps, deltas)
+        return _profile_roc_inverse(sigma, q, steps)(y)
 
     def clt_noise_for_mu(self, mu: float) -> float:
         """Noise multiplier whose CLT (GDP-accountant) mu equals ``mu``, a starting guess:
@@ -228,6 +227,13 @@ class ThreatModel:
 def _subsampled_profile(sigma: float, q: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
     """The PRV-based privacy profile of the claim, memoised per (sigma, q, T)."""
     return subsampled_gaussian_profile_grid(sigma, q, steps)
+
+
+@functools.lru_cache(maxsize=64)
+def _profile_roc_inverse(sigma: float, q: float, steps: int) -> ProfileRocInverse:
+    """``roc_inverse_from_profile`` of the claim's profile, prepared once per (sigma, q, T)
+    (``accounting.ProfileRocInverse``: the same numbers, O(log n) per TPR)."""
+    return ProfileRocInverse(*_subsampled_profile(sigma, q, steps))
 
 
 def _tradeoff(sigma: float, q: float, steps: int, alpha: np.ndarray) -> np.ndarray:
