@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "dpaudit"
 # writes what they produce; experiment composes; tasks and the config schema sit on top of
 # it; cli only parses the config and calls a task.
 LAYERS = (
-    ("_jsonable", "_validate", "seeds", "names", "gradients"),
+    ("_jsonable", "_validate", "seeds", "names", "papers", "gradients"),
     ("stats", "covariance"),
     ("accounting", "meanlab", "attacks", "canaries", "data", "models"),
     ("threat_model", "capture", "validity", "report"),

@@ -43,7 +43,7 @@ __all__ = ["__version__", *_LAZY]
 # Subpackages and modules (``import dpaudit.stats`` etc.); shown by ``dir(dpaudit)``.
 _SUBMODULES = (
     "accounting", "attacks", "canaries", "capture", "cli", "conf", "covariance", "data",
-    "experiment", "gradients", "meanlab", "models", "names", "report", "seeds", "stats",
+    "experiment", "gradients", "meanlab", "models", "names", "papers", "report", "seeds", "stats",
     "tasks", "threat_model", "validity",
 )
 

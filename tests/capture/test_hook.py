@@ -382,3 +382,24 @@ def test_parameter_selection_by_param_and_module_names():
         )
         assert hook.param_names == names
         assert hook.dim == sum(dict(run.model._module.named_parameters())[n].numel() for n in names)
+
+
+def test_backward_hook_warning_is_silenced_only_while_attached():
+    # torch's "Full backward hook is firing ..." (Opacus' hooks on a first layer) repeated in
+    # every user's loop: silenced while an AuditHook is attached, shown again after
+    import warnings
+
+    coords = dirac_coords(ZERO, NF)[:4]
+    can = GradientCanaries.dirac(coords, 1.0, D, policy="every_step", seed=1)
+    msg = "Full backward hook is firing when gradients are computed with respect to x"
+    run = private_run(DATA, logreg(NF), lambda o, m: AuditHook(o, m, can), epochs=1)
+    hook = AuditHook(run.optimizer, run.model, can)
+    n_filters = len(warnings.filters)
+    with hook, warnings.catch_warnings(record=True) as inside:
+        warnings.warn(msg, UserWarning, stacklevel=1)
+    assert not [w for w in inside if "Full backward hook" in str(w.message)]
+    assert len(warnings.filters) == n_filters
+    with warnings.catch_warnings(record=True) as after:
+        warnings.simplefilter("always")
+        warnings.warn(msg, UserWarning, stacklevel=1)
+    assert [w for w in after if "Full backward hook" in str(w.message)]

@@ -408,3 +408,24 @@ def test_vanishing_bounds_warning_is_given_once_per_audit(tmp_path):
         run_audit(output_dir=tmp_path, **cfg)
     vanish = [w for w in caught if "expect epsilon bounds of 0" in str(w.message)]
     assert len(vanish) == 1 and "raise audit.runs" in str(vanish[0].message)
+
+
+def test_sweep_summary_lists_other_tasks_and_keeps_booleans(tmp_path):
+    # a sweep holding an audit and a stats_demo job: the audit is summarised (privacy_bug a
+    # boolean, the configured sigma beside sigma_upper), the other task listed, nothing refused
+    from dpaudit.experiment import run_audit
+    from dpaudit.tasks.stats_demo import stats_demo
+
+    for job in ("0", "1"):
+        (tmp_path / job / ".hydra").mkdir(parents=True)
+    run_audit(output_dir=tmp_path / "0", model={"name": "logreg"}, progress=False,
+              dp={"noise_multiplier": 3.0, "steps": 6}, canary={"count": 20})
+    stats_demo(mus=(1.0,), n=200, output_dir=str(tmp_path / "1"))
+    demo = json.loads((tmp_path / "1" / "results.json").read_text())
+    assert demo["schema_version"] >= 2 and demo["provenance"]["versions"]["dpaudit"]
+    aggregate_main([str(tmp_path)])  # exits 0: no SystemExit
+    summary = json.loads((tmp_path / "sweep_summary.json").read_text())
+    (row,) = summary["jobs"]
+    assert row["job"] == "0" and row["sigma_configured"] == 3.0
+    assert row["privacy_bug"] is False
+    assert summary["other_tasks"] == {"1": "stats_demo"} and summary["unreadable"] == {}

@@ -145,3 +145,25 @@ def test_poisson_canary_defaults_say_before_training_that_they_certify_nothing()
     assert weak["epsilon"] == 0 and "advice" in weak
     strong = expect(1.0, 1000)
     assert strong["epsilon"] > 0.1 and "advice" not in strong
+
+
+@pytest.mark.parametrize("cli,groups", [
+    (["canary=input"], {"canary": {"kind": "input"}}),
+    (["canary=input", "canary.count=7"], {"canary": {"kind": "input", "count": 7}}),
+    (["canary=gradient_poisson"], {"canary": {"kind": "gradient", "policy": "bernoulli"}}),
+    (["audit=multi_run", "canary.count=1"], {"audit": {"mode": "multi_run"},
+                                             "canary": {"count": 1}}),
+    (["model=cnn"], {"model": {"name": "cnn"}}),
+])
+def test_python_group_mappings_take_the_cli_options_defaults(cli, groups):
+    # run_audit(canary={"kind": "input"}) is the audit `dpaudit canary=input` runs
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    with initialize_config_module(config_module="dpaudit.conf", version_base="1.3"):
+        cfg = compose("config", overrides=cli)
+    task = OmegaConf.to_container(cfg.task, resolve=True)
+    from_cli = AuditSettings.from_mappings(
+        **{k: task[k] for k in ("data", "model", "dp", "canary", "attack", "audit")}
+    )
+    assert AuditSettings.from_mappings(**groups) == from_cli

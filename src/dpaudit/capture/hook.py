@@ -53,6 +53,7 @@ Canary index order: the canaries list in order, each set's canaries in its own o
 from __future__ import annotations
 
 import numbers
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -334,6 +335,7 @@ class AuditHook:
         self._inputs.attach()
         opt._dpaudit_hook = self
         self._attached = True
+        self._quiet = _silence_backward_hook_warning()
         return self
 
     def detach(self) -> None:
@@ -353,6 +355,7 @@ class AuditHook:
         self._inputs.detach()
         del opt._dpaudit_hook
         self._attached = False
+        _restore_warning_filter(getattr(self, "_quiet", None))
         if self.trace is not None and self._started:
             self.trace.flush()
 
@@ -574,3 +577,29 @@ class AuditHook:
         """The clipping check's summary (``ClippingCheck.summary``), or None when off."""
         return None if self._clip_check is None else self._clip_check.summary()
 
+
+
+# torch warns "Full backward hook is firing when gradients are computed with respect to module
+# outputs since no inputs require gradients" on every backward through Opacus' hooks on a first
+# layer (its inputs need no gradient): expected under Opacus, and it repeated in every user's
+# loop. Silenced while a hook is attached, and only then.
+_BACKWARD_HOOK_WARNING = "Full backward hook is firing"
+
+
+def _silence_backward_hook_warning():
+    """Add an ignore filter for that warning; returns the filter entry to remove later."""
+    warnings.filterwarnings("ignore", message=_BACKWARD_HOOK_WARNING, category=UserWarning)
+    return warnings.filters[0]
+
+
+def _restore_warning_filter(entry) -> None:
+    """Remove the filter ``_silence_backward_hook_warning`` added (if still there)."""
+    if entry is None:
+        return
+    try:
+        warnings.filters.remove(entry)
+    except ValueError:  # already gone (someone reset the filters)
+        return
+    mutated = getattr(warnings, "_filters_mutated", None)  # what filterwarnings calls, so
+    if mutated is not None:  # the per-module "already warned" caches see the change
+        mutated()

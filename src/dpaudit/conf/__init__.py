@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import sys
+import textwrap
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -25,6 +26,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from dpaudit.experiment.settings import GROUPS, AuditSettings, describe_settings
+from dpaudit.papers import humanize
 
 SCHEMA_NAME = "dpaudit_schema"
 
@@ -51,8 +53,9 @@ def option_text(group: str, name: str) -> str:
     return (_conf_dir() / group / f"{name}.yaml").read_text()
 
 
-def summary(text: str, width: int = 96) -> str:
-    """The first sentence of a YAML file's leading comment block (``@package`` lines skipped)."""
+def summary(text: str) -> str:
+    """The first sentence of a YAML file's leading comment block (``@package`` lines skipped),
+    whole, with the source papers named by authors and title (``papers.humanize``)."""
     words = []
     for line in text.splitlines():
         if not line.startswith("#"):
@@ -62,7 +65,13 @@ def summary(text: str, width: int = 96) -> str:
             continue
         words.append(line)
     first = re.split(r"(?<=[.!?])\s+(?=[A-Z(`])", " ".join(words), maxsplit=1)[0].strip()
-    return first if len(first) <= width else first[: width - 3].rstrip() + "..."
+    return humanize(first)
+
+
+def _entry(head: str, text: str, indent: int = 6, width: int = 96) -> list[str]:
+    """``head: text`` wrapped to ``width`` columns, continuation lines indented."""
+    return textwrap.wrap(f"{head}: {text}", width=width, subsequent_indent=" " * indent,
+                         break_on_hyphens=False)
 
 
 def task_references(task: Any) -> set[str]:
@@ -127,7 +136,7 @@ def help_text() -> str:
     ]
     for name in preset_names("experiment"):
         mark = " (default)" if chosen.get("experiment") == name else ""
-        lines.append(f"  {name}{mark}: {summary(option_text('experiment', name))}")
+        lines += _entry(f"  {name}{mark}", summary(option_text("experiment", name)))
         uses = preset_groups(name)
         lines.append(f"      reads: {', '.join(uses) if uses else 'nothing'}"
                      " (overrides of other settings are refused)")
@@ -139,7 +148,7 @@ def help_text() -> str:
         lines.append(f"{group}:")
         for name in preset_names(group):
             mark = " (default)" if chosen.get(group) == name else ""
-            lines.append(f"  {name}{mark}: {summary(option_text(group, name))}")
+            lines += _entry(f"  {name}{mark}", summary(option_text(group, name)))
     lines += [
         "hydra/launcher: cpu_parallel (joblib) | slurm_gpu (submitit); needs the launchers extra",
         "",

@@ -46,13 +46,23 @@ def _overrides(job: Path) -> str:
 
 
 def _read_results(path: Path) -> dict:
+    """The results file's dictionary: an audit's (with a verdict) or another task's (with its
+    ``task`` name); anything else is a ValueError naming the file."""
     try:
         res = json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise ValueError(f"{path}: not a readable results file ({err})") from err
-    if not isinstance(res, dict) or not isinstance(res.get("verdict"), dict):
-        raise ValueError(f"{path}: not a dpaudit results file (no verdict)")
+    if not isinstance(res, dict):
+        raise ValueError(f"{path}: not a dpaudit results file")
+    if not isinstance(res.get("verdict"), dict) and not isinstance(res.get("task"), str):
+        raise ValueError(f"{path}: not a dpaudit results file (no verdict, no task name)")
     return res
+
+
+def _configured_sigma(res: dict):
+    """The noise multiplier the job was configured with (the claim's sigma)."""
+    dp = (res.get("settings") or {}).get("dp") or {}
+    return dp.get("noise_multiplier", float("nan"))
 
 
 def collect_sweep(directory: str | Path) -> dict:
@@ -76,7 +86,7 @@ def collect_sweep(directory: str | Path) -> dict:
             f"{root} is neither a multi-run audit (no {RUNS_DIR}/) nor a Hydra sweep "
             "(no job directories with .hydra/)"
         )
-    rows, pending, unreadable, settings = [], [], {}, {}
+    rows, pending, unreadable, settings, other = [], [], {}, {}, {}
     for job in jobs:
         res_path = job / "results.json"
         if not res_path.exists():
@@ -86,6 +96,9 @@ def collect_sweep(directory: str | Path) -> dict:
             res = _read_results(res_path)
         except ValueError as err:
             unreadable[job.name] = str(err)
+            continue
+        if not isinstance(res.get("verdict"), dict):  # another task's results (stats_demo, ...)
+            other[job.name] = res["task"]
             continue
         v = res["verdict"]
         settings[job.name] = res.get("settings")
@@ -97,8 +110,9 @@ def collect_sweep(directory: str | Path) -> dict:
                 "eps_certified": v.get("best_lower_bound", float("nan")),
                 "eps_estimate": v.get("best_estimate", float("nan")),
                 "eps_claimed": v.get("claimed_epsilon", v.get("upper_bound", float("nan"))),
+                "sigma_configured": _configured_sigma(res),
                 "sigma_upper": v.get("sigma_upper", float("nan")),
-                "privacy_bug": "YES" if v.get("privacy_bug") else "no",
+                "privacy_bug": bool(v.get("privacy_bug")),
             }
         )
     summary = {
@@ -107,11 +121,15 @@ def collect_sweep(directory: str | Path) -> dict:
         "jobs": rows,
         "pending": pending,
         "unreadable": unreadable,
+        "other_tasks": other,  # jobs of other tasks (no verdict to summarise): job -> task
         "settings": settings,  # each job's full resolved settings, from its results.json
         "provenance": provenance(),
     }
     write_json(root / "sweep_summary.json", summary)
-    print(format_table(rows) if rows else "(no finished jobs)")
+    shown = [{**r, "privacy_bug": "YES" if r["privacy_bug"] else "no"} for r in rows]
+    print(format_table(shown) if rows else "(no finished audits)")
+    if other:
+        print("not audits (no verdict): " + ", ".join(f"{j} ({t})" for j, t in other.items()))
     if pending:
         print(f"pending (no results.json yet): {', '.join(pending)}")
     return summary

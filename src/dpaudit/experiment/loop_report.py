@@ -15,6 +15,7 @@ import numpy as np
 
 from dpaudit.experiment.evaluation import DEFAULT_METHODS, evaluate_scores, split_scores
 from dpaudit.experiment.outputs import audit_mode, write_audit_report
+from dpaudit.experiment.run import certifiable_ceiling
 from dpaudit.stats.inclusion import check_inclusion
 from dpaudit.threat_model import ThreatModel
 
@@ -163,6 +164,9 @@ def audit_report(
         ),
         "engine_accountants": training,
     }
+    n_in, n_out = int(member.sum()), int((~member).sum())
+    result["canary_info"] = {"certifiable_ceiling": certifiable_ceiling(
+        n_in, n_out, threat_model.claimed_epsilon(), confidence, threat_model.delta)}
     if output_dir is not None:
         device = None
         if hook is not None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from dpaudit.experiment.evaluation import split_scores
-from dpaudit.experiment.run import resolve_device
+from dpaudit.experiment.run import ceiling_sentence, resolve_device
 from dpaudit.report import (
     format_table,
     plot_roc,
@@ -22,8 +22,9 @@ from dpaudit.report import (
     plot_white_box,
     write_json,
 )
-from dpaudit.report.provenance import provenance
+from dpaudit.report.provenance import stamped
 from dpaudit.stats import gdp_tradeoff
+from dpaudit.stats.gdp import gdp_mu
 from dpaudit.stats.roc import theory_fpr
 from dpaudit.threat_model import ThreatModel
 
@@ -113,6 +114,9 @@ def console_table(result: dict) -> str:
             "claim test), and they need many canaries that each leak much; the "
             "Clopper-Pearson row is an estimate"
         )]
+    ceiling = ceiling_sentence((result.get("canary_info") or {}).get("certifiable_ceiling"))
+    if ceiling:
+        lines += ["", ceiling[0].upper() + ceiling[1:] + "."]
     note = (th.get("training_data") or {}).get("note")
     if note:
         lines += ["", note]
@@ -185,20 +189,36 @@ def confidence_block(result: dict) -> dict:
 
 
 def _verdict_line(v: dict) -> str:
-    """The verdict in a few words with its numbers (for the figures)."""
+    """The verdict in a few words, led by the statement that decided it (for the figures):
+    a white-box check, the claim test (the effective noise against the configured sigma), or
+    the certified epsilon against the claim; then the numbers of the tables."""
     word = {
         "privacy_bug": "PRIVACY BUG",
         "estimate_above_claim": "ESTIMATE ABOVE CLAIM",
         "consistent": "CONSISTENT",
     }.get(v["status"], v["status"].replace("_", " ").upper())
-    nums = (
-        f"certified eps >= {_fmt(v.get('best_lower_bound'))}, "
-        f"estimate {_fmt(v.get('best_estimate'))}, claimed {_fmt(v.get('claimed_epsilon'))}"
-    )
+    cert, est, claimed = (_fmt(v.get(k)) for k in ("best_lower_bound", "best_estimate",
+                                                   "claimed_epsilon"))
+    sigma, configured = v.get("sigma_upper"), v.get("noise_multiplier")
+    noise = ""
+    if isinstance(sigma, (int, float)) and np.isfinite(sigma) and configured is not None:
+        noise = f"effective sigma <= {sigma:.3g} (configured {configured:g})"
+    decided = []
     fired = v.get("white_box_fired") or []
     if fired:
-        nums = f"white-box check refuted the claim: {', '.join(fired)}; {nums}"
-    return f"{word} at {v['confidence']:.0%}: {nums}"
+        decided.append(f"white-box check refuted the claim: {', '.join(fired)}")
+    if v.get("claim_rejected_by"):
+        decided.append(f"claim test rejected the claimed curve ({noise or 'certified'})")
+    if v["status"] == "privacy_bug" and v.get("best_lower_bound", 0) > v.get(
+            "claimed_epsilon", float("inf")):
+        decided.append(f"certified eps >= {cert} > claimed {claimed}")
+    if v["status"] == "estimate_above_claim":
+        decided.append(f"estimate {est} > claimed {claimed} (not certified)")
+    lead = "; ".join(decided)
+    nums = f"certified eps >= {cert}, estimate {est}, claimed {claimed}"
+    if not lead and noise:
+        nums = f"{nums}; {noise}"
+    return f"{word} at {v['confidence']:.0%}: " + (f"{lead} | {nums}" if lead else nums)
 
 
 def _figure_title(result: dict, threat: ThreatModel, split: dict) -> str:
@@ -216,18 +236,25 @@ def _figure_title(result: dict, threat: ThreatModel, split: dict) -> str:
     )
 
 
-def _estimate_curves(result: dict, grid) -> dict:
-    """One estimated GDP curve per attack (the first estimate with a point estimate mu_hat)."""
-    curves = {}
+def _estimate_curves(result: dict, grid, delta: float) -> dict:
+    """Per attack, the curve of its largest estimate in the bounds table: the mu-GDP curve
+    whose epsilon at ``delta`` is that row's epsilon (the confidence-adjusted number the table
+    and the banner show, not a point estimate; docs/evidence.md, "The ROC plot")."""
+    best: dict = {}
     for b in result["bounds"]:
-        details = (b.get("result") or {}).get("details") or {}
-        mu = details.get("mu_hat")
-        if b.get("kind") != "estimate" or not isinstance(mu, (int, float)):
+        eps = b.get("epsilon")
+        if b.get("kind") != "estimate" or not isinstance(eps, (int, float)):
             continue
-        if not np.isfinite(mu) or mu <= 0 or any(f"({b['attack']}" in k for k in curves):
+        if not np.isfinite(eps) or eps <= 0:
             continue
+        if b["attack"] not in best or eps > best[b["attack"]]["epsilon"]:
+            best[b["attack"]] = b
+    curves = {}
+    for attack, b in best.items():
+        mu = gdp_mu(b["epsilon"], delta)
         checked = "" if b.get("valid") else ", model not validated"
-        label = f"estimate: mu-GDP, mu_hat={mu:.2f} ({b['attack']}, {b['method']} model{checked})"
+        label = (f"estimate: mu-GDP, mu={mu:.2f} = epsilon {b['epsilon']:.3f} "
+                 f"({attack}, {b['method']}{checked})")
         curves[label] = gdp_tradeoff(grid, mu)
     return curves
 
@@ -284,7 +311,7 @@ def write_audit_report(
                 t["fpr_upper"],
                 1.0 - t["fnr_upper"],
             )
-    curves.update(_estimate_curves(result, grid))
+    curves.update(_estimate_curves(result, grid, threat.delta))
     title = _figure_title(result, threat, split)
     note = _verdict_line(v)
     thresholds = {n: c["test"].get("threshold") for n, c in result.get("claim", {}).items()}
@@ -338,8 +365,7 @@ def write_audit_report(
         }
         if isinstance(result.get("timing"), dict):
             result["timing"]["report_seconds"] = time.perf_counter() - plots_start
-        result["provenance"] = provenance(device)
-        result["schema_version"] = result["provenance"]["schema_version"]
+        result.update(stamped({}, device))
         path = write_json(out / "results.json", result)
         for tmp, final in staged.values():
             os.replace(tmp, final)

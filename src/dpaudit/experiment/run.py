@@ -10,6 +10,7 @@ or for runs pooled by ``multirun.aggregate``.
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
@@ -29,6 +30,7 @@ from dpaudit.experiment.threat import threat_model_for
 from dpaudit.experiment.training import poisson_sample_rate, total_steps, train_audited
 from dpaudit.gradients import per_sample_clipped_grads
 from dpaudit.models import build_model
+from dpaudit.papers import cite
 from dpaudit.threat_model import ThreatModel
 
 
@@ -151,6 +153,48 @@ def expected_certified_bound(
     return float(res.epsilon)
 
 
+def certifiable_ceiling(
+    n_in: int, n_out: int, claimed: float, confidence: float, delta: float
+) -> dict:
+    """The largest epsilon a threshold attack can certify with these counts (perfectly
+    separated scores, ``expected_certified_bound``) and, when that is below ``claimed``, about
+    how many canaries per side it would take to certify the claim (the ceiling grows like
+    log n: n x e^(claimed - ceiling), checked once); ``needed`` is None when it is beyond 10^9
+    per side (out of reach: the claim test's sigma_upper is the statement to read)."""
+    ceiling = expected_certified_bound(n_in, n_out, None, confidence, delta)
+    out = {"epsilon": ceiling, "claimed": float(claimed), "n_in": n_in, "n_out": n_out,
+           "needed_per_side": 0}
+    if not ceiling < claimed:
+        return out
+    n = max(n_in, n_out, 1)
+    guess = n * math.exp(min(claimed - ceiling, 50.0))
+    needed = None
+    if guess <= 1e9:
+        needed = math.ceil(guess)
+        if expected_certified_bound(needed, needed, None, confidence, delta) < claimed:
+            needed = math.ceil(needed * math.e ** 0.5)  # the log n law is approximate
+    out["needed_per_side"] = needed
+    return out
+
+
+def ceiling_sentence(ceiling: dict) -> str:
+    """``certifiable_ceiling`` in words, for the report (empty when it is not below the claim)."""
+    if not ceiling or ceiling.get("needed_per_side") == 0:
+        return ""
+    head = (
+        f"with {ceiling['n_in']} member and {ceiling['n_out']} non-member scores, the largest "
+        f"epsilon a threshold attack can certify here is about {ceiling['epsilon']:.3g} "
+        "(perfectly separated scores)"
+    )
+    need = ceiling.get("needed_per_side")
+    if need is None:
+        return (f"{head}: the claimed {ceiling['claimed']:.4g} is out of reach of any "
+                "certified epsilon bound; the claim test (mu_lower, sigma_upper) is the "
+                "statement to read")
+    return (f"{head}; certifying the claimed {ceiling['claimed']:.4g} would take about "
+            f"{need:,} canaries on each side")
+
+
 def warn_if_bounds_vanish(
     settings: AuditSettings, counts, threat: ThreatModel, info: dict, warn: bool = True
 ) -> None:
@@ -165,7 +209,7 @@ def warn_if_bounds_vanish(
     n_in, n_out = counts
     if pred is not None:
         mu = float(np.mean(pred["mu_composed"]))
-        source = f"seed 001's predicted mean mu={mu:.3g} of these input canaries"
+        source = f"the predicted mean mu={mu:.3g} of these input canaries ({cite('001')})"
     elif settings.canary.kind == "gradient":
         scores = ideal_scores(threat, n_in, n_out, settings.seed)
         source = (
@@ -179,6 +223,11 @@ def warn_if_bounds_vanish(
         n_in, n_out, mu, a.confidence, threat.delta, settings.seed, scores=scores
     )
     info["expected_certified_epsilon"] = {"epsilon": expected, "for": source}
+    claimed = threat.claimed_epsilon()
+    ceiling = certifiable_ceiling(n_in, n_out, claimed, a.confidence, threat.delta)
+    info["certifiable_ceiling"] = ceiling
+    if warn and expected > 0 and ceiling["needed_per_side"] is None:
+        warnings.warn(ceiling_sentence(ceiling), stacklevel=3)  # said once, before training
     if expected > 0 or not warn:
         return
     more = "audit.runs" if a.mode == "multi_run" else "canary.count"

@@ -351,7 +351,13 @@ class AuditSettings:
 
     @classmethod
     def from_mappings(cls, **groups: Any) -> AuditSettings:
-        """Build from plain dicts (Hydra groups); unknown keys are errors naming the group."""
+        """Build from plain dicts (Hydra groups); unknown keys are errors naming the group.
+
+        A group mapping that selects one of the CLI's group options starts from that option's
+        file, as the CLI does: ``canary={"kind": "input"}`` means ``canary=input`` (its count
+        and candidate pool), ``audit={"mode": "multi_run"}`` means ``audit=multi_run``,
+        ``model={"name": "cnn"}`` means ``model=cnn`` (``group_option_defaults``); the keys
+        given override the file's."""
         kinds = {f.name: f for f in fields(cls)}
         values = {}
         for name, value in groups.items():
@@ -360,6 +366,8 @@ class AuditSettings:
             factory = kinds[name].default_factory
             sub = factory() if callable(factory) else None
             if sub is not None and hasattr(sub, "check"):
+                if isinstance(value, dict):
+                    value = {**group_option_defaults(name, value), **value}
                 value = _build(type(sub), name, value)
             values[name] = value
         out = cls(**values)
@@ -469,6 +477,37 @@ def _show(v) -> str:
     if isinstance(v, dict):
         return "{}" if not v else str(v)
     return str(v)
+
+
+# The key that names a group option, per group (the files in dpaudit/conf/<group>/ set it).
+_OPTION_KEYS = {"canary": ("kind", "policy"), "audit": ("mode",), "model": ("name",),
+                "data": ("name",)}
+
+
+def group_option_defaults(group: str, mapping: dict) -> dict:
+    """The values of the CLI's option file of ``group`` that ``mapping`` selects (by its
+    option key: ``_OPTION_KEYS``), or {} when it selects none. With several matches (canary
+    kind gradient) the file whose keys all agree with ``mapping`` and that says the most wins.
+    """
+    keys = _OPTION_KEYS.get(group, ())
+    if not any(k in mapping for k in keys):
+        return {}
+    from importlib import resources
+
+    import yaml  # PyYAML, Hydra's dependency; only read when a group mapping is given
+
+    best: dict = {}
+    folder = resources.files("dpaudit").joinpath("conf", group)
+    for path in sorted(folder.iterdir(), key=lambda p: p.name):
+        if not path.name.endswith(".yaml"):
+            continue
+        values = yaml.safe_load(path.read_text()) or {}
+        selected = [k for k in keys if k in values and k in mapping]
+        if not selected or any(values[k] != mapping[k] for k in selected):
+            continue
+        if len(values) > len(best):
+            best = values
+    return dict(best)
 
 
 def _build(kind, group: str, value):

@@ -89,7 +89,9 @@ def _make_private(model, train_set, dp: DPSettings, sample_rate: float, seed: in
     """Opacus' PrivacyEngine on ``model``: (engine, model, optimizer, loader), the loader
     Poisson-sampled at ``sample_rate`` or, when ``shuffled``, shuffled batches of
     ``dp.batch_size`` (seeded). The caller has seeded torch."""
-    engine = PrivacyEngine(accountant="prv")
+    with warnings.catch_warnings():  # "Secure RNG turned off", warned at construction
+        warnings.filterwarnings("ignore", message="Secure RNG turned off")
+        engine = PrivacyEngine(accountant="prv")
     if shuffled:
         shuffle_gen = torch.Generator().manual_seed(seed)
         loader = DataLoader(train_set, batch_size=dp.batch_size, shuffle=True,
@@ -114,8 +116,8 @@ def train_plain(model: nn.Module, train_set: Dataset, dp: DPSettings, sample_rat
                 seed: int = 0) -> tuple[float, int]:
     """The same DP-SGD training as ``train_audited`` without the audit: no hook, no canary
     scores, no planted bug (Poisson sampling at ``sample_rate``, ``total_steps`` optimizer
-    steps). Returns (seconds, optimizer steps taken): the baseline of the audited / plain training ratio
-    (``benchmarks/presets.py --ratio``). ``model`` is trained in place."""
+    steps). Returns (seconds, optimizer steps taken): the baseline of the audited / plain
+    training ratio (``benchmarks/presets.py --ratio``). ``model`` is trained in place."""
     device = next(model.parameters()).device
     steps = total_steps(dp, sample_rate)
     start = time.perf_counter()

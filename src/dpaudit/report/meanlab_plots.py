@@ -9,12 +9,16 @@ import numpy as np
 from dpaudit.report.files import write_json as report_write_json
 from dpaudit.report.plots import pyplot as _pyplot
 from dpaudit.report.plots import save_figure, score_bins
+from dpaudit.report.provenance import stamped
 
 FPR_GRID = np.linspace(0.0, 1.0, 201)
 
 
 def write_json(output_dir, obj: dict, name: str = "results.json") -> Path:
-    """Write ``obj`` as JSON into ``output_dir`` (atomically, via ``dpaudit.report``)."""
+    """Write ``obj`` as JSON into ``output_dir`` (atomically, via ``dpaudit.report``), with
+    the schema version and provenance every results file carries (added to ``obj`` too, so
+    that what a task returns is what it wrote)."""
+    obj.update(stamped(obj))
     return report_write_json(Path(output_dir) / name, obj)
 
 

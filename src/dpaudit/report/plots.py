@@ -107,10 +107,11 @@ def add_header(fig, title: str, note: str = "", status: str | None = None) -> fl
     used += len(lines) * line_in
     if note:
         colour = verdict_colour(status)
+        note_lines = _wrap(note, w * 0.92, fontsize=9.5)  # bold text is a little wider
         fig.text(
             0.5,
             1 - (used + 0.1) / h,
-            note,
+            "\n".join(note_lines),
             ha="center",
             va="top",
             fontsize=9.5,
@@ -119,7 +120,7 @@ def add_header(fig, title: str, note: str = "", status: str | None = None) -> fl
             gid="verdict",
             bbox={"boxstyle": "round,pad=0.3", "facecolor": colour, "edgecolor": colour},
         )
-        used += 0.1 + 0.3
+        used += 0.1 + 0.15 + len(note_lines) * 9.5 * 1.35 / 72
     return 1 - (used + 0.1) / h
 
 

@@ -56,3 +56,12 @@ def provenance(device: str | None = None) -> dict:
         "platform": platform.platform(),
         "device": device,
     }
+
+
+def stamped(result: dict, device: str | None = None) -> dict:
+    """``result`` with the top-level ``schema_version`` and ``provenance`` every task's results
+    file carries (audits, Figure 3, the mean lab, stats_demo), unless it already has them."""
+    out = dict(result)
+    out.setdefault("schema_version", SCHEMA_VERSION)
+    out.setdefault("provenance", provenance(device))
+    return out

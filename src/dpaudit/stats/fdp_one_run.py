@@ -56,7 +56,8 @@ from dpaudit.stats.one_run import ranked_guesses
 from dpaudit.stats.result import EpsilonBound
 
 ASSUME_FDP_ONE_RUN = (
-    "GDP-shaped trade-off curve (f-DP one-run, Mahloujifar et al. 2024; epsilon of mu_lower-GDP)"
+    "GDP-shaped trade-off curve (f-DP one-run, Mahloujifar et al. 2024; epsilon of the mu-GDP "
+    "curve at the lower confidence value of mu)"
 )
 SIDES = ("in", "out", "both")
 DEFAULT_SIDES = ("in", "both")

@@ -8,7 +8,9 @@ from typing import Any
 from dpaudit._jsonable import to_jsonable as _jsonable
 
 # The models that estimates assume (the ``assumption`` of an ``EpsilonBound``).
-ASSUME_GDP = "GDP-shaped trade-off curve (epsilon of mu_lower-GDP)"
+ASSUME_GDP = (
+    "GDP-shaped trade-off curve (epsilon of the mu-GDP curve at the lower confidence value of mu)"
+)
 ASSUME_GAUSSIAN_SCORES = "Gaussian equal-variance scores (mu from means and variances)"
 
 

@@ -34,12 +34,14 @@ from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.training import SAMPLINGS, poisson_sample_rate, train_audited
 from dpaudit.gradients import per_sample_clipped_grads, resolve_parameter_names
 from dpaudit.models import build_model
+from dpaudit.papers import PAPERS
 from dpaudit.report import format_table, write_json
 from dpaudit.report.canary_plots import (
     plot_canary_grid,
     plot_roc_by_class,
     plot_score_distribution,
 )
+from dpaudit.report.provenance import stamped
 from dpaudit.stats.roc import TPR_KEY_PREFIX, roc_summary
 
 CLASSES = ("easy", "medium", "hard")
@@ -281,7 +283,7 @@ def _check(runs, canaries_per_class, n_references, candidates, subsample, sampli
 def _write(report, split, ranking, sel, cand_x, cand_y, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     s = report["settings"]
-    title = f"seed 001 Figure 3: {s['model']['name']} on {s['data']['name']}"
+    title = f"{PAPERS['001'][0]}, Figure 3: {s['model']['name']} on {s['data']['name']}"
     res = report["results"]
     predicted = {
         "predicted": {c: res[c]["predicted_mu_covariance"] for c in CLASSES},
@@ -298,6 +300,7 @@ def _write(report, split, ranking, sel, cand_x, cand_y, out: Path) -> None:
         targets_by_label={c: cand_y[v] for c, v in groups.items()},
         scores_by_label={c: ranking.scores[v] for c, v in groups.items()},
     )
+    report.update(stamped(report))
     write_json(out / "figure3.json", report)
     print("\n" + console_table(report))
     c = report["config"]

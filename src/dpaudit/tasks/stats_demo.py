@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from dpaudit.report import format_table, write_json
+from dpaudit.report.provenance import stamped
 from dpaudit.stats import auc, epsilon_lower_bound, gdp_epsilon
 
 METHODS = ("gdp", "clopper_pearson", "one_run", "density", "density_tv")
@@ -62,6 +63,7 @@ def stats_demo(
         "rows": rows,
     }
     if output_dir is not None:
+        result = stamped(result)  # what is returned is what was written
         path = write_json(Path(output_dir) / "results.json", result)
         print(f"results: {path}")
     return result
