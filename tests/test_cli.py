@@ -239,3 +239,84 @@ def test_privacy_bug_sets_the_exit_status(tmp_path):
     assert res["verdict"]["status"] == "privacy_bug"
     proc = run_cli(tmp_path / "nogate", *tiny, "fail_on_bug=false")
     assert proc.returncode == 0, proc.stderr
+
+
+# (overrides, what the one line must name): mistakes a user makes, found by dpaudit's checks,
+# by Hydra's parser, by a missing package or by the file system. Every one: exit status 2,
+# one "dpaudit: error:" line (and at most one hint line), no traceback.
+MISTAKES = [
+    (["dp.noise_multipler=2"], "noise_multipler"),             # misspelt key
+    (["dp.noise_multiplier=abc"], "noise_multiplier"),         # wrong type
+    (["dp.noise_multiplier=-1"], "noise_multiplier"),          # out of range
+    (["attack.scores=covariance"], "attack.scores=[covariance]"),  # a list without brackets
+    (["--frobnicate"], "--frobnicate"),                        # unknown option
+    (["data=nonexistent"], "nonexistent"),                     # unknown group option
+    (["experiment=nonexistent"], "nonexistent"),               # unknown preset
+    (["canary.kind=banana"], "canary.kind"),
+    (["dp.batch_size=0"], "batch_size"),
+    (["audit.confidence=1.5"], "confidence"),
+    (["dp.delta=2"], "dp.delta"),
+    (["canary.count=-5"], "count"),
+    (["model.name=transformer9"], "model.name"),
+    (["audit.mode=three_run"], "audit.mode"),
+    (["seed=abc"], "seed"),
+    (["dp.steps=0"], "steps"),
+    (["attack.scores=[nonexistent]"], "scores"),
+    (["audit.methods=[nonexistent]"], "methods"),
+    (["dp.optimizer=adamw"], "optimizer"),
+    (["canary.norm=5.0"], "clip norm"),
+    (["experiment=stats_demo", "dp.noise_multiplier=2"], "dp.noise_multiplier"),  # unread
+    (["data=cifar10"], "cifar10"),                             # torchvision / its files
+    (["hydra.run.dir=/proc/dpaudit_cannot_write_here"], "hydra.run.dir"),  # unwritable
+]
+
+
+@pytest.mark.slow
+def test_every_mistake_is_one_line_and_exit_status_2(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def attempt(i_case):
+        i, (overrides, _) = i_case
+        run_dir = [] if any(o.startswith("hydra.run.dir=") for o in overrides) else [
+            f"hydra.run.dir={tmp_path / str(i)}"]
+        tiny = [] if overrides[0].startswith("experiment=stats") else [
+            o for o in ("dp.steps=2", "progress=false")
+            if not any(x.startswith(o.split("=")[0] + "=") for x in overrides)]
+        cmd = [sys.executable, "-m", "dpaudit", *run_dir, *tiny, *overrides]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        procs = list(pool.map(attempt, enumerate(MISTAKES)))
+    assert len(MISTAKES) >= 20
+    for (overrides, needle), proc in zip(MISTAKES, procs, strict=True):
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        errors = [ln for ln in lines if ln.startswith("dpaudit: error:")]
+        what = f"{overrides}: rc {proc.returncode}, stderr:\n{proc.stderr}"
+        assert proc.returncode == 2, what
+        assert len(errors) == 1 and needle in errors[0], what
+        assert "Traceback" not in proc.stderr, what
+        assert len([ln for ln in lines if not ln.startswith(("dpaudit: error:", "("))]) == 0, what
+
+
+@pytest.mark.parametrize("text,line", [
+    ("Could not override 'dp.x'.\nTo append to your config use +dp.x=2\nKey 'x' not in "
+     "'DPSettings'\n    full_key: dp.x\n    object_type=DPSettings\n\nSet the environment "
+     "variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n",
+     "Could not override 'dp.x': Key 'x' not in 'DPSettings'"),
+    ("Error merging override attack.scores=covariance\nInvalid value assigned: str is not a "
+     "ListConfig, list or tuple.\n    full_key: attack.scores\n",
+     "Error merging override attack.scores=covariance: Invalid value assigned: str is not a "
+     "ListConfig, list or tuple. (attack.scores takes a list: attack.scores=[covariance])"),
+    ("usage: __main__.py [--help]\n  more usage\n__main__.py: error: unrecognized arguments: "
+     "--x\n", "unrecognized arguments: --x"),
+    ("In 'config': Could not find 'data/x'\n\nAvailable options in 'data':\n\tdigits\n\tsynthetic"
+     "\nConfig search path:\n\tprovider=hydra, path=pkg://hydra.conf\n",
+     "In 'config': Could not find 'data/x' (options: digits, synthetic)"),
+    ("Traceback (most recent call last):\n  File \"x.py\", line 1\nPermissionError: [Errno 13] "
+     "Permission denied: '/x'\n", "PermissionError: [Errno 13] Permission denied: '/x': choose a "
+     "writable output directory with hydra.run.dir=DIR"),
+])
+def test_hydra_messages_condense_to_one_line(text, line):
+    from dpaudit.cli import hydra_error_line
+
+    assert hydra_error_line(text) == line

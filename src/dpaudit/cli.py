@@ -21,8 +21,10 @@ every job runs and the status stays 0; read the jobs' verdicts with ``dpaudit-ag
 from __future__ import annotations
 
 import importlib.util
+import io
 import logging
 import os
+import re
 import sys
 import time
 import warnings
@@ -192,6 +194,8 @@ def _check_audit_settings(cfg: DictConfig) -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def _hydra_main(cfg: DictConfig):
+    if _HELD is not None:
+        _HELD.release()  # the config composed: the task's own stderr is the terminal's
     hc = HydraConfig.get()
     out = Path(hc.runtime.output_dir)
     file_log = _file_logger()
@@ -233,10 +237,82 @@ def _hydra_main(cfg: DictConfig):
     return result
 
 
+_FILE_ERRORS = {"PermissionError", "FileNotFoundError", "NotADirectoryError", "OSError",
+                "FileExistsError", "IsADirectoryError"}
+_HELP_LINE = "(dpaudit --help lists every preset, option and setting; HYDRA_FULL_ERROR=1 shows " \
+    "Hydra's own message)"
+
+
+def hydra_error_line(text: str) -> str:
+    """Hydra's message for a mistake on the command line (a misspelt key, a value of the wrong
+    type, an unknown option, a missing list's brackets), condensed to one line."""
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    lines = [ln for ln in lines if not ln.startswith("Set the environment variable HYDRA_FULL")
+             and not ln.startswith("To append to your config use")
+             and not ln.startswith("usage:") and not ln.startswith("  ")]
+    options, listing = [], False
+    for ln in text.splitlines():  # the tab-indented names under "Available options in ..."
+        if ln.startswith("Available options in"):
+            listing = True
+        elif listing and ln.startswith("\t"):
+            options.append(ln.strip())
+        elif listing:
+            listing = False
+    main = [ln for ln in lines if not ln.startswith("\t") and not ln.startswith("    ")]
+    if not main:
+        return "the command line could not be parsed"
+    if main[0].startswith("Traceback"):  # an exception Hydra did not format: its last line
+        msg = main[-1]
+        if msg.split(":", 1)[0] in _FILE_ERRORS:
+            msg += ": choose a writable output directory with hydra.run.dir=DIR"
+        return msg
+    msg = re.sub(r"^[\w.-]+: error: ", "", main[0]).rstrip(".")
+    for extra in main[1:3]:
+        if extra.startswith("Available options in"):
+            msg += f" (options: {', '.join(options)})"
+            break
+        if extra.startswith(("Key ", "Value ", "Invalid value", "Could not", "mismatched",
+                             "extraneous", "no viable")):
+            msg += f": {extra}"
+            break
+    if "is not a ListConfig" in msg and "override " in msg:
+        key, _, value = msg.split("override ", 1)[1].split(":", 1)[0].partition("=")
+        msg += f" ({key} takes a list: {key}=[{value}])"
+    return msg.removeprefix("dpaudit: error: ").removeprefix("error: ")
+
+
+class _HeldStderr:
+    """Hydra reports a mistake on the command line in 5-12 lines and exits 1. Until the task
+    starts, stderr is held here; if Hydra exits with an error before that, the message is
+    condensed to one line (``hydra_error_line``) and the exit status is 2, like every other
+    user error. The task's start (``release``) hands stderr back with whatever it held."""
+
+    def __init__(self):
+        self.real, self.buffer = sys.stderr, io.StringIO()
+
+    def hold(self) -> None:
+        sys.stderr = self.buffer
+
+    def release(self) -> None:
+        if sys.stderr is self.buffer:
+            sys.stderr = self.real
+            self.real.write(self.buffer.getvalue())
+            self.buffer = io.StringIO()
+
+    @property
+    def holding(self) -> bool:
+        return sys.stderr is self.buffer
+
+
+_HELD: _HeldStderr | None = None
+
+
 def main() -> None:
     """Console-script entry point. ``dpaudit --help`` (alone) prints the help text without
     starting Hydra, whose help composes every config group several times (about 2 s); with
-    overrides beside it, Hydra prints the same text."""
+    overrides beside it, Hydra prints the same text. A mistake Hydra finds on the command line
+    is one line on stderr and exit status 2 (``_HeldStderr``)."""
+    global _HELD
     if sys.argv[1:] in (["--help"], ["-h"]):
         from dpaudit.conf import help_text
 
@@ -246,7 +322,30 @@ def main() -> None:
     if hint:
         print(f"dpaudit: {hint}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
-    _hydra_main()
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        _hydra_main()
+        return
+    _HELD = _HeldStderr()
+    _HELD.hold()
+    try:
+        _hydra_main()
+    except SystemExit as done:
+        if _HELD.holding and done.code not in (0, None):
+            text = _HELD.buffer.getvalue()
+            sys.stderr = _HELD.real
+            print(f"dpaudit: error: {hydra_error_line(text)}\n{_HELP_LINE}", file=sys.stderr)
+            raise SystemExit(EXIT_USAGE) from None
+        raise
+    except OSError as err:  # e.g. an output directory Hydra cannot create
+        if not _HELD.holding:
+            raise
+        sys.stderr = _HELD.real
+        where = f" ({err.filename})" if getattr(err, "filename", None) else ""
+        print(f"dpaudit: error: {err.strerror or err}{where}: choose a writable output "
+              f"directory with hydra.run.dir=DIR\n{_HELP_LINE}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+    finally:
+        _HELD.release()
 
 
 if __name__ == "__main__":

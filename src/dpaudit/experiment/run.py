@@ -153,14 +153,18 @@ def expected_certified_bound(
     return float(res.epsilon)
 
 
+_CHECK_UP_TO = 200_000  # canaries per side up to which certifiable_ceiling checks its answer
+
+
 def certifiable_ceiling(
     n_in: int, n_out: int, claimed: float, confidence: float, delta: float
 ) -> dict:
     """The largest epsilon a threshold attack can certify with these counts (perfectly
     separated scores, ``expected_certified_bound``) and, when that is below ``claimed``, about
     how many canaries per side it would take to certify the claim (the ceiling grows like
-    log n: n x e^(claimed - ceiling), checked once); ``needed`` is None when it is beyond 10^9
-    per side (out of reach: the claim test's sigma_upper is the statement to read)."""
+    log n: n x e^(claimed - ceiling), checked once up to 200,000 per side); ``needed`` is None
+    when it is beyond 10^9 per side (out of reach: the claim test's sigma_upper is the
+    statement to read)."""
     ceiling = expected_certified_bound(n_in, n_out, None, confidence, delta)
     out = {"epsilon": ceiling, "claimed": float(claimed), "n_in": n_in, "n_out": n_out,
            "needed_per_side": 0}
@@ -171,7 +175,10 @@ def certifiable_ceiling(
     needed = None
     if guess <= 1e9:
         needed = math.ceil(guess)
-        if expected_certified_bound(needed, needed, None, confidence, delta) < claimed:
+        # checked by the bound itself while that is cheap (it sorts 2 x needed scores)
+        if needed <= _CHECK_UP_TO and expected_certified_bound(
+            needed, needed, None, confidence, delta
+        ) < claimed:
             needed = math.ceil(needed * math.e ** 0.5)  # the log n law is approximate
     out["needed_per_side"] = needed
     return out
