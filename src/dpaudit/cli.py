@@ -322,7 +322,10 @@ def main() -> None:
     if hint:
         print(f"dpaudit: {hint}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
-    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+    multirun = any(a in ("-m", "--multirun") for a in sys.argv[1:])
+    if os.environ.get("HYDRA_FULL_ERROR") == "1" or multirun:
+        # a sweep's launcher (joblib, submitit) pickles the process state with its jobs, and
+        # a held stderr cannot be pickled: a sweep's mistakes are reported by Hydra itself
         _hydra_main()
         return
     _HELD = _HeldStderr()
