@@ -10,7 +10,7 @@ def _presets() -> str:
 
     rows = ["| preset | what it does | settings it reads |", "|---|---|---|"]
     for name in preset_names("experiment"):
-        text = summary(option_text("experiment", name), width=400).replace("|", "\\|")
+        text = summary(option_text("experiment", name)).replace("|", "\\|")
         reads = ", ".join(f"`{g}`" for g in preset_groups(name)) or "(its own task only)"
         rows.append(f"| `{name}` | {text} | {reads} |")
     return "\n".join(rows)
@@ -23,7 +23,7 @@ def _groups() -> str:
     lines = []
     for group in GROUPS:
         options = ", ".join(
-            f"`{n}` ({summary(option_text(group, n), width=400)})" for n in preset_names(group)
+            f"`{n}` ({summary(option_text(group, n))})" for n in preset_names(group)
         )
         lines.append(f"* `{group}`: {options}")
     return "\n".join(lines)
