@@ -112,6 +112,15 @@ def _make_private(model, train_set, dp: DPSettings, sample_rate: float, seed: in
     return engine, model, opt, loader
 
 
+def _physical_batches(loader, dp: DPSettings, opt):
+    """The loader's batches, split by Opacus' BatchMemoryManager when
+    ``dp.max_physical_batch_size`` is set (a context manager either way)."""
+    if not dp.max_physical_batch_size:
+        return contextlib.nullcontext(loader)
+    return BatchMemoryManager(data_loader=loader,
+                              max_physical_batch_size=dp.max_physical_batch_size, optimizer=opt)
+
+
 def train_plain(model: nn.Module, train_set: Dataset, dp: DPSettings, sample_rate: float,
                 seed: int = 0) -> tuple[float, int]:
     """The same DP-SGD training as ``train_audited`` without the audit: no hook, no canary
@@ -126,12 +135,7 @@ def train_plain(model: nn.Module, train_set: Dataset, dp: DPSettings, sample_rat
         torch.manual_seed(seed)
         engine, model, opt, loader = _make_private(model, train_set, dp, sample_rate, seed,
                                                    False)
-        bmm = (
-            BatchMemoryManager(data_loader=loader,
-                               max_physical_batch_size=dp.max_physical_batch_size, optimizer=opt)
-            if dp.max_physical_batch_size
-            else contextlib.nullcontext(loader)
-        )
+        bmm = _physical_batches(loader, dp, opt)
         model.train()
         done = 0
         with bmm as batches, warnings.catch_warnings():
@@ -212,15 +216,7 @@ def train_audited(
             seed=seed,
             keep_per_step=white_box,  # the per-step histogram PLD estimate (``pld_estimates``)
         )
-        bmm = (
-            BatchMemoryManager(
-                data_loader=loader,
-                max_physical_batch_size=dp.max_physical_batch_size,
-                optimizer=opt,
-            )
-            if dp.max_physical_batch_size
-            else contextlib.nullcontext(loader)
-        )
+        bmm = _physical_batches(loader, dp, opt)
         bar = tqdm(total=steps, desc="DP-SGD (audited)", disable=not progress, leave=False)
         model.train()
         with hook, bmm as batches, warnings.catch_warnings():

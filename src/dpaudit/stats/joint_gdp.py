@@ -93,7 +93,6 @@ def _search(jp: _JointP, level: float, lo: float, hi: float) -> float:
         a, b = (mid, b) if ok else (a, mid)
     if b - a <= _TOL * max(1.0, a):
         return a
-    lo, hi = a, b
     c, d = mid, b  # [c, d): the upper end's search, c undecided
     while d - c > 1e-3 * (b - a):
         mid = 0.5 * (c + d)
