@@ -1,10 +1,10 @@
 """The largest parameter a monotone test still accepts, by a bracketed secant search.
 
-Both the one-run bound (``one_run``) and the joint GDP test (``joint_gdp``) look for the
-largest x at which a p-value that grows with x is still below a level. A bisection to a
-relative width of 1e-6 - 1e-9 costs 20 - 30 p-values; the Illinois variant of regula falsi
-on log p (smooth in x) keeps the same bracket, so the returned end is accepted exactly as a
-bisection's would be, in a third of the evaluations.
+The one-run bound (``one_run``) looks for the largest x at which a p-value that grows with x
+is still below a level. A bisection to a relative width of 1e-6 - 1e-9 costs 20 - 30
+p-values; the Illinois variant of regula falsi on log p (smooth in x) keeps the same bracket,
+so the returned end is accepted exactly as a bisection's would be, in a third of the
+evaluations.
 """
 
 from __future__ import annotations

@@ -6,160 +6,124 @@ FNR). If the mechanism is mu-GDP, FNR >= G_mu(FPR) >= G_mu(W) with G_mu(a) =
 Phi(Phi^-1(1 - a) - mu), so fn is stochastically larger than the mixture X* of
 Binomial(n_in, G_mu(W)) over W and p(mu) = P(X* <= fn_observed) is a valid p-value ("in"
 candidates: the same with the roles swapped, G_mu being its own inverse). p grows with mu;
-a candidate's mu_lb is the largest mu with p(mu) <= level.
+a candidate's mu_lb is the supremum of the mu with p(mu) <= level.
 
-The expectation over W is an upper Riemann sum on a fixed grid of Beta quantiles (``_FINE``:
-the integrand increases with W, so the computed p-value is never smaller than the true one).
-The search is cheap because of a coarse grid ``_COARSE`` that is a SUBSET of the fine one: on
-it the upper sum is >= the fine upper sum and the lower sum <= the fine lower sum <= the true
-p. So a coarse lower sum above the level rules a mu out and a coarse upper sum at or below it
-rules it in, both without a fine evaluation; the fine sum (the number that decides, the same
-as before this module existed) is evaluated only inside the coarse bracket, by a bracketed
-secant search (``bracket.largest_accepted``). Candidates are visited in the order of a cruder bound
-(one-sided bounds at level / 2 on each side), so that the best one usually comes first and
-the others are dismissed by one coarse sum at its mu.
+**p as a distribution function.** Binomial(n, g) <= c exactly when the (c+1)-th smallest of n
+uniforms exceeds g, and that order statistic is B ~ Beta(c+1, n-c). So with Z = Phi^-1(1 - W)
+and Y = Phi^-1(B) independent, p(mu) = P(Z - Y <= mu): a candidate's mu_lb is the level-quantile
+of D = Z - Y, both laws known in closed form (regularised incomplete beta functions).
+
+**A lattice that only errs low.** On the lattice h * integers, Z is rounded down and Y up, so
+D' = Z' - Y' <= D and P(D' <= mu) >= p(mu) for every mu: the level-quantile of D' never exceeds
+the true mu_lb, and is below it by at most 2h (``_STEP``). The law of D' is the discrete
+convolution of the two rounded laws (cell masses from ``betainc``), one FFT; mass beyond the
+``eps``-quantiles of Z and Y is sent to the infinities on the side that raises P(D' <= mu), and
+``_FLOAT_SLACK`` covers the arithmetic's rounding. One candidate costs one convolution, no
+search.
+
+**Dismissing candidates.** For any q, p(mu) >= P(Z <= z_q) P(Y >= z_q - mu) (the event
+implies D <= mu), so mu_lb <= F_Z^-1(q) - F_Y^-1(1 - level / q): an upper bound on every
+candidate at once (a few quantiles each). Candidates are visited by this bound, highest first,
+and one whose bound is below the best lattice value found cannot win and is skipped.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import bdtr, betaincinv, ndtr, ndtri
+from scipy.special import betainc, betaincinv, ndtr, ndtri
 
-from dpaudit.stats.bracket import largest_accepted
 from dpaudit.stats.threshold_selection import OneSidedCandidates
 
-# Quadrature on the probability scale of the own side's Beta law.
-_TAIL = np.geomspace(1e-14, 1e-3, 120)
-_FINE = np.unique(np.concatenate([np.linspace(0.0, 1.0, 4097), _TAIL, 1.0 - _TAIL]))
-_COARSE = np.unique(np.concatenate([np.linspace(0.0, 1.0, 129), _TAIL[::8], 1.0 - _TAIL[::8]]))
-assert np.isin(_COARSE, _FINE).all()  # a refinement: the coarse sums bracket the fine ones
-_MU_CAP = 200.0
-_TOL = 1e-9  # relative width at which the search stops (the lower end is returned)
+_STEP = 1e-3  # largest lattice step h: the returned mu_lb is within 2h below the exact one
+_CELLS = 1024  # the step is refined to range / _CELLS for variables narrower than that
+_FLOAT_SLACK = 1e-12  # added to every lattice p-value: cancellation in cumsum / FFT
+_DIRECT_MAX = 200_000  # np.convolve below this product of lengths, FFT above
 
 
-class _JointP:
-    """p(mu) of one candidate: the fine upper sum, and coarse lower / upper sums around it."""
-
-    def __init__(self, rank: int, n_own: int, cross: int, n_other: int):
-        self._a, self._b = rank + 1.0, float(n_own - rank)
-        self._cross, self._n_other = cross, n_other
-        self._z_coarse = self._z(_COARSE)
-        self._z_fine: np.ndarray | None = None  # computed when first needed (the costly part)
-
-    def _z(self, q: np.ndarray) -> np.ndarray:
-        w = betaincinv(self._a, self._b, q)  # own-side rate quantiles (Beta law)
-        with np.errstate(divide="ignore"):
-            return ndtri(1.0 - w)
-
-    def _h(self, z: np.ndarray, mu: float) -> np.ndarray:
-        # P(Bin(n_other, G_mu(w)) <= cross), G_mu(w) = Phi(Phi^-1(1 - w) - mu)
-        return bdtr(self._cross, self._n_other, ndtr(z - mu))
-
-    def coarse(self, mu: float) -> tuple[float, float]:
-        """(lower, upper) Riemann sums on the coarse grid: lower <= p_fine(mu) <= upper."""
-        h = self._h(self._z_coarse, mu)
-        width = np.diff(_COARSE)
-        return float(np.dot(width, h[:-1])), float(np.dot(width, h[1:]))
-
-    def fine(self, mu: float) -> float:
-        """The p-value: the upper Riemann sum on the fine grid (right end points)."""
-        if self._z_fine is None:
-            self._z_fine = self._z(_FINE[1:])
-        return float(np.dot(np.diff(_FINE), self._h(self._z_fine, mu)))
+def _tail_eps(level: float) -> float:
+    """Mass left beyond the quantile range of each variable (counted against the test)."""
+    return min(1e-10, 1e-6 * level)
 
 
-def _decide(jp: _JointP, mu: float, level: float) -> bool | None:
-    """True when p_fine(mu) <= level is certain from the coarse sums, False when
-    p_fine(mu) > level is, None when only the fine sum can tell."""
-    lower, upper = jp.coarse(mu)
-    if lower > level:
-        return False
-    if upper <= level:
-        return True
-    return None
+def _convolve(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Full linear convolution of two non-negative vectors (FFT when long)."""
+    if x.size * y.size <= _DIRECT_MAX:
+        return np.convolve(x, y)
+    size = x.size + y.size - 1
+    n = 1 << (size - 1).bit_length()
+    out = np.fft.irfft(np.fft.rfft(x, n) * np.fft.rfft(y, n), n)[:size]
+    return np.maximum(out, 0.0)
 
 
-def _search(jp: _JointP, level: float, lo: float, hi: float) -> float:
-    """Largest mu in [lo, hi) with p_fine(mu) <= level, given p_fine(lo) <= level < p_fine(hi),
-    to relative width ``_TOL`` (the returned end always satisfies the test)."""
-    # narrow the bracket on the coarse sums: the lower end while a coarse upper sum admits
-    # it, the upper end while a coarse lower sum excludes it (two bisections)
-    a, b = lo, hi  # p_fine(a) <= level, p_fine(b) > level; (a, b) undecided once narrowed
-    while b - a > _TOL * max(1.0, a):
-        mid = 0.5 * (a + b)
-        ok = _decide(jp, mid, level)
-        if ok is None:
-            break
-        a, b = (mid, b) if ok else (a, mid)
-    if b - a <= _TOL * max(1.0, a):
-        return a
-    c, d = mid, b  # [c, d): the upper end's search, c undecided
-    while d - c > 1e-3 * (b - a):
-        mid = 0.5 * (c + d)
-        if _decide(jp, mid, level) is False:
-            d = mid
-        else:
-            c = mid
-    hi = d
-    c, d = a, 0.5 * (a + b)  # (c, d]: the lower end's search, d undecided
-    while d - c > 1e-3 * (b - a):
-        mid = 0.5 * (c + d)
-        if _decide(jp, mid, level) is True:
-            c = mid
-        else:
-            d = mid
-    lo = c
-    ends = tuple(float(np.log(max(sum(jp.coarse(x)), 1e-300) / (2.0 * level))) for x in (lo, hi))
-    return largest_accepted(jp.fine, lambda value: value <= level, level, lo, hi, _TOL, ends)
+def lattice_mu(rank: int, n_own: int, cross: int, n_other: int, level: float,
+               step: float | None = None) -> float:
+    """A candidate's mu_lb on the lattice (module doc): sup{mu : P(D' <= mu) <= level}.
+
+    ``rank``: own-side rank (W ~ Beta(rank+1, n_own-rank)); ``cross``: the other side's count
+    at the threshold (< ``n_other``); ``level``: the test's level; ``step``: the lattice step
+    (default: ``_STEP``, or the wider variable's range / ``_CELLS`` when that is finer).
+    Returns -inf when even the lowest lattice value is not rejected.
+    """
+    a, b = rank + 1.0, float(n_own - rank)
+    c, d = cross + 1.0, float(n_other - cross)
+    eps = _tail_eps(level)
+    # quantile ranges, each computed on the side of the Beta law that keeps its precision:
+    # 1 - W ~ Beta(b, a) and 1 - B ~ Beta(d, c)
+    z_lo, z_hi = ndtri(betaincinv(b, a, eps)), -ndtri(betaincinv(a, b, eps))
+    y_lo, y_hi = ndtri(betaincinv(c, d, eps)), -ndtri(betaincinv(d, c, eps))
+    if step is None:
+        step = min(_STEP, max(z_hi - z_lo, y_hi - y_lo) / _CELLS)
+    iz0, iz1 = int(np.floor(z_lo / step)), int(np.floor(z_hi / step))
+    iy0, iy1 = int(np.ceil(y_lo / step)), int(np.ceil(y_hi / step))
+    gz = np.arange(iz0, iz1 + 1) * step
+    gy = np.arange(iy0, iy1 + 1) * step
+    s_z = betainc(a, b, ndtr(-gz))  # P(Z >= g)
+    c_y = betainc(c, d, ndtr(gy))  # P(Y <= g)
+    # Z down: [g_j, g_j+1) -> g_j, Z >= last -> last, Z < first -> -inf;
+    # Y up: (g_j-1, g_j] -> g_j, Y <= first -> first, Y > last -> +inf
+    p_z = np.append(s_z[:-1] - s_z[1:], s_z[-1])
+    p_y = np.insert(np.diff(c_y), 0, c_y[0])
+    infinite = (1.0 - s_z[0]) + (1.0 - c_y[-1])  # D' = -inf: counts towards every p
+    cdf = np.cumsum(_convolve(np.maximum(p_z, 0.0), np.maximum(p_y[::-1], 0.0)))
+    cdf += infinite + _FLOAT_SLACK
+    k = int(np.searchsorted(cdf, level, side="right"))  # first lattice value not rejected
+    if k >= cdf.size:
+        return np.inf
+    return (iz0 - iy1 + k) * step
 
 
-def _joint_mu(rank: int, n_own: int, cross: int, n_other: int, level: float, floor: float):
-    """sup{mu >= floor : p(mu) <= level} or None when p(floor) > level."""
-    jp = _JointP(rank, n_own, cross, n_other)
-    ok = _decide(jp, floor, level)
-    if ok is False or (ok is None and jp.fine(floor) > level):
-        return None
-    lo, hi = floor, max(2.0 * floor, 1.0)
-    while True:  # an upper end: p_fine(hi) > level
-        ok = _decide(jp, hi, level)
-        if ok is None:
-            ok = jp.fine(hi) <= level
-        if not ok:
-            break
-        lo, hi = hi, 2.0 * hi
-        if hi > _MU_CAP:
-            return lo
-    return float(_search(jp, level, lo, hi))
-
-
-def _split_estimates(cands: OneSidedCandidates, level: float) -> np.ndarray:
-    """Each candidate's mu from separate one-sided bounds at level / 2 per side (the joint
-    test's cruder cousin, which tracks it closely): the visiting order only, never the result."""
+def _upper_bounds(cands: OneSidedCandidates, level: float) -> np.ndarray:
+    """Per candidate, min over a few q of F_Z^-1(q) - F_Y^-1(1 - level/q) (module doc):
+    >= the exact mu_lb, hence >= its lattice value. -inf where no test is possible."""
     out = cands.side == "out"
     n_own = np.where(out, cands.n_out, cands.n_in).astype(np.float64)
     n_other = np.where(out, cands.n_in, cands.n_out).astype(np.float64)
-    own = betaincinv(cands.rank + 1.0, n_own - cands.rank, 1.0 - 0.5 * level)
+    rank = cands.rank.astype(np.float64)
     cross = np.minimum(cands.cross, n_other - 1.0)
-    other = betaincinv(cross + 1.0, n_other - cross, 1.0 - 0.5 * level)
-    return ndtri(1.0 - own) - ndtri(other)
+    q = level ** np.linspace(0.05, 0.95, 7)[:, None]
+    z = ndtri(betaincinv(n_own - rank, rank + 1.0, q))  # Z's q-quantile: Phi(z) ~ 1 - W
+    y = -ndtri(betaincinv(n_other - cross, cross + 1.0, level / q))  # P(Y >= y) = level/q
+    bound = np.min(z - y, axis=0)
+    return np.where(cands.cross < n_other, bound, -np.inf)
 
 
 def joint_gdp_mu(cands: OneSidedCandidates, level: float) -> tuple[float, int | None]:
     """Largest mu rejected by a joint test at some candidate: (mu_lb, index) or (0.0, None).
 
-    Each candidate's mu_lb is the largest mu with p(mu) <= ``level`` (module doc); with
-    ``level`` = beta / m a union bound over the m candidates makes max mu_lb a level-beta
-    bound. Of candidates with the same mu_lb the one listed first is reported.
+    Each candidate's mu_lb is its lattice quantile (module doc), never above the exact
+    supremum of the mu with p(mu) <= ``level``; with ``level`` = beta / m a union bound over
+    the m candidates makes max mu_lb a level-beta bound. Only positive values count; of
+    candidates with the same mu_lb the one listed first is reported.
     """
     best, index = 0.0, None
-    for i in np.argsort(-_split_estimates(cands, level), kind="stable"):
+    bounds = _upper_bounds(cands, level)
+    for i in np.argsort(-bounds, kind="stable"):
         i = int(i)
+        if bounds[i] < best or (bounds[i] == best and index is not None and i > index):
+            break  # sorted: no later candidate can win either
         out = cands.side[i] == "out"
         n_own, n_other = (cands.n_out, cands.n_in) if out else (cands.n_in, cands.n_out)
-        rank, cross = int(cands.rank[i]), int(cands.cross[i])
-        if cross >= n_other:
-            continue
-        mu = _joint_mu(rank, n_own, cross, n_other, level, best)
-        if mu is not None and (index is None or mu > best or (mu == best and i < index)):
-            best, index = mu, i
+        mu = lattice_mu(int(cands.rank[i]), n_own, int(cands.cross[i]), n_other, level)
+        if mu > best or (mu == best and mu > 0 and (index is None or i < index)):
+            best, index = float(mu), i
     return best, index

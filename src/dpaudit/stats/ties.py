@@ -41,7 +41,7 @@ def random_order(scores: np.ndarray, seed: int) -> np.ndarray:
 
 def has_ties(*sorted_arrays: np.ndarray) -> bool:
     """True when the pooled values of the (each ascending) arrays contain a repeated value."""
-    pooled = np.sort(np.concatenate(sorted_arrays))
+    pooled = np.sort(np.concatenate(sorted_arrays), kind="stable")  # merges the sorted runs
     return bool(pooled.size > 1 and np.any(pooled[1:] == pooled[:-1]))
 
 
