@@ -109,7 +109,7 @@ def test_missing_launcher_plugin_names_the_extra(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)
     assert proc.returncode == 2
-    assert "pip install -e '.[launchers]'" in proc.stderr
+    assert "pip install -c requirements/dev.txt -e '.[launchers]'" in proc.stderr
     assert "hydra-joblib-launcher" in proc.stderr
 
 
@@ -320,3 +320,24 @@ def test_hydra_messages_condense_to_one_line(text, line):
     from dpaudit.cli import hydra_error_line
 
     assert hydra_error_line(text) == line
+
+
+def test_multi_run_shows_one_bar_and_summarises_its_run_files(tmp_path):
+    proc = run_cli(tmp_path, "audit=multi_run", "audit.runs=7", "canary=input",
+                   "canary.count=1", "dp.steps=3")
+    assert proc.returncode == 0, proc.stderr
+    assert "audit runs" in proc.stderr  # the audit's bar over its runs...
+    assert "DP-SGD (audited)" not in proc.stderr  # ...and no bar per run nested in it
+    listed = proc.stdout.split("outputs (")[-1]
+    assert "runs/ (7 files: run_00000.json ... run_00006.json)" in listed
+    assert "run_00003.json" not in listed and "results.json" in listed
+
+
+def test_output_list_keeps_short_folders_and_the_top_level():
+    from dpaudit.cli import _listed
+
+    files = ["a.png", "results.json", "plots/x.png", "plots/y.png",
+             *(f"runs/run_{r:05d}.json" for r in range(6))]
+    assert _listed(files) == ["a.png", "results.json", "plots/x.png", "plots/y.png",
+                              "runs/ (6 files: run_00000.json ... run_00005.json)"]
+    assert _listed(files, most=6) == files

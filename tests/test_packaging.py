@@ -150,3 +150,19 @@ def test_docker_check_reads_the_base_image_and_its_torchvision():
         assert mod.base_versions(image) == (torch_v, vision_v)
     with pytest.raises(SystemExit, match="expected pytorch/pytorch"):
         mod.base_versions("nvcr.io/nvidia/pytorch:25.01-py3")
+
+
+def test_docker_check_passes_the_configured_indexes_on(monkeypatch):
+    """--isolated drops pip's configuration: the check passes the configured indexes itself
+    (the environment's, which override pip's files, as pip does)."""
+    import importlib.util
+    from importlib.machinery import SourceFileLoader
+
+    loader = SourceFileLoader("check_docker_torch", str(ROOT / ".ci" / "check_docker_torch"))
+    mod = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(mod)
+    monkeypatch.setenv("PIP_INDEX_URL", "https://mirror.example/simple")
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "file:///a/simple file:///b/simple")
+    assert mod.configured_indexes() == [
+        "--index-url=https://mirror.example/simple",
+        "--extra-index-url=file:///a/simple", "--extra-index-url=file:///b/simple"]

@@ -84,9 +84,8 @@ def missing_launcher(argv: list[str]) -> str | None:
         if not found:
             return (
                 f"hydra/launcher={name} needs the Hydra launcher plugin {package}, which is not "
-                "installed: pip install -e '.[launchers]' in the dpaudit checkout (or pip install "
-                + package
-                + ")"
+                "installed: pip install -c requirements/dev.txt -e '.[launchers]' in the dpaudit "
+                "checkout (the versions CI tests), or pip install " + package
             )
     return None
 
@@ -173,6 +172,25 @@ def _outputs(out: Path, since: float) -> list[str]:
     return files
 
 
+def _listed(files: list[str], most: int = 5) -> list[str]:
+    """The output list as printed: a folder with more than ``most`` new files is one line
+    (a multi-run audit's 200 run files: 'runs/ (200 files: run_00000.json ... run_00199.json)')."""
+    by_dir: dict[str, list[str]] = {}
+    for f in files:
+        by_dir.setdefault(str(Path(f).parent), []).append(f)
+    lines, said = [], set()
+    for f in files:
+        d = str(Path(f).parent)
+        group = by_dir[d]
+        if d == "." or len(group) <= most:
+            lines.append(f)
+        elif d not in said:
+            said.add(d)
+            first, last = Path(group[0]).name, Path(group[-1]).name
+            lines.append(f"{d}/ ({len(group)} files: {first} ... {last})")
+    return lines
+
+
 AUDIT_TASK = "dpaudit.tasks.audit.audit_task"
 # errors shown as one line besides ValueError: (module, class); such an error exists only if
 # its module was imported, so a config error never imports them (data: torch; report: plots)
@@ -227,7 +245,7 @@ def _hydra_main(cfg: DictConfig):
     if isinstance(result, dict) and isinstance(result.get("verdict"), dict):
         v = result["verdict"]
         file_log.info("verdict: %s (%s)", v.get("status"), v.get("message"))
-    files = _outputs(out, start)
+    files = _listed(_outputs(out, start))
     file_log.info("outputs in %s: %s", out, ", ".join(files) or "none")
     print(f"\noutputs ({seconds:.1f} s): {out}/" + "".join(f"\n  {f}" for f in files))
     if _log_path(file_log):

@@ -117,7 +117,7 @@ def run_one(
     if bit not in cache:
         cache[bit] = prepare_run(settings, membership, warn=not cache)  # one warning per audit
     record = audit_run(
-        settings,
+        dataclasses.replace(settings, progress=False),  # one bar: the audit's, over its runs
         run_seed=seeds.run_seed(settings.seed, r),
         membership=membership,
         prepared=cache[bit],

@@ -124,6 +124,47 @@ def add_header(fig, title: str, note: str = "", status: str | None = None) -> fl
     return 1 - (used + 0.1) / h
 
 
+def _common_prefix(texts: list[str]) -> str:
+    """The longest common leading text (character by character)."""
+    first = min(texts, key=len)
+    n = next((i for i, ch in enumerate(first) if any(t[i] != ch for t in texts)), len(first))
+    return first[:n]
+
+
+def _merged_label(labels: list[str]) -> str:
+    """One legend label for curves that coincide: the parts in which their labels differ
+    joined by ' = ' ('certified: mu >= 1.23 (scalar = mixture_lr, 0.9971 lower bound)')."""
+    if len(labels) == 1:
+        return labels[0]
+    prefix = _common_prefix(labels)
+    prefix = prefix[: max((i + 1 for i, ch in enumerate(prefix) if not ch.isalnum()
+                           and ch != "_"), default=0)]
+    rest = [label[len(prefix):] for label in labels]
+    suffix = _common_prefix([r[::-1] for r in rest])[::-1]
+    cut = next((i for i, ch in enumerate(suffix) if not ch.isalnum() and ch != "_"), len(suffix))
+    suffix = suffix[cut:]
+    middles = [r[: len(r) - len(suffix)] if suffix else r for r in rest]
+    return prefix + " = ".join(dict.fromkeys(middles)) + suffix
+
+
+def _coinciding(items, same) -> list[tuple[str, object]]:
+    """(label, value) pairs with equal values (``same``) merged into one, first value kept:
+    a curve drawn exactly over another would hide it and leave its legend entry unexplained."""
+    groups: list[tuple[list[str], object]] = []
+    for label, value in items:
+        for labels, kept in groups:
+            if same(kept, value):
+                labels.append(label)
+                break
+        else:
+            groups.append(([label], value))
+    return [(_merged_label(labels), value) for labels, value in groups]
+
+
+def _same_arrays(a, b) -> bool:
+    return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
 def roc_figure(
     scores: Mapping[str, tuple[np.ndarray, np.ndarray]],
     theory: Mapping[str, np.ndarray] | None = None,
@@ -134,15 +175,18 @@ def roc_figure(
 ):
     """The ROC figure of ``plot_roc`` (a matplotlib Figure, not saved)."""
     plt = pyplot()
-    n_items = len(scores) + len(theory or {}) + len(points or {}) + 1
+    empirical = _coinciding(
+        [(f"empirical: {name} ({len(s_in)} in, {len(s_out)} out)", roc_curve(s_in, s_out)[:2])
+         for name, (s_in, s_out) in scores.items()], _same_arrays)
+    curves = _coinciding(list((theory or {}).items()), np.array_equal)
+    marks = _coinciding(list((points or {}).items()), _same_arrays)
+    n_items = len(empirical) + len(curves) + len(marks) + 1
     fig, axes = plt.subplots(1, 2, figsize=(12, 6.2 + 0.16 * n_items))
     grid = theory_fpr()
     for ax, log in zip(axes, (False, True), strict=True):
-        for name, (s_in, s_out) in scores.items():
-            fpr, tpr, _ = roc_curve(s_in, s_out)
-            n = f"{len(s_in)} in, {len(s_out)} out"
-            ax.step(fpr, tpr, where="post", lw=1.8, label=f"empirical: {name} ({n})")
-        for label, tpr in (theory or {}).items():
+        for label, (fpr, tpr) in empirical:
+            ax.step(fpr, tpr, where="post", lw=1.8, label=label)
+        for label, tpr in curves:
             if label.startswith("certified"):
                 style = ":"
             elif label.startswith("estimate"):
@@ -150,7 +194,7 @@ def roc_figure(
             else:
                 style = "-."
             ax.plot(grid, tpr, style, lw=2, label=label)
-        for label, (x, y) in (points or {}).items():
+        for label, (x, y) in marks:
             ax.plot([x], [y], "o", ms=7, mfc="none", mew=2, label=label, clip_on=False)
         ax.plot([1e-6, 1], [1e-6, 1], color="grey", lw=0.5, label="chance")
         if log:
@@ -197,6 +241,9 @@ def plot_roc(
         note: the verdict line, boxed under the title.
         status: the verdict's status (``privacy_bug``, ``estimate_above_claim``,
             ``consistent``): the box's colour.
+
+    Curves or points that coincide exactly (two scores that rank the canaries alike) are
+    drawn once, with one legend entry naming both.
     """
     return save_figure(roc_figure(scores, theory, title, points, note, status), path)
 
