@@ -14,10 +14,13 @@ from dpaudit.report.provenance import stamped
 FPR_GRID = np.linspace(0.0, 1.0, 201)
 
 
-def write_json(output_dir, obj: dict, name: str = "results.json") -> Path:
+def write_json(output_dir, obj: dict, name: str = "results.json", task: str | None = None) -> Path:
     """Write ``obj`` as JSON into ``output_dir`` (atomically, via ``dpaudit.report``), with
-    the schema version and provenance every results file carries (added to ``obj`` too, so
-    that what a task returns is what it wrote)."""
+    the schema version, provenance and ``task`` name every results file carries (added to
+    ``obj`` too, so that what a task returns is what it wrote; ``dpaudit-aggregate`` lists a
+    sweep's non-audit jobs by their task)."""
+    if task is not None:
+        obj.setdefault("task", task)
     obj.update(stamped(obj))
     return report_write_json(Path(output_dir) / name, obj)
 

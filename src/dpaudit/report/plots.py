@@ -147,13 +147,14 @@ def _merged_label(labels: list[str]) -> str:
     return prefix + " = ".join(dict.fromkeys(middles)) + suffix
 
 
-def _coinciding(items, same) -> list[tuple[str, object]]:
-    """(label, value) pairs with equal values (``same``) merged into one, first value kept:
-    a curve drawn exactly over another would hide it and leave its legend entry unexplained."""
+def _coinciding(items, same, kind=lambda label: "") -> list[tuple[str, object]]:
+    """(label, value) pairs of one ``kind`` with equal values (``same``) merged into one, first
+    value kept: a curve drawn exactly over another would hide it and leave its legend entry
+    unexplained. Different kinds (a claim and a certified curve that coincide) stay apart."""
     groups: list[tuple[list[str], object]] = []
     for label, value in items:
         for labels, kept in groups:
-            if same(kept, value):
+            if kind(labels[0]) == kind(label) and same(kept, value):
                 labels.append(label)
                 break
         else:
@@ -178,7 +179,8 @@ def roc_figure(
     empirical = _coinciding(
         [(f"empirical: {name} ({len(s_in)} in, {len(s_out)} out)", roc_curve(s_in, s_out)[:2])
          for name, (s_in, s_out) in scores.items()], _same_arrays)
-    curves = _coinciding(list((theory or {}).items()), np.array_equal)
+    curves = _coinciding(list((theory or {}).items()), np.array_equal,
+                         kind=lambda label: label.split(":", 1)[0])
     marks = _coinciding(list((points or {}).items()), _same_arrays)
     n_items = len(empirical) + len(curves) + len(marks) + 1
     fig, axes = plt.subplots(1, 2, figsize=(12, 6.2 + 0.16 * n_items))

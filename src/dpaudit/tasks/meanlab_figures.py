@@ -92,7 +92,7 @@ def lr_histograms(
         }
         panels.append({"title": f"{name} target", "m": m, "in": s_in, "out": s_out})
     histogram_figure(Path(output_dir) / "lr_histograms.png", panels)
-    write_json(output_dir, res)
+    write_json(output_dir, res, task="meanlab.lr_histograms")
     return res
 
 
@@ -132,7 +132,7 @@ def roc_targets(
         res["targets"][name] = {"m_star": m, **_lr_summary(m, emp, deltas)}
         curves.append(_lr_curve(f"{name} (m*={m:.2f})", emp, m))
     roc_figure(Path(output_dir) / "roc_targets.png", [{"title": "exact mean", "curves": curves}])
-    write_json(output_dir, res)
+    write_json(output_dir, res, task="meanlab.roc_targets")
     return res
 
 
@@ -164,7 +164,7 @@ def roc_noise(
         Path(output_dir) / "roc_noise.png",
         [{"title": f"noisy mean ({scaling} scaling), {target} target", "curves": curves}],
     )
-    write_json(output_dir, res)
+    write_json(output_dir, res, task="meanlab.roc_noise")
     return res
 
 
@@ -216,7 +216,7 @@ def roc_subsampling(
         panels,
         title=f"sub-sampled mean, {target} target, m*={m:.2f}",
     )
-    write_json(output_dir, res)
+    write_json(output_dir, res, task="meanlab.roc_subsampling")
     return res
 
 
@@ -313,7 +313,7 @@ def reference_points(
         "TPR at FPR 0.05",
         logx=True,
     )
-    write_json(output_dir, res)
+    write_json(output_dir, res, task="meanlab.reference_points")
     return res
 
 
@@ -372,5 +372,5 @@ def linreg_sweep(
         title=f"n={n}, D={D}",
         logx=True,
     )
-    write_json(output_dir, res)
+    write_json(output_dir, res, task="meanlab.linreg_sweep")
     return res
