@@ -166,7 +166,8 @@ def _outputs(out: Path, since: float) -> list[str]:
     files = []
     for p in sorted(out.rglob("*")):
         rel = p.relative_to(out)
-        if p.is_file() and rel.parts[0] != ".hydra" and p.suffix != ".log":
+        hidden = any(part.startswith(".") for part in rel.parts)  # .hydra/, locks, claims
+        if p.is_file() and not hidden and p.suffix != ".log":
             if p.stat().st_mtime >= since - 1:
                 files.append(str(rel))
     return files

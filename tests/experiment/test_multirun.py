@@ -10,7 +10,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from dpaudit.experiment import AuditSettings, aggregate, run_audit
 from dpaudit.experiment.collect import collect_sweep
 from dpaudit.experiment.multirun import (
     DirectoryBusyError,
+    DirectoryLock,
     checksum,
     read_run,
     run_bit,
@@ -108,8 +108,9 @@ def test_run_files_round_trip_and_describe_themselves(tmp_path):
     record_keys = {"scores", "membership", "steps", "sample_rate", "engine_accountants"}
     record_keys |= {"test_accuracy", "train_seconds", "canary_info", "chosen", "canary_norm"}
     record_keys |= {"run", "bit", "fingerprint", "threat_model"}
-    self_description = {"schema_version", "settings", "provenance", "checksum"}
+    self_description = {"schema_version", "settings", "provenance", "checksum", "worker"}
     assert set(saved) == record_keys | self_description  # candidate_scores left out
+    assert saved["worker"]["index"] == 0 and saved["worker"]["pid"] == os.getpid()
     assert saved["settings"] == settings.to_dict()  # the full resolved settings
     assert saved["provenance"]["versions"]["opacus"] and saved["provenance"]["device"] == "cpu"
     body = {k: v for k, v in saved.items() if k != "checksum"}
@@ -277,7 +278,7 @@ def test_lock_keeps_a_second_process_out_and_a_dead_holder_is_taken_over(
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(DirectoryBusyError, match=f"in use by audit pid {holder.pid} on "):
-            run_audit(output_dir=out, **MULTI)  # refused before any training
+            DirectoryLock(out, "test").__enter__()
         with pytest.raises(SystemExit):
             aggregate_main([str(out)])
         err = capsys.readouterr().err
@@ -296,24 +297,32 @@ def test_lock_keeps_a_second_process_out_and_a_dead_holder_is_taken_over(
 
 
 @pytest.mark.slow
-def test_second_cli_audit_on_a_busy_directory_is_refused(tmp_path):
-    out = tmp_path / "busy"
-    slow = {"dp.steps": "dp.steps=50", "audit.runs": "audit.runs=500"}  # minutes of work
-    args = [f"hydra.run.dir={out}", *(slow.get(a.split("=")[0], a) for a in CLI_MULTI)]
-    first = cli(*args)
-    try:
-        deadline = time.time() + 240
-        while not list((out / "runs").glob("run_*.json")):  # the first one is at work
-            assert first.poll() is None and time.time() < deadline, first.stderr.read()
-            time.sleep(0.2)
-        second = cli(*args)
-        _, err = second.communicate(timeout=300)
-        assert second.returncode == 2  # one line, no traceback
-        assert f"in use by audit pid {first.pid}" in err and "Traceback" not in err
-        assert first.poll() is None  # the first one was not disturbed
-    finally:
-        first.kill()
-        first.wait()
+def test_two_cli_processes_share_one_directory(tmp_path):
+    """The same command started twice on one directory: the two processes split the runs
+    (each claimed by one of them), both exit 0, results.json is written once, by the last, and
+    equals a sequential audit's."""
+    shared, alone = tmp_path / "shared", tmp_path / "alone"
+    args = [*(a if a != "audit.runs=6" else "audit.runs=12" for a in CLI_MULTI)]
+    first = cli(f"hydra.run.dir={shared}", *args)
+    second = cli(f"hydra.run.dir={shared}", *args)
+    outs = [p.communicate(timeout=600) for p in (first, second)]
+    assert [p.returncode for p in (first, second)] == [0, 0], outs
+    workers = [o for o, _ in outs if "another worker writes" in o or "the last to finish" in o]
+    reports = [o for o, _ in outs if "results:" in o]
+    assert len(reports) == 1 and len(workers) == 1  # one evaluated, the other left it
+    trained_elsewhere = int(workers[0].split("trained ")[1].split(" run")[0])
+    marker = json.loads((shared / "runs" / ".evaluated").read_text())
+    assert marker["trained_here"] + trained_elsewhere == 12  # no run trained twice
+    files = sorted((shared / "runs").glob("run_*.json"))
+    assert [f.name for f in files] == [f"run_{r:05d}.json" for r in range(12)]
+    pids = {json.loads(f.read_text())["worker"]["pid"] for f in files}
+    assert pids <= {first.pid, second.pid}
+    p = cli(f"hydra.run.dir={alone}", *args)
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err
+    a = json.loads((shared / "results.json").read_text())
+    b = json.loads((alone / "results.json").read_text())
+    assert a["bounds"] == b["bounds"] and a["verdict"]["status"] == b["verdict"]["status"]
 
 
 # The CLI with a kill that cannot miss: the process SIGKILLs itself as soon as its second run
@@ -349,7 +358,8 @@ def test_killed_cli_audit_resumes_to_the_same_result(tmp_path):
     a = json.loads((killed / "results.json").read_text())
     b = json.loads((fresh / "results.json").read_text())
     assert a["bounds"] == b["bounds"]
-    assert sorted(os.listdir(killed / "runs")) == [f"run_{r:05d}.json" for r in range(6)]
+    listed = sorted(n for n in os.listdir(killed / "runs") if not n.startswith("."))
+    assert listed == [f"run_{r:05d}.json" for r in range(6)]  # besides claims and the marker
 
 
 @pytest.mark.slow
@@ -411,16 +421,18 @@ def test_vanishing_bounds_warning_is_given_once_per_audit(tmp_path):
 
 
 def test_sweep_summary_lists_other_tasks_and_keeps_booleans(tmp_path):
-    # a sweep holding an audit and a stats_demo job: the audit is summarised (privacy_bug a
-    # boolean, the configured sigma beside sigma_upper), the other task listed, nothing refused
+    # a sweep holding an audit, a stats_demo and a mean-lab job: the audit is summarised
+    # (privacy_bug a boolean, the configured sigma beside sigma_upper), the other tasks listed
     from dpaudit.experiment import run_audit
+    from dpaudit.tasks.meanlab_figures import lr_histograms
     from dpaudit.tasks.stats_demo import stats_demo
 
-    for job in ("0", "1"):
+    for job in ("0", "1", "2"):
         (tmp_path / job / ".hydra").mkdir(parents=True)
     run_audit(output_dir=tmp_path / "0", model={"name": "logreg"}, progress=False,
               dp={"noise_multiplier": 3.0, "steps": 6}, canary={"count": 20})
     stats_demo(mus=(1.0,), n=200, output_dir=str(tmp_path / "1"))
+    lr_histograms(tmp_path / "2", n=50, d=100, rounds=50, targets=("easy",))
     demo = json.loads((tmp_path / "1" / "results.json").read_text())
     assert demo["schema_version"] >= 2 and demo["provenance"]["versions"]["dpaudit"]
     aggregate_main([str(tmp_path)])  # exits 0: no SystemExit
@@ -428,4 +440,5 @@ def test_sweep_summary_lists_other_tasks_and_keeps_booleans(tmp_path):
     (row,) = summary["jobs"]
     assert row["job"] == "0" and row["sigma_configured"] == 3.0
     assert row["privacy_bug"] is False
-    assert summary["other_tasks"] == {"1": "stats_demo"} and summary["unreadable"] == {}
+    assert summary["other_tasks"] == {"1": "stats_demo", "2": "meanlab.lr_histograms"}
+    assert summary["unreadable"] == {}

@@ -12,10 +12,12 @@ from the seed. A file that fails (truncated, garbage, ``{}``, not UTF-8, edited 
 with other settings) is named in one line; the audit sets it aside in ``runs/quarantine/``
 (never deleted) and redoes the run, ``dpaudit-aggregate`` refuses to pool it.
 
-An interrupted audit resumes by skipping the valid runs already on disk. A lock
-(``.dpaudit.lock``, ``flock`` with the holder's pid and host) keeps a second process from
-working on the same directory; the kernel drops it when its holder dies, so a lock left by a
-killed process is taken over (and said so).
+An interrupted audit resumes by skipping the valid runs already on disk. Several workers may
+share a directory (``run_multi``): a worker claims a run while it trains it (``flock`` on
+``runs/.claims/run_<r>.lock``, naming its pid and host); the kernel drops a claim when its
+holder dies, so a killed worker's run is taken over and redone. The directory's own lock
+(``.dpaudit.lock``) is held only for moments: to check or save the settings, set aside what a
+dead worker left, and decide which worker evaluates.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import hashlib
 import json
 import logging
 import os
+import socket
+import time
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +41,7 @@ from dpaudit.experiment.run import PreparedRun, RunRecord, audit_run, prepare_ru
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.threat import threat_model_for
 from dpaudit.report import write_json
-from dpaudit.report.lock import LOCK_FILE, DirectoryBusyError, DirectoryLock
+from dpaudit.report.lock import LOCK_FILE, DirectoryBusyError, DirectoryLock, FileLock
 from dpaudit.report.provenance import SCHEMA_VERSION, provenance
 
 __all__ = [
@@ -45,6 +49,7 @@ __all__ = [
     "DirectoryBusyError",
     "DirectoryLock",
     "RunFileError",
+    "WorkerDone",
     "aggregate",
     "read_run",
     "run_multi",
@@ -70,7 +75,8 @@ def fingerprint(settings: AuditSettings) -> str:
     d = settings.to_dict()
     d.pop("progress", None)
     d.pop("device", None)
-    skip = ("methods", "confidence", "runs")  # evaluation choices and how many runs to make
+    # evaluation choices, how many runs to make, and which worker makes them
+    skip = ("methods", "confidence", "runs", "worker", "workers")
     d["audit"] = {k: v for k, v in d["audit"].items() if k not in skip}
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -130,6 +136,8 @@ def run_one(
     payload["schema_version"] = SCHEMA_VERSION
     payload["settings"] = to_jsonable(settings.to_dict())
     payload["provenance"] = provenance(str(resolve_device(settings)))
+    payload["worker"] = {"index": settings.audit.worker, "pid": os.getpid(),
+                         "host": socket.gethostname()}  # who trained it (sharded audits)
     payload["checksum"] = checksum(payload)
     return write_json(path, payload)
 
@@ -268,41 +276,125 @@ def save_settings(out: str | Path, settings: AuditSettings) -> Path:
     )
 
 
-def run_multi(settings: AuditSettings, out: Path) -> RunRecord:
-    """Run the missing runs of ``settings.audit.runs``, then aggregate everything on disk.
+@dataclasses.dataclass(frozen=True)
+class WorkerDone:
+    """A worker that leaves the evaluation to another (``run_multi``): how many runs it
+    trained, and how many other workers were still training when it stopped (0: every run
+    is done and another worker evaluates)."""
 
-    Holds the directory's lock throughout. The settings are saved as ``settings.json`` next
-    to the runs (so ``dpaudit-aggregate`` can re-evaluate the directory later); a directory
-    holding other settings is refused. Invalid run files are set aside and their runs redone.
+    trained: int
+    in_progress: int
+
+
+CLAIMS_DIR = ".claims"  # under runs/: one lock file per run being trained
+EVALUATED_FILE = ".evaluated"  # under runs/: who took the evaluation, and when
+
+
+def claim_of(out: str | Path, r: int) -> FileLock:
+    """The claim on run r: ``runs/.claims/run_<r>.lock`` (``flock``; the kernel drops it when
+    its worker dies, so a dead worker's run is taken over and redone)."""
+    return FileLock(Path(out) / RUNS_DIR / CLAIMS_DIR / f"run_{r:05d}.lock", f"run {r}")
+
+
+def _claimed(out: Path, r: int) -> bool:
+    """True while a live worker trains run r."""
+    claim = claim_of(out, r).try_take()
+    if claim is None:
+        return True
+    claim.release()
+    return False
+
+
+def _check_settings(settings: AuditSettings, out: Path) -> None:
+    """Save ``settings.json``, or refuse a directory that holds another audit's."""
+    saved = Path(out, SETTINGS_FILE)
+    if not saved.exists():
+        save_settings(out, settings)
+        return
+    try:
+        old = load_settings(out)
+    except ValueError as err:
+        dest = quarantine(saved)
+        log.warning("%s; moved to %s and written anew", err, dest)
+        save_settings(out, settings)
+        return
+    if fingerprint(old) != fingerprint(settings):
+        raise ValueError(f"{out} holds a multi-run audit with other settings: use a fresh one")
+
+
+def _tidy(out: Path, settings: AuditSettings) -> dict[int, RunRecord]:
+    """Set aside what a dead worker left: partial files of unclaimed runs (deleted: never a
+    run file, ``write_json`` renames only complete files) and invalid run files (moved to
+    quarantine, their runs redone). The valid records by run number."""
+    for tmp in Path(out, RUNS_DIR).glob(".run_*.json.*.tmp"):
+        number = tmp.name.removeprefix(".run_").split(".", 1)[0]
+        if number.isdigit() and not _claimed(out, int(number)):
+            tmp.unlink(missing_ok=True)
+    good, bad = scan_runs(out, settings)
+    for err in bad:
+        dest = quarantine(err.path)
+        log.warning("%s; moved to %s, the run will be redone", err, dest)
+    return good
+
+
+def _visit_order(settings: AuditSettings) -> list[int]:
+    """The runs in the order this worker tries them: worker k of n starts k/n of the way in,
+    so workers started together claim different runs from the first one on."""
+    a = settings.audit
+    start = (a.runs * a.worker) // max(a.workers, 1)
+    return [(start + i) % a.runs for i in range(a.runs)]
+
+
+def run_multi(settings: AuditSettings, out: Path) -> RunRecord | WorkerDone:
+    """Train the missing runs of ``settings.audit.runs`` that no other worker is training;
+    return the pooled record once every run is done, or ``WorkerDone`` when other workers
+    still train some (the last one to finish evaluates).
+
+    Any number of processes (a Hydra sweep's jobs, the same command started twice, Slurm array
+    tasks on a shared file system) may work on one directory: each run is claimed while it is
+    trained (``claim_of``), the settings are checked or saved and the directory tidied under
+    the directory's lock (held for moments, not for the trainings). A worker killed mid-run
+    leaves its claim to the kernel, and its run is redone by whichever worker sees it next; a
+    directory holding other settings is refused. Of the workers that find every run done
+    under the lock, the first one evaluates (``runs/.evaluated``); the others return
+    ``WorkerDone``. A rerun on a finished directory evaluates again.
     """
     out = Path(out)
-    with DirectoryLock(out, "audit"):
-        saved = Path(out, SETTINGS_FILE)
-        if saved.exists():
-            try:
-                old = load_settings(out)
-            except ValueError as err:
-                dest = quarantine(saved)
-                log.warning("%s; moved to %s and written anew", err, dest)
-                save_settings(out, settings)
-            else:
-                if fingerprint(old) != fingerprint(settings):
-                    raise ValueError(
-                        f"{out} holds a multi-run audit with other settings: use a fresh one"
-                    )
-        else:
-            save_settings(out, settings)
-        for tmp in Path(out, RUNS_DIR).glob(".run_*.json.*.tmp"):  # a killed writer's partial
-            tmp.unlink()  # never a run file: write_json renames only complete files
-        good, bad = scan_runs(out, settings)
-        for err in bad:
-            dest = quarantine(err.path)
-            log.warning("%s; moved to %s, the run will be redone", err, dest)
-        todo = [r for r in range(settings.audit.runs) if r not in good]
-        prepared: dict[bool, PreparedRun] = {}
-        for r in tqdm(todo, desc="audit runs", disable=not settings.progress):
-            run_one(settings, out, r, prepared)
-        return aggregate(out, settings)
+    started = time.time()
+    with DirectoryLock(out, "audit", wait=True):
+        _check_settings(settings, out)
+        good = _tidy(out, settings)
+    runs = settings.audit.runs
+    prepared: dict[bool, PreparedRun] = {}
+    bar = tqdm(total=runs, initial=len(good), desc="audit runs", disable=not settings.progress)
+    trained = 0
+    while True:
+        for r in _visit_order(settings):
+            if run_path(out, r).exists():
+                continue
+            claim = claim_of(out, r).try_take()
+            if claim is None:
+                continue  # another worker trains it
+            with claim:
+                if not run_path(out, r).exists():  # finished between the check and the claim
+                    run_one(settings, out, r, prepared)
+                    trained += 1
+            bar.n = sum(run_path(out, k).exists() for k in range(runs))
+            bar.refresh()
+        with DirectoryLock(out, "audit", wait=True):
+            good = _tidy(out, settings)
+            missing = [r for r in range(runs) if r not in good]
+            if not missing:
+                bar.close()
+                marker = Path(out, RUNS_DIR, EVALUATED_FILE)
+                if marker.exists() and marker.stat().st_mtime >= started:
+                    return WorkerDone(trained, 0)
+                write_json(marker, {"pid": os.getpid(), "runs": runs, "trained_here": trained})
+                return aggregate(out, settings)
+            if all(_claimed(out, r) for r in missing):
+                bar.close()
+                return WorkerDone(trained, len(missing))
+        # some missing run has no live claim (its worker died): go round again
 
 
 def _problems(bad: list[RunFileError], limit: int = 3) -> str:

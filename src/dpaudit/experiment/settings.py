@@ -303,9 +303,19 @@ class AuditGroupSettings:
     )
     confidence: float = _opt(0.95, "confidence of all statements together, in (0, 1)")
     inclusion: float = _opt(0.5, "probability that a canary (multi_run: a run) is a member")
+    worker: int = _opt(0, "multi_run: this worker's index among `workers` sharing the "
+                       "directory (where it starts claiming runs; no effect on results)")
+    workers: int = _opt(1, "multi_run: how many workers share the directory (with `worker`: "
+                        "a sweep over worker=0,...,n-1 spreads the runs)")
 
     def check(self) -> None:
         _choice("audit", "mode", self.mode, MODES)
+        _positive("audit", "workers", self.workers, integer=True)
+        if not isinstance(self.worker, int) or isinstance(self.worker, bool) or not (
+            0 <= self.worker < self.workers
+        ):
+            _fail("audit", "worker", f"an integer in [0, audit.workers) = [0, {self.workers})",
+                  self.worker)
         _positive("audit", "runs", self.runs, integer=True)
         if self.mode == "multi_run" and self.runs < 2:
             _fail("audit", "runs", "at least 2 with audit.mode=multi_run (one membership bit "

@@ -1,10 +1,12 @@
-"""An exclusive lock of an output directory, so two processes never do the same work.
+"""Exclusive locks on files that name their holder: an output directory's (``DirectoryLock``)
+and a multi-run audit's per-run claims (``FileLock``), so two processes never do the same work.
 
-``flock`` on ``<dir>/.dpaudit.lock``: the kernel releases it when its holder exits or is
-killed, so a lock can never be left "stale"; the file names its last holder (pid, host, time,
-purpose, command), so a refused process says who holds it and a takeover after a crash is
-logged. Works on local file systems and on NFS (Linux emulates ``flock`` with POSIX locks
-there). This module imports no torch, so a lock is cheap to take.
+``flock`` on the lock file (``<dir>/.dpaudit.lock``, ``runs/.claims/run_<r>.lock``): the
+kernel releases it when its holder exits or is killed, so a lock can never be left "stale";
+the file names its last holder (pid, host, time, purpose, command), so a refused process says
+who holds it and a takeover after a crash is logged. Works on local file systems and on NFS
+(Linux emulates ``flock`` with POSIX locks there). This module imports no torch, so a lock is
+cheap to take.
 """
 
 from __future__ import annotations
@@ -26,21 +28,31 @@ class DirectoryBusyError(RuntimeError):
     """Another live process holds the directory's lock."""
 
 
-class DirectoryLock:
-    """Exclusive lock of an audit directory (``flock`` on ``.dpaudit.lock``).
+class FileLock:
+    """Exclusive ``flock`` on one lock file that names its holder (module doc).
 
-    The file holds the holder's pid, host, start time and command, so a refused process can
-    say who holds it. The kernel releases the lock when its holder exits or is killed; a lock
-    file that still names a holder when the lock is free was left by a dead process and is
-    taken over with a log line. Use as a context manager.
+    ``wait=False``: a held lock raises ``DirectoryBusyError`` naming the holder (``busy``
+    words the message); ``wait=True`` blocks until it is free (for short critical sections).
+    ``try_take`` returns None instead of raising. Use as a context manager.
     """
 
-    def __init__(self, directory: str | Path, purpose: str = "audit"):
-        self.path = Path(directory) / LOCK_FILE
+    def __init__(self, path: str | Path, purpose: str, wait: bool = False, busy: str = ""):
+        self.path = Path(path)
         self.purpose = purpose
+        self.wait = wait
+        self.busy = busy or "wait for it to finish, or use another output directory"
         self._fd: int | None = None
 
-    def __enter__(self) -> DirectoryLock:
+    def try_take(self) -> FileLock | None:
+        """Take the lock if it is free: self (held; release with ``release``) or None."""
+        try:
+            return self.__enter__()
+        except DirectoryBusyError:
+            return None
+
+    def __enter__(self) -> FileLock:
+        if self._fd is not None:  # already held (``try_take`` then ``with``)
+            return self
         try:
             import fcntl
         except ImportError:  # not POSIX: no lock (documented)
@@ -48,13 +60,12 @@ class DirectoryLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX if self.wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             holder = _describe_holder(os.pread(fd, 4096, 0))
             os.close(fd)
             raise DirectoryBusyError(
-                f"{self.path.parent} is in use by {holder}: wait for it to finish (a second "
-                "process would only repeat its runs), or use another output directory"
+                f"{self.path.parent} is in use by {holder}: {self.busy}"
             ) from None
         previous = os.pread(fd, 4096, 0)
         if previous.strip():
@@ -76,15 +87,32 @@ class DirectoryLock:
         self._fd = fd
         return self
 
-    def __exit__(self, *exc) -> None:
+    def release(self) -> None:
+        """Give the lock back, leaving an empty lock file (released cleanly)."""
         if self._fd is None:
             return
         import fcntl
 
-        os.ftruncate(self._fd, 0)  # an empty lock file: released cleanly
+        os.ftruncate(self._fd, 0)
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class DirectoryLock(FileLock):
+    """Exclusive lock of an audit directory (``flock`` on ``<dir>/.dpaudit.lock``).
+
+    The file holds the holder's pid, host, start time and command, so a refused process can
+    say who holds it. The kernel releases the lock when its holder exits or is killed; a lock
+    file that still names a holder when the lock is free was left by a dead process and is
+    taken over with a log line. ``wait=True`` waits for the holder instead of refusing.
+    """
+
+    def __init__(self, directory: str | Path, purpose: str = "audit", wait: bool = False):
+        super().__init__(Path(directory) / LOCK_FILE, purpose, wait)
 
 
 def _describe_holder(raw: bytes) -> str:
