@@ -134,3 +134,39 @@ def test_declared_names_are_the_registries():
 
     for name, (module, attr) in names.REGISTRIES.items():
         assert getattr(names, name) == tuple(getattr(importlib.import_module(module), attr)), name
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the dpaudit modules it imports (``from pkg import sub`` names the submodule
+    when ``sub`` is one, the package otherwise)."""
+    modules = {_module_name(p) for p in SRC.rglob("*.py")}
+    graph = {}
+    for path in sorted(SRC.rglob("*.py")):
+        module = _module_name(path)
+        targets = {name for name in _imported(path, module) if name in modules}
+        # a "from pkg import sub" adds pkg too: drop it when sub is a module of pkg
+        graph[module] = {t for t in targets if t != module and not any(
+            o.startswith(t + ".") for o in targets)}
+    return graph
+
+
+def test_no_module_imports_itself_through_a_circle():
+    """No import cycle between modules, inside a package either (experiment/run.py and
+    experiment/multirun.py imported each other for the membership bit of a run)."""
+    graph = _module_graph()
+    state: dict[str, int] = {}
+    circles = []
+
+    def visit(module, path):
+        state[module] = 1
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                circles.append(" -> ".join([*path[path.index(target):], target]))
+            elif target not in state:
+                visit(target, [*path, target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert circles == []

@@ -46,6 +46,12 @@ def stream(seed, tag: int) -> np.random.Generator:
     return np.random.default_rng([seed, tag])
 
 
+def run_bit(seed: int, r: int, inclusion: float) -> bool:
+    """Membership bit of run ``r`` of a multi-run audit: a Bernoulli(``inclusion``) draw from
+    ``[seed, r, RUN_BIT]``, independent of the order in which runs are made."""
+    return bool(np.random.default_rng([seed, r, RUN_BIT]).random() < inclusion)
+
+
 def run_seed(seed: int, r: int) -> int:
     """The training seed of run ``r`` of a multi-run audit or experiment (a 32-bit integer)."""
     return int(np.random.SeedSequence([seed, r]).generate_state(1)[0])

@@ -10,6 +10,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from dpaudit.experiment.multirun import (
     DirectoryBusyError,
     DirectoryLock,
     checksum,
+    claim_of,
     read_run,
     run_bit,
     run_one,
@@ -307,10 +309,10 @@ def test_two_cli_processes_share_one_directory(tmp_path):
     second = cli(f"hydra.run.dir={shared}", *args)
     outs = [p.communicate(timeout=600) for p in (first, second)]
     assert [p.returncode for p in (first, second)] == [0, 0], outs
-    workers = [o for o, _ in outs if "another worker writes" in o or "the last to finish" in o]
+    workers = [o for o, _ in outs if "another worker writes" in o]
     reports = [o for o, _ in outs if "results:" in o]
     assert len(reports) == 1 and len(workers) == 1  # one evaluated, the other left it
-    trained_elsewhere = int(workers[0].split("trained ")[1].split(" run")[0])
+    trained_elsewhere = int(workers[0].split("trained ")[1].split(" of")[0])
     marker = json.loads((shared / "runs" / ".evaluated").read_text())
     assert marker["trained_here"] + trained_elsewhere == 12  # no run trained twice
     files = sorted((shared / "runs").glob("run_*.json"))
@@ -323,6 +325,63 @@ def test_two_cli_processes_share_one_directory(tmp_path):
     a = json.loads((shared / "results.json").read_text())
     b = json.loads((alone / "results.json").read_text())
     assert a["bounds"] == b["bounds"] and a["verdict"]["status"] == b["verdict"]["status"]
+
+
+# A worker that dies holding a claim: its run_one claims run r, says so in a marker file, waits
+# for the other worker's first run file (an event) and SIGKILLs itself without training r.
+DIES_HOLDING_A_CLAIM = """
+import os, signal, sys, time
+from pathlib import Path
+import dpaudit.experiment.multirun as multirun
+from dpaudit.cli import main
+def run_one(settings, out, r, prepared=None):
+    Path(out, "claimed_by_the_doomed").write_text(str(r))
+    while not list(Path(out, "runs").glob("run_*.json")):
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGKILL)
+multirun.run_one = run_one
+sys.argv[0] = "dpaudit"
+main()
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_workers_run_is_redone_by_another(tmp_path):
+    out, fresh = tmp_path / "audit", tmp_path / "fresh"
+    doomed = subprocess.Popen(
+        [sys.executable, "-c", DIES_HOLDING_A_CLAIM, f"hydra.run.dir={out}", *CLI_MULTI],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    marker = out / "claimed_by_the_doomed"
+    while not marker.exists():  # the doomed worker holds its claim now
+        assert doomed.poll() is None, doomed.communicate()
+        time.sleep(0.05)
+    survivor = cli(f"hydra.run.dir={out}", *CLI_MULTI)
+    _, err = survivor.communicate(timeout=600)
+    doomed.communicate(timeout=600)
+    assert doomed.returncode == -signal.SIGKILL
+    assert survivor.returncode == 0, err
+    r = int(marker.read_text())
+    assert json.loads(run_path(out, r).read_text())["worker"]["pid"] == survivor.pid  # redone
+    assert sorted(p.name for p in (out / "runs").glob("run_*.json")) == [
+        f"run_{k:05d}.json" for k in range(6)]
+    p = cli(f"hydra.run.dir={fresh}", *CLI_MULTI)
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err
+    a = json.loads((out / "results.json").read_text())
+    assert a["bounds"] == json.loads((fresh / "results.json").read_text())["bounds"]
+
+
+def test_status_reports_progress_without_evaluating(tmp_path, capsys):
+    settings = AuditSettings.from_mappings(**MULTI)
+    save_settings(tmp_path, settings)
+    for r in (0, 1, 2):
+        run_one(settings, tmp_path, r)
+    with claim_of(tmp_path, 4):  # a worker trains run 4 now
+        aggregate_main(["--status", str(tmp_path)])
+        line = capsys.readouterr().out.strip()
+    assert line.startswith(f"{tmp_path}: 3 of 6 runs done; 1 in training: run 4 (pid {os.getpid()}")
+    assert "; 2 waiting" in line and "runs/min" in line and "s left" in line
+    assert not (tmp_path / "results.json").exists()
 
 
 # The CLI with a kill that cannot miss: the process SIGKILLs itself as soon as its second run

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from dpaudit.experiment.evaluation import evaluate_audit
-from dpaudit.experiment.multirun import WorkerDone, run_multi, run_path
+from dpaudit.experiment.multirun import WorkerDone, run_multi
 from dpaudit.experiment.outputs import audit_mode, write_report
 from dpaudit.experiment.run import RunRecord, audit_run
 from dpaudit.experiment.settings import AuditSettings
@@ -103,20 +103,13 @@ def run_audit(
 
 
 def worker_summary(settings: AuditSettings, out: Path, done: WorkerDone, seconds: float) -> dict:
-    """What a worker that leaves the evaluation to another one returns (and prints): the runs
-    it trained, those on disk and still in training elsewhere, and where the results go."""
-    runs = settings.audit.runs
-    on_disk = sum(run_path(out, r).exists() for r in range(runs))
-    head = f"worker {settings.audit.worker}: trained {done.trained} run(s) in {seconds:.1f} s"
-    if done.in_progress:
-        message = (f"{head}; {on_disk} of {runs} runs on disk, {done.in_progress} in training "
-                   f"by other workers: the last to finish writes {out / 'results.json'}")
-    else:
-        message = f"{head}; every run is done, another worker writes {out / 'results.json'}"
+    """What a worker that leaves the evaluation to another one returns (and prints)."""
+    message = (f"worker {settings.audit.worker}: trained {done.trained} of "
+               f"{settings.audit.runs} runs in {seconds:.1f} s; every run is done and another "
+               f"worker writes {out / 'results.json'}")
     print(message)
-    return {"task": "multi_run_worker", "runs_trained": done.trained, "runs_on_disk": on_disk,
-            "runs": runs, "in_progress": done.in_progress, "message": message,
-            "wall_seconds": seconds}
+    return {"task": "multi_run_worker", "runs_trained": done.trained,
+            "runs": settings.audit.runs, "message": message, "wall_seconds": seconds}
 
 
 def audit_timing(run: RunRecord, run_seconds: float, evaluation_seconds: float) -> dict:

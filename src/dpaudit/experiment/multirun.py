@@ -51,6 +51,7 @@ __all__ = [
     "RunFileError",
     "WorkerDone",
     "aggregate",
+    "audit_status",
     "read_run",
     "run_multi",
 ]
@@ -91,8 +92,7 @@ def checksum(payload: dict) -> str:
 
 def run_bit(settings: AuditSettings, r: int) -> bool:
     """Membership bit of run r: a seeded Bernoulli(inclusion) draw, independent of order."""
-    draw = np.random.default_rng([settings.seed, r, seeds.RUN_BIT]).random()
-    return bool(draw < settings.audit.inclusion)
+    return seeds.run_bit(settings.seed, r, settings.audit.inclusion)
 
 
 def run_path(out: Path, r: int) -> Path:
@@ -278,22 +278,21 @@ def save_settings(out: str | Path, settings: AuditSettings) -> Path:
 
 @dataclasses.dataclass(frozen=True)
 class WorkerDone:
-    """A worker that leaves the evaluation to another (``run_multi``): how many runs it
-    trained, and how many other workers were still training when it stopped (0: every run
-    is done and another worker evaluates)."""
+    """A worker that leaves the evaluation to another (``run_multi``): every run is done,
+    and it trained ``trained`` of them."""
 
     trained: int
-    in_progress: int
 
 
 CLAIMS_DIR = ".claims"  # under runs/: one lock file per run being trained
 EVALUATED_FILE = ".evaluated"  # under runs/: who took the evaluation, and when
 
 
-def claim_of(out: str | Path, r: int) -> FileLock:
+def claim_of(out: str | Path, r: int, wait: bool = False) -> FileLock:
     """The claim on run r: ``runs/.claims/run_<r>.lock`` (``flock``; the kernel drops it when
-    its worker dies, so a dead worker's run is taken over and redone)."""
-    return FileLock(Path(out) / RUNS_DIR / CLAIMS_DIR / f"run_{r:05d}.lock", f"run {r}")
+    its worker dies, so a dead worker's run is taken over and redone). ``wait``: block until
+    the claim is free instead of refusing."""
+    return FileLock(Path(out) / RUNS_DIR / CLAIMS_DIR / f"run_{r:05d}.lock", f"run {r}", wait)
 
 
 def _claimed(out: Path, r: int) -> bool:
@@ -345,19 +344,40 @@ def _visit_order(settings: AuditSettings) -> list[int]:
     return [(start + i) % a.runs for i in range(a.runs)]
 
 
+def _train_free_runs(settings: AuditSettings, out: Path, prepared: dict, bar) -> int:
+    """One pass over the runs: train each that has no file and no live claim. Returns how many
+    this worker trained."""
+    trained = 0
+    for r in _visit_order(settings):
+        if run_path(out, r).exists():
+            continue
+        claim = claim_of(out, r).try_take()
+        if claim is None:
+            continue  # another worker trains it
+        with claim:
+            if not run_path(out, r).exists():  # finished between the check and the claim
+                run_one(settings, out, r, prepared)
+                trained += 1
+        bar.n = sum(run_path(out, k).exists() for k in range(settings.audit.runs))
+        bar.refresh()
+    return trained
+
+
 def run_multi(settings: AuditSettings, out: Path) -> RunRecord | WorkerDone:
-    """Train the missing runs of ``settings.audit.runs`` that no other worker is training;
-    return the pooled record once every run is done, or ``WorkerDone`` when other workers
-    still train some (the last one to finish evaluates).
+    """Train the runs of ``settings.audit.runs`` that are neither on disk nor in training by
+    another worker; once every run is done, return the pooled record, or ``WorkerDone`` when
+    another worker evaluates them.
 
     Any number of processes (a Hydra sweep's jobs, the same command started twice, Slurm array
     tasks on a shared file system) may work on one directory: each run is claimed while it is
     trained (``claim_of``), the settings are checked or saved and the directory tidied under
-    the directory's lock (held for moments, not for the trainings). A worker killed mid-run
-    leaves its claim to the kernel, and its run is redone by whichever worker sees it next; a
-    directory holding other settings is refused. Of the workers that find every run done
-    under the lock, the first one evaluates (``runs/.evaluated``); the others return
-    ``WorkerDone``. A rerun on a finished directory evaluates again.
+    the directory's lock (held for moments, not for the trainings). A worker with no free run
+    left waits on the claims of the runs still in training: when one ends without its run file
+    (its worker died), it trains that run itself, so a killed worker's runs are redone by
+    another and the audit completes. A directory holding other settings is refused. Of the
+    workers that find every run done, the first to take the directory's lock evaluates
+    (``runs/.evaluated``); the others return ``WorkerDone``. A rerun on a finished directory
+    evaluates again.
     """
     out = Path(out)
     started = time.time()
@@ -369,18 +389,7 @@ def run_multi(settings: AuditSettings, out: Path) -> RunRecord | WorkerDone:
     bar = tqdm(total=runs, initial=len(good), desc="audit runs", disable=not settings.progress)
     trained = 0
     while True:
-        for r in _visit_order(settings):
-            if run_path(out, r).exists():
-                continue
-            claim = claim_of(out, r).try_take()
-            if claim is None:
-                continue  # another worker trains it
-            with claim:
-                if not run_path(out, r).exists():  # finished between the check and the claim
-                    run_one(settings, out, r, prepared)
-                    trained += 1
-            bar.n = sum(run_path(out, k).exists() for k in range(runs))
-            bar.refresh()
+        trained += _train_free_runs(settings, out, prepared, bar)
         with DirectoryLock(out, "audit", wait=True):
             good = _tidy(out, settings)
             missing = [r for r in range(runs) if r not in good]
@@ -388,13 +397,58 @@ def run_multi(settings: AuditSettings, out: Path) -> RunRecord | WorkerDone:
                 bar.close()
                 marker = Path(out, RUNS_DIR, EVALUATED_FILE)
                 if marker.exists() and marker.stat().st_mtime >= started:
-                    return WorkerDone(trained, 0)
+                    return WorkerDone(trained)  # another worker found them done first
                 write_json(marker, {"pid": os.getpid(), "runs": runs, "trained_here": trained})
                 return aggregate(out, settings)
-            if all(_claimed(out, r) for r in missing):
-                bar.close()
-                return WorkerDone(trained, len(missing))
-        # some missing run has no live claim (its worker died): go round again
+        # the missing runs are in training elsewhere (or were a moment ago): wait for the
+        # first one's claim; it ends with its file on disk, or its worker died and the next
+        # pass trains it here
+        with claim_of(out, missing[0], wait=True):
+            pass
+
+
+def audit_status(out: str | Path, recent: int = 20) -> dict:
+    """Progress of the multi-run audit in ``out``, from any shell while its workers run: runs
+    on disk, runs in training (with their workers' pid and host), runs to go, the rate over the
+    last ``recent`` run files (runs per minute, all workers together) and the time left at that
+    rate. Reads the files; takes each free claim for a moment only to see that it is free."""
+    out = Path(out)
+    settings = load_settings(out)
+    runs = settings.audit.runs
+    stamps = sorted(run_path(out, r).stat().st_mtime for r in range(runs)
+                    if run_path(out, r).exists())
+    training = {}
+    for r in range(runs):
+        if not run_path(out, r).exists() and _claimed(out, r):
+            try:
+                holder = json.loads(claim_of(out, r).path.read_text() or "{}")
+            except (OSError, ValueError):
+                holder = {}
+            training[r] = {"pid": holder.get("pid"), "host": holder.get("host")}
+    last = stamps[-recent:]
+    rate = 60 * (len(last) - 1) / (last[-1] - last[0]) if len(last) > 1 and last[-1] > last[0] \
+        else None
+    left = runs - len(stamps)
+    return {"directory": str(out), "runs": runs, "done": len(stamps), "training": training,
+            "to_go": left, "runs_per_minute": rate,
+            "seconds_left": None if rate is None or left == 0 else 60 * left / rate,
+            "evaluated": Path(out, "results.json").exists() and left == 0}
+
+
+def status_line(status: dict) -> str:
+    """``audit_status`` in one line."""
+    s = status
+    busy = ", ".join(f"run {r} (pid {h['pid']} on {h['host']})" for r, h in s["training"].items())
+    parts = [f"{s['directory']}: {s['done']} of {s['runs']} runs done",
+             f"{len(s['training'])} in training" + (f": {busy}" if busy else ""),
+             f"{s['to_go'] - len(s['training'])} waiting"]
+    if s["runs_per_minute"]:
+        parts.append(f"{s['runs_per_minute']:.1f} runs/min over the last run files")
+    if s["seconds_left"]:
+        parts.append(f"about {s['seconds_left']:.0f} s left")
+    if s["to_go"] == 0:
+        parts.append("results.json written" if s["evaluated"] else "evaluation pending")
+    return "; ".join(parts)
 
 
 def _problems(bad: list[RunFileError], limit: int = 3) -> str:

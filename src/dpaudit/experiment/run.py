@@ -79,9 +79,7 @@ def membership_counts(settings: AuditSettings) -> tuple[int, int]:
     alone (no training). An audit without both is refused: a ValueError says why."""
     a, c = settings.audit, settings.canary
     if a.mode == "multi_run":
-        from dpaudit.experiment.multirun import run_bit
-
-        with_canary = sum(run_bit(settings, r) for r in range(a.runs))
+        with_canary = sum(seeds.run_bit(settings.seed, r, a.inclusion) for r in range(a.runs))
         if with_canary in (0, a.runs):
             raise ValueError(
                 f"audit.runs={a.runs} with audit.inclusion={a.inclusion} (seed {settings.seed}) "

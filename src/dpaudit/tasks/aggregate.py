@@ -8,6 +8,10 @@
   ``sweep_summary.json`` (with each job's settings and the provenance of the summary) and a
   table; jobs without results (unfinished) are listed as pending.
 
+``dpaudit-aggregate --status DIR`` prints a multi-run audit's progress instead (runs done, in
+training by which worker, waiting, runs per minute, time left), from any shell, while its
+workers run; it evaluates nothing.
+
 Every user error (missing directory, no runs, a one-run directory, corrupt files, mismatched
 settings, a directory in use) is one line on stderr and exit status 2, never a traceback.
 The work is ``dpaudit.experiment.collect`` (``reaggregate``, ``collect_sweep``).
@@ -20,7 +24,13 @@ import sys
 from pathlib import Path
 
 from dpaudit.experiment.collect import collect_sweep, reaggregate
-from dpaudit.experiment.multirun import RUNS_DIR, SETTINGS_FILE, DirectoryBusyError
+from dpaudit.experiment.multirun import (
+    RUNS_DIR,
+    SETTINGS_FILE,
+    DirectoryBusyError,
+    audit_status,
+    status_line,
+)
 
 EXIT_USER_ERROR = 2
 
@@ -29,6 +39,8 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point ``dpaudit-aggregate DIR`` (exit 2 with one line on a user error)."""
     parser = argparse.ArgumentParser(prog="dpaudit-aggregate", description=__doc__.split("\n")[0])
     parser.add_argument("directory", type=Path, help="multi-run audit or Hydra sweep directory")
+    parser.add_argument("--status", action="store_true",
+                        help="print a multi-run audit's progress (evaluates nothing)")
     args = parser.parse_args(argv)
     d = args.directory
     try:
@@ -36,7 +48,9 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError(f"{d} does not exist")
         if not d.is_dir():
             raise ValueError(f"{d} is not a directory")
-        if (d / RUNS_DIR).is_dir() or (d / SETTINGS_FILE).exists():
+        if args.status:
+            print(status_line(audit_status(d)))
+        elif (d / RUNS_DIR).is_dir() or (d / SETTINGS_FILE).exists():
             reaggregate(d)
         else:
             summary = collect_sweep(d)
@@ -46,7 +60,6 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, DirectoryBusyError, OSError) as err:
         print(f"dpaudit-aggregate: error: {err}", file=sys.stderr)
         raise SystemExit(EXIT_USER_ERROR) from None
-
 
 
 if __name__ == "__main__":
