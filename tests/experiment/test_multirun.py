@@ -422,6 +422,31 @@ def test_killed_cli_audit_resumes_to_the_same_result(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["cpu_parallel", "submitit_local"])
+def test_one_audit_sharded_over_a_launchers_workers(tmp_path, launcher):
+    """The README's sharded command on joblib's and submitit's local launchers: two workers
+    share one directory and the audit equals a single process's."""
+    shared, alone = tmp_path / "sweep", tmp_path / "alone"
+    args = [a if a != "audit.runs=6" else "audit.runs=10" for a in CLI_MULTI]
+    extra = ["hydra.launcher.timeout_min=10"] if launcher == "submitit_local" else []
+    p = cli("-m", f"hydra/launcher={launcher}", f"hydra.sweep.dir={shared}",
+            "hydra.sweep.subdir=shared", "audit.workers=2", "audit.worker=0,1", *extra, *args)
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err
+    out = shared / "shared"
+    files = sorted(out.glob("runs/run_*.json"))
+    assert [f.name for f in files] == [f"run_{r:05d}.json" for r in range(10)]
+    q = cli(f"hydra.run.dir={alone}", *args)
+    _, err = q.communicate(timeout=600)
+    assert q.returncode == 0, err
+    a = json.loads((out / "results.json").read_text())
+    assert a["bounds"] == json.loads((alone / "results.json").read_text())["bounds"]
+    for f in files:  # the same run files as the single process's, whoever trained them
+        mine, theirs = json.loads(f.read_text()), json.loads((alone / "runs" / f.name).read_text())
+        assert (mine["scores"], mine["membership"]) == (theirs["scores"], theirs["membership"])
+
+
+@pytest.mark.slow
 def test_submitit_local_launcher_runs_a_sweep(tmp_path):
     p = cli(
         "-m",
