@@ -26,6 +26,8 @@ from dpaudit.tasks.figure3 import figure3
 
 
 def preset(name: str, *overrides: str):
+    if name.startswith("experiment="):
+        name = name.removeprefix("experiment=")
     with initialize_config_module("dpaudit.conf", version_base="1.3"):
         return compose("config", overrides=[f"experiment={name}", *overrides])
 
@@ -228,3 +230,45 @@ def test_seed002_preset_is_algorithm4_with_poisson_canaries_and_the_density_boun
     assert {b["attack"] for b in rows} == {"scalar", "mixture_lr"}
     assert all(b["valid"] and b["epsilon"] >= 0 for b in rows)
     assert res["verdict"]["best_lower_bound"] <= res["theory"]["upper_bound"]
+
+
+SMALL = {"runs": 6, "canaries_per_class": 2, "n_references": 50, "candidates": 200,
+         "dp": {"steps": 10, "noise_multiplier": 1.0}, "progress": False}
+
+
+def test_figure3_runs_resume_and_damaged_ones_are_redone(tmp_path):
+    """The runs go through the many-trainings engine: a rerun keeps the valid run files, redoes
+    a missing and a damaged one (set aside), and gives the same numbers."""
+    first = figure3(output_dir=tmp_path, **SMALL)["results"]
+    runs = tmp_path / "runs"
+    (runs / "run_00002.json").unlink()
+    (runs / "run_00004.json").write_text("{not json")
+    kept = {f.name: f.stat().st_mtime_ns for f in runs.glob("run_*.json")
+            if f.name != "run_00004.json"}
+    again = figure3(output_dir=tmp_path, **SMALL)["results"]
+    assert again == first
+    assert {n: (runs / n).stat().st_mtime_ns for n in kept} == kept  # not retrained
+    assert sorted(f.name for f in runs.glob("run_*.json")) == [
+        f"run_{r:05d}.json" for r in range(6)]
+    assert [f.name.split(".json")[0] for f in (runs / "quarantine").iterdir()] == ["run_00004"]
+    with pytest.raises(ValueError, match="another configuration"):
+        figure3(output_dir=tmp_path, **{**SMALL, "canaries_per_class": 1})
+
+
+@pytest.mark.slow
+def test_figure3_sharded_over_two_workers_equals_one(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    args = ["experiment=fig3_digits", "progress=false", "task.runs=6",
+            "task.canaries_per_class=2", "task.n_references=50", "task.candidates=200",
+            "dp.steps=10", "dp.noise_multiplier=1.0"]
+    cmd = [sys.executable, "-m", "dpaudit", "-m", *args, "task.workers=2", "task.worker=0,1",
+           "hydra/launcher=cpu_parallel", f"hydra.sweep.dir={tmp_path}",
+           "hydra.sweep.subdir=shared"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    shared = json.loads((tmp_path / "shared" / "figure3.json").read_text())
+    alone = call(preset(*args).task, output_dir=str(tmp_path / "alone"))  # one process
+    assert json.loads(json.dumps(alone["results"])) == shared["results"]

@@ -12,12 +12,9 @@ from the seed. A file that fails (truncated, garbage, ``{}``, not UTF-8, edited 
 with other settings) is named in one line; the audit sets it aside in ``runs/quarantine/``
 (never deleted) and redoes the run, ``dpaudit-aggregate`` refuses to pool it.
 
-An interrupted audit resumes by skipping the valid runs already on disk. Several workers may
-share a directory (``run_multi``): a worker claims a run while it trains it (``flock`` on
-``runs/.claims/run_<r>.lock``, naming its pid and host); the kernel drops a claim when its
-holder dies, so a killed worker's run is taken over and redone. The directory's own lock
-(``.dpaudit.lock``) is held only for moments: to check or save the settings, set aside what a
-dead worker left, and decide which worker evaluates.
+An interrupted audit resumes by skipping the valid runs already on disk, and several workers
+may share its directory: the runs go through the many-trainings engine (``engine``: per-run
+claims, a directory lock held for moments, the last worker evaluates).
 """
 
 from __future__ import annotations
@@ -29,19 +26,27 @@ import json
 import logging
 import os
 import socket
-import time
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from dpaudit import seeds
 from dpaudit._jsonable import to_jsonable
+from dpaudit.experiment.engine import (
+    RUNS_DIR,
+    ManyTrainings,
+    WorkerDone,
+    claim_of,
+    claimed,
+    run_all,
+    run_path,
+    visit_order,
+)
 from dpaudit.experiment.run import PreparedRun, RunRecord, audit_run, prepare_run, resolve_device
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.threat import threat_model_for
 from dpaudit.report import write_json
-from dpaudit.report.lock import LOCK_FILE, DirectoryBusyError, DirectoryLock, FileLock
+from dpaudit.report.lock import LOCK_FILE, DirectoryBusyError, DirectoryLock
 from dpaudit.report.provenance import SCHEMA_VERSION, provenance
 
 __all__ = [
@@ -56,7 +61,6 @@ __all__ = [
     "run_multi",
 ]
 
-RUNS_DIR = "runs"
 SETTINGS_FILE = "settings.json"
 QUARANTINE_DIR = "quarantine"
 
@@ -93,11 +97,6 @@ def checksum(payload: dict) -> str:
 def run_bit(settings: AuditSettings, r: int) -> bool:
     """Membership bit of run r: a seeded Bernoulli(inclusion) draw, independent of order."""
     return seeds.run_bit(settings.seed, r, settings.audit.inclusion)
-
-
-def run_path(out: Path, r: int) -> Path:
-    """Where run r's record lives: ``out/runs/run_<r:05d>.json``."""
-    return Path(out) / RUNS_DIR / f"run_{r:05d}.json"
 
 
 def _run_number(path: Path) -> int | None:
@@ -276,34 +275,6 @@ def save_settings(out: str | Path, settings: AuditSettings) -> Path:
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class WorkerDone:
-    """A worker that leaves the evaluation to another (``run_multi``): every run is done,
-    and it trained ``trained`` of them."""
-
-    trained: int
-
-
-CLAIMS_DIR = ".claims"  # under runs/: one lock file per run being trained
-EVALUATED_FILE = ".evaluated"  # under runs/: who took the evaluation, and when
-
-
-def claim_of(out: str | Path, r: int, wait: bool = False) -> FileLock:
-    """The claim on run r: ``runs/.claims/run_<r>.lock`` (``flock``; the kernel drops it when
-    its worker dies, so a dead worker's run is taken over and redone). ``wait``: block until
-    the claim is free instead of refusing."""
-    return FileLock(Path(out) / RUNS_DIR / CLAIMS_DIR / f"run_{r:05d}.lock", f"run {r}", wait)
-
-
-def _claimed(out: Path, r: int) -> bool:
-    """True while a live worker trains run r."""
-    claim = claim_of(out, r).try_take()
-    if claim is None:
-        return True
-    claim.release()
-    return False
-
-
 def _check_settings(settings: AuditSettings, out: Path) -> None:
     """Save ``settings.json``, or refuse a directory that holds another audit's."""
     saved = Path(out, SETTINGS_FILE)
@@ -327,7 +298,7 @@ def _tidy(out: Path, settings: AuditSettings) -> dict[int, RunRecord]:
     quarantine, their runs redone). The valid records by run number."""
     for tmp in Path(out, RUNS_DIR).glob(".run_*.json.*.tmp"):
         number = tmp.name.removeprefix(".run_").split(".", 1)[0]
-        if number.isdigit() and not _claimed(out, int(number)):
+        if number.isdigit() and not claimed(out, int(number)):
             tmp.unlink(missing_ok=True)
     good, bad = scan_runs(out, settings)
     for err in bad:
@@ -336,75 +307,29 @@ def _tidy(out: Path, settings: AuditSettings) -> dict[int, RunRecord]:
     return good
 
 
-def _visit_order(settings: AuditSettings) -> list[int]:
-    """The runs in the order this worker tries them: worker k of n starts k/n of the way in,
-    so workers started together claim different runs from the first one on."""
-    a = settings.audit
-    start = (a.runs * a.worker) // max(a.workers, 1)
-    return [(start + i) % a.runs for i in range(a.runs)]
-
-
-def _train_free_runs(settings: AuditSettings, out: Path, prepared: dict, bar) -> int:
-    """One pass over the runs: train each that has no file and no live claim. Returns how many
-    this worker trained."""
-    trained = 0
-    for r in _visit_order(settings):
-        if run_path(out, r).exists():
-            continue
-        claim = claim_of(out, r).try_take()
-        if claim is None:
-            continue  # another worker trains it
-        with claim:
-            if not run_path(out, r).exists():  # finished between the check and the claim
-                run_one(settings, out, r, prepared)
-                trained += 1
-        bar.n = sum(run_path(out, k).exists() for k in range(settings.audit.runs))
-        bar.refresh()
-    return trained
-
-
 def run_multi(settings: AuditSettings, out: Path) -> RunRecord | WorkerDone:
     """Train the runs of ``settings.audit.runs`` that are neither on disk nor in training by
-    another worker; once every run is done, return the pooled record, or ``WorkerDone`` when
-    another worker evaluates them.
-
-    Any number of processes (a Hydra sweep's jobs, the same command started twice, Slurm array
-    tasks on a shared file system) may work on one directory: each run is claimed while it is
-    trained (``claim_of``), the settings are checked or saved and the directory tidied under
-    the directory's lock (held for moments, not for the trainings). A worker with no free run
-    left waits on the claims of the runs still in training: when one ends without its run file
-    (its worker died), it trains that run itself, so a killed worker's runs are redone by
-    another and the audit completes. A directory holding other settings is refused. Of the
-    workers that find every run done, the first to take the directory's lock evaluates
-    (``runs/.evaluated``); the others return ``WorkerDone``. A rerun on a finished directory
-    evaluates again.
-    """
+    another worker (``engine.run_all``: any number of workers may share ``out``); once every
+    run is done, return the pooled record, or ``WorkerDone`` when another worker evaluates.
+    A directory holding other settings is refused; invalid run files are set aside and their
+    runs redone."""
     out = Path(out)
-    started = time.time()
-    with DirectoryLock(out, "audit", wait=True):
-        _check_settings(settings, out)
-        good = _tidy(out, settings)
-    runs = settings.audit.runs
+    a = settings.audit
     prepared: dict[bool, PreparedRun] = {}
-    bar = tqdm(total=runs, initial=len(good), desc="audit runs", disable=not settings.progress)
-    trained = 0
-    while True:
-        trained += _train_free_runs(settings, out, prepared, bar)
-        with DirectoryLock(out, "audit", wait=True):
-            good = _tidy(out, settings)
-            missing = [r for r in range(runs) if r not in good]
-            if not missing:
-                bar.close()
-                marker = Path(out, RUNS_DIR, EVALUATED_FILE)
-                if marker.exists() and marker.stat().st_mtime >= started:
-                    return WorkerDone(trained)  # another worker found them done first
-                write_json(marker, {"pid": os.getpid(), "runs": runs, "trained_here": trained})
-                return aggregate(out, settings)
-        # the missing runs are in training elsewhere (or were a moment ago): wait for the
-        # first one's claim; it ends with its file on disk, or its worker died and the next
-        # pass trains it here
-        with claim_of(out, missing[0], wait=True):
-            pass
+    job = ManyTrainings(
+        out=out,
+        runs=a.runs,
+        start=visit_order(a.runs, a.worker, a.workers),
+        setup=lambda: _check_settings(settings, out),
+        train=lambda r: run_one(settings, out, r, prepared),
+        tidy=lambda: set(_tidy(out, settings)),
+        progress=settings.progress,
+        desc="audit runs",
+    )
+    done = run_all(job)
+    if isinstance(done, WorkerDone):
+        return done
+    return aggregate(out, settings)
 
 
 def audit_status(out: str | Path, recent: int = 20) -> dict:
@@ -419,7 +344,7 @@ def audit_status(out: str | Path, recent: int = 20) -> dict:
                     if run_path(out, r).exists())
     training = {}
     for r in range(runs):
-        if not run_path(out, r).exists() and _claimed(out, r):
+        if not run_path(out, r).exists() and claimed(out, r):
             try:
                 holder = json.loads(claim_of(out, r).path.read_text() or "{}")
             except (OSError, ValueError):

@@ -1,4 +1,4 @@
-"""Seed 001 Figure 3: easy / medium / hard targets, covariance attack vs scalar product.
+"""Figure 3 of seed 001: easy / medium / hard targets, covariance attack vs scalar product.
 
 The fixed-target game of seed 001 (Sec. 6.2) on any registered dataset and model. At theta_0,
 Algorithm 3 ranks the training candidates by their Mahalanobis score under the estimator of
@@ -15,7 +15,13 @@ prediction of ``predicted_leakage`` for the epoch-summed covariance score.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import hashlib
+import json
+import os
+import socket
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +35,15 @@ from dpaudit.canaries import predicted_leakage, rank_candidates, select_canaries
 from dpaudit.capture import InputCanaries
 from dpaudit.covariance import noise_aware
 from dpaudit.experiment.canary_setup import LOSS
+from dpaudit.experiment.engine import (
+    RUNS_DIR,
+    ManyTrainings,
+    WorkerDone,
+    run_all,
+    run_path,
+    visit_order,
+)
+from dpaudit.experiment.multirun import checksum, quarantine
 from dpaudit.experiment.run import resolve_device
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.training import SAMPLINGS, poisson_sample_rate, train_audited
@@ -71,8 +86,17 @@ def figure3(
     seed: int = 0,
     device: str | None = None,
     progress: bool = True,
+    worker: int = 0,
+    workers: int = 1,
 ) -> dict:
     """Run the experiment; returns (and, with ``output_dir``, writes) every number as a dict.
+
+    The runs go through the many-trainings engine (``experiment.engine``): each is a file under
+    ``output_dir/runs/`` (checksummed, with the experiment's fingerprint), a rerun resumes,
+    and several workers may share ``output_dir`` (``worker`` of ``workers`` only says where
+    each starts; a sweep over ``task.worker`` spreads the runs over a launcher's jobs). A
+    worker that leaves the evaluation to another returns a short summary instead. Without
+    ``output_dir`` the runs go to a temporary directory.
 
     ``data`` / ``model`` / ``dp`` are the audit's config groups (``dpaudit.experiment``
     settings). ``candidates`` caps the ranked pool (None: every training point that is not a
@@ -92,6 +116,10 @@ def figure3(
         progress=progress,
     )
     _check(runs, canaries_per_class, n_references, candidates, subsample, sampling)
+    if not (isinstance(workers, int) and workers >= 1 and isinstance(worker, int)
+            and 0 <= worker < workers):
+        raise ValueError(f"worker must be an integer in [0, workers), workers >= 1; got "
+                         f"worker={worker!r}, workers={workers!r}")
     t0 = time.perf_counter()
     dev = resolve_device(settings)
     d, m, dps = settings.data, settings.model, settings.dp
@@ -146,16 +174,25 @@ def figure3(
                 f"{'non-member' if mem.all() else 'member'} run to compare with; raise "
                 "task.runs or task.canaries_per_class"
             )
-    table = {a: np.zeros(membership.shape) for a in ATTACKS}
-    accuracy, steps = [], 0
-    t_runs = time.perf_counter()
-    for r in range(int(runs)):
-        keep = np.concatenate(
-            [rng.choice(pool, size=n_pool, replace=False), canary_pos[membership[r]]]
-        )
+    keeps = [  # every run's training set, drawn in run order from the game's stream
+        np.concatenate([rng.choice(pool, size=n_pool, replace=False), canary_pos[membership[r]]])
+        for r in range(int(runs))
+    ]
+    config = {
+        "params": names, "runs": int(runs), "canaries_per_class": k,
+        "n_references": int(n_references), "candidates": candidates, "estimator": estimator,
+        "subsample": float(subsample), "standardise": bool(standardise), "sampling": sampling,
+    }
+    print_ = {k_: v for k_, v in settings.to_dict().items() if k_ in SETTINGS_USED
+              and k_ not in ("device", "progress")}
+    fp = hashlib.sha256(json.dumps({"settings": print_, "config": config}, sort_keys=True,
+                                   default=str).encode()).hexdigest()[:16]
+
+    def train_run(r: int) -> Path:
+        start = time.perf_counter()
         outcome = train_audited(
             copy.deepcopy(model0),
-            TensorDataset(x_all[keep], y_all[keep]),
+            TensorDataset(x_all[keeps[r]], y_all[keeps[r]]),
             test,
             dps,
             sample_rate=q,  # Poisson only; "shuffle" makes one pass per epoch
@@ -166,15 +203,36 @@ def figure3(
             progress=False,
             sampling=sampling,
         )
-        for a in ATTACKS:
-            table[a][r] = outcome.scores[a]
-        accuracy.append(outcome.test_accuracy)
-        steps = outcome.steps
-        if progress:
-            print(f"\rfigure 3: run {r + 1}/{runs}", end="", flush=True)
-    if progress:
-        print()
-    seconds_runs = time.perf_counter() - t_runs
+        payload = {
+            "run": r, "fingerprint": fp, "membership": membership[r].astype(int).tolist(),
+            "scores": {a: np.asarray(outcome.scores[a], dtype=float).tolist() for a in ATTACKS},
+            "test_accuracy": float(outcome.test_accuracy), "steps": int(outcome.steps),
+            "seconds": time.perf_counter() - start,
+            "worker": {"index": worker, "pid": os.getpid(), "host": socket.gethostname()},
+        }
+        payload["checksum"] = checksum(payload)
+        return write_json(run_path(out, r), payload)
+
+    with contextlib.ExitStack() as stack:
+        out = Path(output_dir) if output_dir is not None else Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="figure3_")))
+        job = ManyTrainings(
+            out=out, runs=int(runs), start=visit_order(int(runs), worker, workers),
+            setup=lambda: _check_directory(out, fp), train=train_run,
+            tidy=lambda: set(_valid_runs(out, fp, membership)), progress=progress,
+            desc="figure 3 runs",
+        )
+        done = run_all(job)
+        if isinstance(done, WorkerDone):
+            message = (f"figure 3 worker {worker}: trained {done.trained} of {runs} runs; "
+                       f"every run is done and another worker writes {out / 'figure3.json'}")
+            print(message)
+            return {"task": "figure3_worker", "runs_trained": done.trained, "message": message}
+        records = _valid_runs(out, fp, membership)
+    table = {a: np.array([records[r]["scores"][a] for r in range(int(runs))]) for a in ATTACKS}
+    accuracy = [records[r]["test_accuracy"] for r in range(int(runs))]
+    steps = records[0]["steps"]
+    seconds_runs = float(sum(records[r]["seconds"] for r in range(int(runs))))
     pred = predicted_leakage(
         ranking.candidate_grads[sel.indices],
         ranking.precision,
@@ -231,7 +289,8 @@ def figure3(
         "results": results,
         "test_accuracy": float(np.mean(accuracy)),
         "seconds": time.perf_counter() - t0,
-        # set-up (data, model, Algorithm 3's ranking) is the rest of "seconds"
+        # the runs' own training times (summed over workers; on disk from earlier sessions
+        # too); set-up (data, model, Algorithm 3's ranking) is measured in this process
         "seconds_runs": seconds_runs,
         "seconds_per_run": seconds_runs / int(runs),
     }
@@ -260,6 +319,42 @@ def console_table(report: dict) -> str:
         row["held-out predicted"] = e["predicted_auc_covariance_heldout"]
         rows.append(row)
     return format_table(rows)
+
+
+def _check_directory(out: Path, fingerprint: str) -> None:
+    """Save the experiment's fingerprint in ``out/runs/.fingerprint.json``, or refuse a
+    directory whose runs belong to another Figure 3 configuration."""
+    path = out / RUNS_DIR / ".fingerprint.json"
+    if path.exists():
+        try:
+            saved = json.loads(path.read_text()).get("fingerprint")
+        except (OSError, ValueError, AttributeError):
+            saved = None
+        if saved != fingerprint:
+            raise ValueError(f"{out} holds Figure 3 runs of another configuration "
+                             f"(fingerprint {saved}, this one {fingerprint}): use a fresh one")
+        return
+    write_json(path, {"fingerprint": fingerprint})
+
+
+def _valid_runs(out: Path, fingerprint: str, membership: np.ndarray) -> dict[int, dict]:
+    """The valid run files by run number; an invalid one (checksum, fingerprint, run number
+    or membership row wrong, unreadable) is moved to ``runs/quarantine/`` and its run redone."""
+    good = {}
+    for f in sorted((out / RUNS_DIR).glob("run_*.json")):
+        try:
+            d = json.loads(f.read_bytes().decode("utf-8"))
+            ok = (isinstance(d, dict) and d.get("checksum") == checksum(d)
+                  and isinstance(d["run"], int) and 0 <= d["run"] < len(membership)
+                  and d.get("fingerprint") == fingerprint and f.name == run_path(out, d["run"]).name
+                  and d["membership"] == membership[d["run"]].astype(int).tolist())
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError):
+            ok = False
+        if ok:
+            good[d["run"]] = d
+        else:
+            quarantine(f)
+    return good
 
 
 def _check(runs, canaries_per_class, n_references, candidates, subsample, sampling) -> None:
