@@ -42,7 +42,14 @@ from dpaudit.experiment.engine import (
     run_path,
     visit_order,
 )
-from dpaudit.experiment.run import PreparedRun, RunRecord, audit_run, prepare_run, resolve_device
+from dpaudit.experiment.run import (
+    PreparedRun,
+    RunRecord,
+    audit_run,
+    membership_counts,
+    prepare_run,
+    resolve_device,
+)
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.threat import threat_model_for
 from dpaudit.report import write_json
@@ -315,6 +322,7 @@ def run_multi(settings: AuditSettings, out: Path) -> RunRecord | WorkerDone:
     runs redone."""
     out = Path(out)
     a = settings.audit
+    membership_counts(settings)  # a draw without both kinds of run is refused before any file
     prepared: dict[bool, PreparedRun] = {}
     job = ManyTrainings(
         out=out,
