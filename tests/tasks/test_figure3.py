@@ -272,3 +272,7 @@ def test_figure3_sharded_over_two_workers_equals_one(tmp_path):
     shared = json.loads((tmp_path / "shared" / "figure3.json").read_text())
     alone = call(preset(*args).task, output_dir=str(tmp_path / "alone"))  # one process
     assert json.loads(json.dumps(alone["results"])) == shared["results"]
+    from dpaudit.experiment.collect import collect_sweep
+
+    summary = collect_sweep(tmp_path)  # the sweep's one (shared) job is a Figure 3 job
+    assert summary["other_tasks"] == {"shared": "figure3"} and summary["pending"] == []

@@ -89,6 +89,9 @@ def collect_sweep(directory: str | Path) -> dict:
     rows, pending, unreadable, settings, other = [], [], {}, {}, {}
     for job in jobs:
         res_path = job / "results.json"
+        if not res_path.exists() and (job / "figure3.json").exists():
+            other[job.name] = "figure3"  # Figure 3 writes its own file
+            continue
         if not res_path.exists():
             pending.append(job.name)
             continue
