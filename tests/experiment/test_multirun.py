@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -56,6 +57,14 @@ CLI_MULTI = [
 def cli(*args, **kw):
     cmd = [sys.executable, "-m", "dpaudit.cli", *args]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def cli_results(out, *args) -> dict:
+    """The CLI run to completion into ``out`` (exit 0 asserted): its results.json."""
+    p = cli(f"hydra.run.dir={out}", *args)
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err
+    return json.loads((Path(out) / "results.json").read_text())
 
 
 def test_resume_skips_finished_runs_and_matches_a_fresh_audit(tmp_path):
@@ -319,11 +328,8 @@ def test_two_cli_processes_share_one_directory(tmp_path):
     assert [f.name for f in files] == [f"run_{r:05d}.json" for r in range(12)]
     pids = {json.loads(f.read_text())["worker"]["pid"] for f in files}
     assert pids <= {first.pid, second.pid}
-    p = cli(f"hydra.run.dir={alone}", *args)
-    _, err = p.communicate(timeout=600)
-    assert p.returncode == 0, err
     a = json.loads((shared / "results.json").read_text())
-    b = json.loads((alone / "results.json").read_text())
+    b = cli_results(alone, *args)
     assert a["bounds"] == b["bounds"] and a["verdict"]["status"] == b["verdict"]["status"]
 
 
@@ -364,11 +370,8 @@ def test_a_killed_workers_run_is_redone_by_another(tmp_path):
     assert json.loads(run_path(out, r).read_text())["worker"]["pid"] == survivor.pid  # redone
     assert sorted(p.name for p in (out / "runs").glob("run_*.json")) == [
         f"run_{k:05d}.json" for k in range(6)]
-    p = cli(f"hydra.run.dir={fresh}", *CLI_MULTI)
-    _, err = p.communicate(timeout=600)
-    assert p.returncode == 0, err
     a = json.loads((out / "results.json").read_text())
-    assert a["bounds"] == json.loads((fresh / "results.json").read_text())["bounds"]
+    assert a["bounds"] == cli_results(fresh, *CLI_MULTI)["bounds"]
 
 
 def test_status_reports_progress_without_evaluating(tmp_path, capsys):
@@ -410,12 +413,7 @@ def test_killed_cli_audit_resumes_to_the_same_result(tmp_path):
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert len(list((killed / "runs").glob("run_*.json"))) == 2
     assert not (killed / "results.json").exists()
-    for out in (killed, fresh):
-        p = cli(f"hydra.run.dir={out}", *CLI_MULTI)
-        _, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err
-    a = json.loads((killed / "results.json").read_text())
-    b = json.loads((fresh / "results.json").read_text())
+    a, b = (cli_results(out, *CLI_MULTI) for out in (killed, fresh))
     assert a["bounds"] == b["bounds"]
     listed = sorted(n for n in os.listdir(killed / "runs") if not n.startswith("."))
     assert listed == [f"run_{r:05d}.json" for r in range(6)]  # besides claims and the marker
@@ -436,11 +434,8 @@ def test_one_audit_sharded_over_a_launchers_workers(tmp_path, launcher):
     out = shared / "shared"
     files = sorted(out.glob("runs/run_*.json"))
     assert [f.name for f in files] == [f"run_{r:05d}.json" for r in range(10)]
-    q = cli(f"hydra.run.dir={alone}", *args)
-    _, err = q.communicate(timeout=600)
-    assert q.returncode == 0, err
     a = json.loads((out / "results.json").read_text())
-    assert a["bounds"] == json.loads((alone / "results.json").read_text())["bounds"]
+    assert a["bounds"] == cli_results(alone, *args)["bounds"]
     for f in files:  # the same run files as the single process's, whoever trained them
         mine, theirs = json.loads(f.read_text()), json.loads((alone / "runs" / f.name).read_text())
         assert (mine["scores"], mine["membership"]) == (theirs["scores"], theirs["membership"])

@@ -54,8 +54,8 @@ class ManyTrainings:
         setup: called under the directory's lock before any run: check or save the settings
             (raise ValueError to refuse the directory).
         train: trains run r and writes its file ``run_path(out, r)`` atomically.
-        tidy: called under the directory's lock: set aside invalid run files; returns the
-            numbers of the valid runs on disk.
+        tidy: called under the directory's lock (after partial files of dead workers are
+            removed): set aside invalid run files; returns the numbers of the valid runs.
         progress: show a bar over the runs; ``desc`` its label.
     """
 
@@ -95,6 +95,15 @@ def visit_order(runs: int, worker: int, workers: int) -> int:
     return (runs * worker) // max(workers, 1)
 
 
+def _remove_partial_files(out: Path) -> None:
+    """Delete what a worker killed mid-write left: ``write_json``'s temporary files of runs no
+    live worker claims (never a run file: only complete files are renamed into place)."""
+    for tmp in Path(out, RUNS_DIR).glob(".run_*.json.*.tmp"):
+        number = tmp.name.removeprefix(".run_").split(".", 1)[0]
+        if number.isdigit() and not claimed(out, int(number)):
+            tmp.unlink(missing_ok=True)
+
+
 def _train_free_runs(job: ManyTrainings, bar) -> int:
     """One pass over the runs: train each that has no file and no live claim; how many."""
     trained = 0
@@ -122,12 +131,14 @@ def run_all(job: ManyTrainings) -> int | WorkerDone:
     started = time.time()
     with DirectoryLock(out, "audit", wait=True):
         job.setup()
+        _remove_partial_files(out)
         good = job.tidy()
     bar = tqdm(total=job.runs, initial=len(good), desc=job.desc, disable=not job.progress)
     trained = 0
     while True:
         trained += _train_free_runs(job, bar)
         with DirectoryLock(out, "audit", wait=True):
+            _remove_partial_files(out)
             good = job.tidy()
             missing = [r for r in range(job.runs) if r not in good]
             if not missing:

@@ -300,13 +300,8 @@ def _check_settings(settings: AuditSettings, out: Path) -> None:
 
 
 def _tidy(out: Path, settings: AuditSettings) -> dict[int, RunRecord]:
-    """Set aside what a dead worker left: partial files of unclaimed runs (deleted: never a
-    run file, ``write_json`` renames only complete files) and invalid run files (moved to
-    quarantine, their runs redone). The valid records by run number."""
-    for tmp in Path(out, RUNS_DIR).glob(".run_*.json.*.tmp"):
-        number = tmp.name.removeprefix(".run_").split(".", 1)[0]
-        if number.isdigit() and not claimed(out, int(number)):
-            tmp.unlink(missing_ok=True)
+    """Set aside invalid run files (moved to quarantine, their runs redone); the valid
+    records by run number."""
     good, bad = scan_runs(out, settings)
     for err in bad:
         dest = quarantine(err.path)

@@ -31,16 +31,15 @@ class DirectoryBusyError(RuntimeError):
 class FileLock:
     """Exclusive ``flock`` on one lock file that names its holder (module doc).
 
-    ``wait=False``: a held lock raises ``DirectoryBusyError`` naming the holder (``busy``
-    words the message); ``wait=True`` blocks until it is free (for short critical sections).
-    ``try_take`` returns None instead of raising. Use as a context manager.
+    ``wait=False``: a held lock raises ``DirectoryBusyError`` naming the holder; ``wait=True``
+    blocks until it is free (for short critical sections). ``try_take`` returns None instead
+    of raising. Use as a context manager.
     """
 
-    def __init__(self, path: str | Path, purpose: str, wait: bool = False, busy: str = ""):
+    def __init__(self, path: str | Path, purpose: str, wait: bool = False):
         self.path = Path(path)
         self.purpose = purpose
         self.wait = wait
-        self.busy = busy or "wait for it to finish, or use another output directory"
         self._fd: int | None = None
 
     def try_take(self) -> FileLock | None:
@@ -65,7 +64,8 @@ class FileLock:
             holder = _describe_holder(os.pread(fd, 4096, 0))
             os.close(fd)
             raise DirectoryBusyError(
-                f"{self.path.parent} is in use by {holder}: {self.busy}"
+                f"{self.path.parent} is in use by {holder}: wait for it to finish, or use "
+                "another output directory"
             ) from None
         previous = os.pread(fd, 4096, 0)
         if previous.strip():

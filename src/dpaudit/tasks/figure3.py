@@ -183,9 +183,9 @@ def figure3(
         "n_references": int(n_references), "candidates": candidates, "estimator": estimator,
         "subsample": float(subsample), "standardise": bool(standardise), "sampling": sampling,
     }
-    print_ = {k_: v for k_, v in settings.to_dict().items() if k_ in SETTINGS_USED
-              and k_ not in ("device", "progress")}
-    fp = hashlib.sha256(json.dumps({"settings": print_, "config": config}, sort_keys=True,
+    used = {k_: v for k_, v in settings.to_dict().items() if k_ in SETTINGS_USED
+            and k_ not in ("device", "progress")}
+    fp = hashlib.sha256(json.dumps({"settings": used, "config": config}, sort_keys=True,
                                    default=str).encode()).hexdigest()[:16]
 
     def train_run(r: int) -> Path:
