@@ -91,7 +91,7 @@ def _fmt(x, digits=3) -> str:
 
 def table(rows: list[dict]) -> list[str]:
     """Markdown table: one line per (bug, severity)."""
-    from dpaudit.experiment.bugs import BUG_ZOO
+    from dpaudit.bugs import BUG_ZOO
 
     out = [
         "| class | bug | severity (bug_factor) | flagged | statements fired (seeds) | "
@@ -131,7 +131,7 @@ def main() -> None:
     p.add_argument("--json", default=None, help="write every audit's summary here")
     p.add_argument("extra", nargs="?", default="{}", help="run_audit groups as JSON")
     args = p.parse_args()
-    from dpaudit.experiment.bugs import BUG_ZOO
+    from dpaudit.bugs import BUG_ZOO
 
     names = {"all": list(BUG_ZOO), "none": []}.get(args.bugs, args.bugs.split(","))
     unknown = [n for n in names if n not in BUG_ZOO]

@@ -12,8 +12,8 @@ its outputs in a temporary directory) and prints one row per preset:
 * with ``--ratio``, for every audit preset, the audited / plain training ratio: in one more
   fresh process, after the preset's set-up (``prepare_run``), one training with the capture
   hook (``audit_run``, as the audit trains: white-box records for one-run audits, none for the
-  runs of a multi-run audit) and one plain Opacus training of the same data, model, DP
-  settings and seed (``experiment.training.train_plain``), alternated twice; the ratio of the
+  runs of a multi-run audit) and one plain Opacus training of the same data, model, DP settings
+  and seed (``experiment.trainings.training.train_plain``), alternated twice; the ratio of the
   medians, with both medians (per training of at most 100 steps: the hook's cost is per step,
   so longer presets are timed on their first 100). Planted bugs are not planted in the plain
   training.
@@ -89,9 +89,9 @@ import json, statistics, sys, warnings
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 warnings.simplefilter("ignore")
-from dpaudit.experiment.run import audit_run, prepare_run
+from dpaudit.experiment.trainings.run import audit_run, prepare_run
 from dpaudit.experiment.settings import AuditSettings
-from dpaudit.experiment.training import train_plain
+from dpaudit.experiment.trainings.training import train_plain
 import copy
 name, overrides, MAX_STEPS = sys.argv[1], json.loads(sys.argv[2]), 100
 with initialize_config_module(config_module="dpaudit.conf", version_base="1.3"):
@@ -101,7 +101,7 @@ groups = {k: task[k] for k in ("data", "model", "dp", "canary", "attack", "audit
                                "device", "progress") if k in task}
 settings = AuditSettings.from_mappings(**groups)
 from dataclasses import replace
-from dpaudit.experiment.training import poisson_sample_rate, total_steps
+from dpaudit.experiment.trainings.training import poisson_sample_rate, total_steps
 train, _, _ = settings.data.load(settings.seed)
 if total_steps(settings.dp, poisson_sample_rate(settings.dp, len(train))) > MAX_STEPS:
     # the hook's cost is per step: the ratio of the first MAX_STEPS steps is the ratio

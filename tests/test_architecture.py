@@ -1,7 +1,8 @@
 """The import direction of the design (docs/design.md section 2), read from the source.
 
-Every ``dpaudit`` module's imports (``ast``, module level and inside functions alike) give an
-edge between two top-level packages or modules of ``dpaudit``. An edge must run downhill:
+Every ``dpaudit`` module's imports (``ast``, module level and inside functions alike, and
+string constants that name a ``dpaudit`` module, as lazy-import tables do) give an edge
+between two top-level packages or modules of ``dpaudit``. An edge must run downhill:
 from a layer to a strictly lower one. Within a layer there are no edges, so there is no
 cycle between packages either. A new package must be given a layer here.
 """
@@ -13,21 +14,34 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "dpaudit"
 
-# Lowest first. Leaves import nothing from dpaudit; stats and covariance only leaves; the
-# lab, the attacks and the canaries use them; capture uses attacks and covariance; report
-# writes what they produce; experiment composes; tasks and the config schema sit on top of
-# it; cli only parses the config and calls a task.
+# Lowest first. Leaves import nothing from dpaudit; stats and covariance only leaves; the lab, the
+# attacks and the canaries use them; capture uses attacks and covariance; report writes what they
+# produce; forecast says what a threat model lets an audit certify before it trains; the bug zoo
+# patches Opacus' optimizer with capture's patching; experiment composes; tasks and the config
+# schema sit on top of it; cli only parses the config and calls a task.
 LAYERS = (
     ("_jsonable", "_validate", "seeds", "names", "papers", "gradients"),
     ("stats", "covariance"),
     ("accounting", "meanlab", "attacks", "canaries", "data", "models"),
     ("threat_model", "capture", "validity", "report"),
+    ("bugs", "forecast"),
     ("experiment",),
     ("conf", "tasks"),
     ("cli",),
     ("__main__",),
 )
 LEVEL = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+
+# Inside experiment/: the settings (the audit's schema) below its two wings, which never
+# import each other (trainings: set up, train and record runs, one or many; judging: evidence,
+# verdict and report from what the runs recorded); audit.py composes the two, collect.py
+# re-judges directories of runs on top of it; the package's __init__ only re-exports.
+EXPERIMENT_LAYERS = (("settings",), ("trainings", "judging"), ("audit",), ("collect",))
+EXPERIMENT_LEVEL = {name: i for i, layer in enumerate(EXPERIMENT_LAYERS) for name in layer}
+
+# names.REGISTRIES locates registries by module name in sys.modules (settings' checks read
+# registered names without importing torch): a lookup, not an import.
+READ_BY_NAME_ONLY = {"dpaudit.names"}
 
 
 def _module_name(path: Path) -> str:
@@ -51,7 +65,18 @@ def _imported(path: Path, module: str) -> set[str]:
                 stem = node.module or ""
             out.add(stem)
             out |= {f"{stem}.{a.name}" for a in node.names}
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and module not in READ_BY_NAME_ONLY and _names_a_module(node.value)):
+            out.add(node.value)  # "dpaudit.x.y" in a lazy-import table or import_module()
     return {m for m in out if m.split(".")[0] == "dpaudit"}
+
+
+def _names_a_module(text: str) -> bool:
+    """True when ``text`` is the dotted name of a module or package of the source tree."""
+    if not text.startswith("dpaudit.") or not text.replace(".", "").replace("_", "").isalnum():
+        return False
+    path = SRC.parent.joinpath(*text.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 def _top(module: str) -> str | None:
@@ -104,6 +129,37 @@ def test_the_graph_is_read_correctly():
     assert ("experiment", "seeds") in edges  # from dpaudit import seeds
     assert ("experiment", "canaries") in edges  # an import inside a function
     assert ("cli", "experiment") in edges
+    assert ("experiment", "bugs") in edges  # a string in experiment/__init__'s lazy table
+
+
+def _experiment_part(module: str) -> str | None:
+    """The part of experiment/ that ``dpaudit.experiment.<part>...`` belongs to."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "experiment" else None
+
+
+def test_every_part_of_experiment_has_a_layer():
+    parts = {_experiment_part(_module_name(p)) for p in (SRC / "experiment").rglob("*.py")}
+    assert sorted(parts - set(EXPERIMENT_LEVEL) - {None}) == []
+
+
+def test_the_two_wings_of_experiment_never_import_each_other():
+    """Inside experiment/, imports run downhill too (EXPERIMENT_LAYERS): the trainings wing
+    and the judging wing are each readable on its own; audit.py joins them."""
+    uphill = []
+    for path in sorted((SRC / "experiment").rglob("*.py")):
+        module = _module_name(path)
+        a = _experiment_part(module)
+        if a is None:  # experiment/__init__: re-exports only
+            continue
+        for target in _imported(path, module):
+            b = _experiment_part(target)
+            if b is not None and b != a and EXPERIMENT_LEVEL[b] >= EXPERIMENT_LEVEL[a]:
+                uphill.append(f"{module} -> {target}")
+    assert sorted(uphill) == []
+    graph = _module_graph()
+    assert "dpaudit.experiment.trainings.run" in graph["dpaudit.experiment.audit"]
+    assert "dpaudit.experiment.judging.evaluation" in graph["dpaudit.experiment.audit"]
 
 
 def test_dir_of_the_package_lists_every_public_package():
@@ -151,8 +207,9 @@ def _module_graph() -> dict[str, set[str]]:
 
 
 def test_no_module_imports_itself_through_a_circle():
-    """No import cycle between modules, inside a package either (experiment/run.py and
-    experiment/multirun.py imported each other for the membership bit of a run)."""
+    """No import cycle between modules, inside a package either (experiment's run.py and
+    multirun.py, now in experiment/trainings/, imported each other for a run's membership
+    bit)."""
     graph = _module_graph()
     state: dict[str, int] = {}
     circles = []

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dpaudit import seeds
-from dpaudit.experiment.canary_setup import draw_membership
+from dpaudit.experiment.trainings.canary_setup import draw_membership
 
 
 def test_stream_tags_are_the_historical_values():

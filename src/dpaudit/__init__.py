@@ -33,7 +33,7 @@ _LAZY = {
     "accountant_epsilon": "dpaudit.accounting",
     "run_audit": "dpaudit.experiment",
     "AuditSettings": "dpaudit.experiment",
-    "audit_report": "dpaudit.experiment.loop_report",
+    "audit_report": "dpaudit.experiment",
     "ThreatModel": "dpaudit.threat_model",
     "claim_test": "dpaudit.stats.claim",
 }
@@ -42,9 +42,9 @@ __all__ = ["__version__", *_LAZY]
 
 # Subpackages and modules (``import dpaudit.stats`` etc.); shown by ``dir(dpaudit)``.
 _SUBMODULES = (
-    "accounting", "attacks", "canaries", "capture", "cli", "conf", "covariance", "data",
-    "experiment", "gradients", "meanlab", "models", "names", "papers", "report", "seeds", "stats",
-    "tasks", "threat_model", "validity",
+    "accounting", "attacks", "bugs", "canaries", "capture", "cli", "conf", "covariance", "data",
+    "experiment", "forecast", "gradients", "meanlab", "models", "names", "papers", "report",
+    "seeds", "stats", "tasks", "threat_model", "validity",
 )
 
 

@@ -28,8 +28,8 @@ REGISTRIES = {
     "DATASETS": ("dpaudit.data", "DATASETS"),
     "MODELS": ("dpaudit.models", "MODELS"),
     "INPUT_SOURCES": ("dpaudit.canaries.sources", "INPUT_SOURCES"),
-    "ATTACKS": ("dpaudit.experiment.scores", "SCORES"),
+    "ATTACKS": ("dpaudit.experiment.trainings.scores", "SCORES"),
     "METHODS": ("dpaudit.stats", "METHODS"),
-    "BUGS": ("dpaudit.experiment.bugs", "BUGS"),
+    "BUGS": ("dpaudit.bugs", "BUGS"),
     "ESTIMATORS": ("dpaudit.covariance.estimators", "ESTIMATORS"),
 }

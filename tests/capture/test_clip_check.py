@@ -9,9 +9,9 @@ import torch
 from capture_support import digits_flat, flat_params, private_run
 from torch import nn
 
+from dpaudit.bugs import plant_bug
 from dpaudit.capture import AuditHook, InputCanaries
 from dpaudit.capture.clip_check import TOLERANCE, ClippingCheck
-from dpaudit.experiment.bugs import plant_bug
 
 DATA, _ = digits_flat(pad=8, n_train=400)
 NF = 72

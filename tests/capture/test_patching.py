@@ -8,9 +8,9 @@ from opacus import PrivacyEngine
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from dpaudit.bugs import plant_bug
 from dpaudit.capture import AuditHook, GradientCanaries
 from dpaudit.capture.patching import InstancePatch
-from dpaudit.experiment.bugs import plant_bug
 
 
 def dp_optimizer():

@@ -7,9 +7,9 @@ import pytest
 
 from dpaudit.experiment import AuditSettings, audit_run, run_audit
 from dpaudit.experiment import settings as settings_module
-from dpaudit.experiment.run import RunRecord, prepare_run
-from dpaudit.experiment.threat import threat_model_for
-from dpaudit.experiment.training import poisson_sample_rate
+from dpaudit.experiment.trainings.run import RunRecord, prepare_run
+from dpaudit.experiment.trainings.threat import threat_model_for
+from dpaudit.experiment.trainings.training import poisson_sample_rate
 
 TINY = {
     "data": {"name": "digits"},
@@ -226,7 +226,7 @@ def test_attack_ridge_adds_to_the_noise_ridge_and_dense_beyond_its_size_is_named
 def test_allowed_names_come_from_the_registries():
     from dpaudit.canaries import INPUT_SOURCES
     from dpaudit.data import DATASETS
-    from dpaudit.experiment.scores import SCORES
+    from dpaudit.experiment.trainings.scores import SCORES
 
     assert settings_module.ATTACKS == tuple(SCORES)
     assert settings_module.INPUT_SOURCES == tuple(INPUT_SOURCES)

@@ -24,12 +24,12 @@ from hydra import compose, initialize_config_module
 from hydra.errors import InstantiationException
 from hydra.utils import call
 
-import dpaudit.experiment.run as run_module
+import dpaudit.experiment.trainings.run as run_module
 from dpaudit.canaries import INPUT_SOURCES
 from dpaudit.conf import option_text, preset_names
 from dpaudit.data import MissingExtraError
 from dpaudit.experiment import run_audit
-from dpaudit.experiment.outputs import console_table
+from dpaudit.experiment.judging.outputs import console_table
 from dpaudit.experiment.settings import (
     CANARY_SELECTIONS,
     DIRECTIONS,

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from dpaudit.experiment import audit_report
-from dpaudit.experiment.evaluation import bound_rows, evaluate_audit
+from dpaudit.experiment.audit import evaluate_audit
+from dpaudit.experiment.judging.evaluation import bound_rows
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.threat_model import ThreatModel
 
@@ -63,7 +64,7 @@ def test_effective_noise_search_builds_few_claimed_curves(monkeypatch):
     # sigma tried, about 1 s each at q = 1/2): the claim and a 1% bracket of sigma_upper
     # need at most 12 of them (counted, not timed)
     import dpaudit.threat_model as tm
-    from dpaudit.experiment.evaluation import claim_evidence
+    from dpaudit.experiment.judging.evaluation import claim_evidence
 
     built = []
     original = tm._subsampled_profile.__wrapped__

@@ -18,7 +18,7 @@ import pytest
 
 from dpaudit.experiment import AuditSettings, aggregate, run_audit
 from dpaudit.experiment.collect import collect_sweep
-from dpaudit.experiment.multirun import (
+from dpaudit.experiment.trainings.multirun import (
     DirectoryBusyError,
     DirectoryLock,
     checksum,
@@ -29,8 +29,8 @@ from dpaudit.experiment.multirun import (
     run_path,
     save_settings,
 )
-from dpaudit.experiment.run import RunRecord
-from dpaudit.experiment.threat import threat_model_for
+from dpaudit.experiment.trainings.run import RunRecord
+from dpaudit.experiment.trainings.threat import threat_model_for
 from dpaudit.tasks.aggregate import main as aggregate_main
 
 MULTI = {
@@ -189,7 +189,7 @@ def test_damaged_run_files_are_named_set_aside_and_redone(finished, tmp_path, ca
     damaged = {n: (out / "runs" / n).read_bytes() for n in reasons}
     partial = out / "runs" / ".run_00005.json.x1y2.tmp"  # a writer killed mid-write
     partial.write_text('{"scores": ')
-    with caplog.at_level(logging.WARNING, logger="dpaudit.experiment.multirun"):
+    with caplog.at_level(logging.WARNING, logger="dpaudit"):
         again = run_audit(output_dir=out, **MULTI)
     lines = [r.getMessage() for r in caplog.records if "moved to" in r.getMessage()]
     assert len(lines) == 5 and all("\n" not in line for line in lines)
@@ -298,7 +298,7 @@ def test_lock_keeps_a_second_process_out_and_a_dead_holder_is_taken_over(
         holder.send_signal(signal.SIGKILL)  # dies holding it: the lock file still names it
         holder.wait()
     assert f'"pid": {holder.pid}' in (out / ".dpaudit.lock").read_text()
-    with caplog.at_level(logging.WARNING, logger="dpaudit.experiment.multirun"):
+    with caplog.at_level(logging.WARNING, logger="dpaudit"):
         aggregate_main([str(out)])  # free again: the dead holder's lock is taken over
     assert any(
         f"lock left by audit pid {holder.pid}" in r.getMessage() and "taken over" in r.getMessage()
@@ -338,7 +338,7 @@ def test_two_cli_processes_share_one_directory(tmp_path):
 DIES_HOLDING_A_CLAIM = """
 import os, signal, sys, time
 from pathlib import Path
-import dpaudit.experiment.multirun as multirun
+import dpaudit.experiment.trainings.multirun as multirun
 from dpaudit.cli import main
 def run_one(settings, out, r, prepared=None):
     Path(out, "claimed_by_the_doomed").write_text(str(r))
@@ -391,7 +391,7 @@ def test_status_reports_progress_without_evaluating(tmp_path, capsys):
 # file is on disk (an event, not a race against the clock on a loaded machine).
 KILLED_AFTER_TWO_RUNS = """
 import os, signal, sys
-import dpaudit.experiment.multirun as multirun
+import dpaudit.experiment.trainings.multirun as multirun
 from dpaudit.cli import main
 real_run_one = multirun.run_one
 def run_one(*args, **kwargs):

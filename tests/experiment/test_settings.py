@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from dpaudit.experiment.canary_setup import draw_membership
-from dpaudit.experiment.run import (
+from dpaudit.experiment.settings import AuditSettings, describe_settings
+from dpaudit.experiment.trainings.canary_setup import draw_membership
+from dpaudit.experiment.trainings.run import (
     expected_certified_bound,
     ideal_scores,
     membership_counts,
     resolve_device,
     warn_if_bounds_vanish,
 )
-from dpaudit.experiment.settings import AuditSettings, describe_settings
-from dpaudit.experiment.threat import threat_model_for
+from dpaudit.experiment.trainings.threat import threat_model_for
 from dpaudit.threat_model import ThreatModel
 
 

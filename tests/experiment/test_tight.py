@@ -109,7 +109,7 @@ def test_one_run_live_preset_reduced():
     independent, so Clopper-Pearson and the claim test are estimates), never above the exact
     epsilon; fdp_one_run_certified above Steinke et al.'s one_run, and the one-run claim test
     keeps the true claim."""
-    from dpaudit.experiment.threat import INDEPENDENCE
+    from dpaudit.experiment.judging.evaluation import INDEPENDENCE
 
     eps, steps = 8.0, 25
     sigma = np.sqrt(steps) / gdp_mu(eps, 1e-5)

@@ -1,4 +1,4 @@
-"""experiment/training.py: the plain (un-audited) DP-SGD training that the performance
+"""experiment/trainings/training.py: the plain (un-audited) DP-SGD training that the performance
 table's audited / plain ratio uses as its baseline."""
 
 import pytest
@@ -7,7 +7,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from dpaudit.experiment.settings import DPSettings
-from dpaudit.experiment.training import poisson_sample_rate, total_steps, train_plain
+from dpaudit.experiment.trainings.training import poisson_sample_rate, total_steps, train_plain
 
 
 @pytest.mark.parametrize("physical", [None, 4])

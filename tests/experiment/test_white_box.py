@@ -5,9 +5,9 @@ correct optimizer not flagged, and the deterministic bookkeeping check by hand."
 import numpy as np
 import pytest
 
+from dpaudit.bugs import BUG_ZOO
 from dpaudit.experiment import run_audit
-from dpaudit.experiment.bugs import BUG_ZOO
-from dpaudit.experiment.white_box import (
+from dpaudit.experiment.judging.white_box import (
     bookkeeping_check,
     count_tests,
     describe,

@@ -180,8 +180,8 @@ def test_report_files_describe_themselves_and_belong_together(tmp_path):
     import os
     import stat
 
-    from dpaudit.experiment.evaluation import split_scores
-    from dpaudit.experiment.outputs import write_audit_report
+    from dpaudit.experiment.judging.evaluation import split_scores
+    from dpaudit.experiment.judging.outputs import write_audit_report
 
     result = _bug_audit(tmp_path)
     assert result["verdict"]["status"] == "privacy_bug"

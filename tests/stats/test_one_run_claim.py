@@ -9,7 +9,7 @@ import pytest
 from scipy.special import ndtr, ndtri
 
 from dpaudit.accounting import roc_inverse_from_profile, tradeoff_from_profile
-from dpaudit.experiment.evaluation import evaluate_scores, per_test_confidence
+from dpaudit.experiment.judging.evaluation import evaluate_scores, per_test_confidence
 from dpaudit.stats import epsilon_lower_bound, gdp_epsilon
 from dpaudit.stats.fdp_one_run import _refutes, gdp_roc_inverse, guess_table, refutes_gdp
 from dpaudit.stats.one_run_claim import (

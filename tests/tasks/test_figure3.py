@@ -19,7 +19,7 @@ from torch.utils.data import TensorDataset
 from dpaudit.attacks import ScalarProduct
 from dpaudit.capture import InputCanaries
 from dpaudit.experiment.settings import DPSettings
-from dpaudit.experiment.training import train_audited
+from dpaudit.experiment.trainings.training import train_audited
 from dpaudit.gradients import resolve_parameter_names
 from dpaudit.models import build_model
 from dpaudit.tasks.figure3 import figure3

@@ -1,4 +1,5 @@
-"""The audit, end to end: one-run and multi-run audits, evaluation and reports (DESIGN 3).
+"""The audit, end to end: the trainings wing (``trainings``: one-run and multi-run audits)
+and the judging wing (``judging``: evaluation, verdict, reports), joined by ``audit`` (DESIGN 3).
 
 ``run_audit(output_dir=..., data={...}, model={...}, dp={...}, canary={...}, attack={...},
 audit={...})`` is the Python entry point; the ``dpaudit`` CLI calls the same function.
@@ -12,13 +13,13 @@ import importlib
 _LAZY = {
     "evaluate": "dpaudit.experiment.audit",
     "run_audit": "dpaudit.experiment.audit",
-    "BUGS": "dpaudit.experiment.bugs",
-    "plant_bug": "dpaudit.experiment.bugs",
-    "audit_report": "dpaudit.experiment.loop_report",
-    "aggregate": "dpaudit.experiment.multirun",
-    "run_multi": "dpaudit.experiment.multirun",
-    "RunRecord": "dpaudit.experiment.run",
-    "audit_run": "dpaudit.experiment.run",
+    "BUGS": "dpaudit.bugs",
+    "plant_bug": "dpaudit.bugs",
+    "audit_report": "dpaudit.experiment.judging.loop_report",
+    "aggregate": "dpaudit.experiment.trainings.multirun",
+    "run_multi": "dpaudit.experiment.trainings.multirun",
+    "RunRecord": "dpaudit.experiment.trainings.run",
+    "audit_run": "dpaudit.experiment.trainings.run",
     "AuditSettings": "dpaudit.experiment.settings",
 }
 

@@ -12,14 +12,17 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from dpaudit.experiment.evaluation import evaluate_audit
-from dpaudit.experiment.multirun import WorkerDone, run_multi
-from dpaudit.experiment.outputs import audit_mode, write_report
-from dpaudit.experiment.run import RunRecord, audit_run
-from dpaudit.experiment.settings import AuditSettings
-from dpaudit.experiment.threat import threat_model_for
+import numpy as np
 
-__all__ = ["evaluate", "run_audit"]
+from dpaudit.experiment.judging.evaluation import evaluate_scores, split_scores
+from dpaudit.experiment.judging.outputs import audit_mode, write_audit_report
+from dpaudit.experiment.settings import AuditSettings
+from dpaudit.experiment.trainings.multirun import WorkerDone, run_multi
+from dpaudit.experiment.trainings.run import RunRecord, audit_run, resolve_device
+from dpaudit.experiment.trainings.threat import independent_canaries, threat_model_for
+from dpaudit.threat_model import ThreatModel
+
+__all__ = ["evaluate", "evaluate_audit", "run_audit", "write_report"]
 
 
 def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None) -> dict:
@@ -124,3 +127,46 @@ def audit_timing(run: RunRecord, run_seconds: float, evaluation_seconds: float) 
         "setup_seconds": None if train is None else max(run_seconds - train, 0.0),
         "evaluation_seconds": evaluation_seconds,
     }
+
+
+def evaluate_audit(
+    settings,
+    scores: dict,
+    membership,
+    threat: ThreatModel,
+    *,
+    canary_info: dict | None = None,
+    engine_accountants: dict | None = None,
+    white_box: dict | None = None,
+    per_step: dict | None = None,
+) -> dict:
+    """``evaluate_scores`` for an audit described by ``AuditSettings`` (methods, confidence,
+    independence of its canaries from the design and ``canary_info``; ``white_box``: the
+    run's per-step records)."""
+    split = split_scores({k: np.asarray(v) for k, v in scores.items()}, membership)
+    steps_split = None if per_step is None else split_scores(per_step, membership)
+    return evaluate_scores(
+        split,
+        threat,
+        methods=settings.audit.methods,
+        confidence=settings.audit.confidence,
+        independent=independent_canaries(settings, canary_info),
+        training_accountants=engine_accountants,
+        inclusion=settings.audit.inclusion,
+        white_box=white_box,
+        per_step=steps_split,
+    )
+
+
+def write_report(result: dict, run, out: Path, settings) -> None:
+    """``write_audit_report`` for an audit's ``RunRecord`` and its ``AuditSettings``."""
+    split = split_scores({k: np.asarray(v) for k, v in run.scores.items()}, run.membership)
+    write_audit_report(
+        result,
+        split,
+        out,
+        candidate_scores=run.candidate_scores,
+        chosen=run.chosen,
+        selection=settings.canary.selection,
+        device=str(resolve_device(settings)),
+    )

@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dpaudit.experiment.audit import evaluate
-from dpaudit.experiment.multirun import (
+from dpaudit.experiment.audit import evaluate, write_report
+from dpaudit.experiment.trainings.multirun import (
     RUNS_DIR,
     DirectoryLock,
     aggregate,
     load_settings,
 )
-from dpaudit.experiment.outputs import write_report
 from dpaudit.report import format_table, write_json
 from dpaudit.report.provenance import SCHEMA_VERSION, provenance
 

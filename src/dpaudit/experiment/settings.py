@@ -188,7 +188,7 @@ class DPSettings:
         _choice("dp", "bug", self.bug, _registry_names("BUGS"))
         if self.bug_factor is not None and not _number(self.bug_factor):
             _fail("dp", "bug_factor", "null or a finite number", self.bug_factor)
-        from dpaudit.experiment.bugs import check_bug
+        from dpaudit.bugs import check_bug
 
         check_bug(self.bug, self.bug_factor)
 

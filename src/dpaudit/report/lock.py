@@ -21,7 +21,7 @@ from pathlib import Path
 
 LOCK_FILE = ".dpaudit.lock"
 
-log = logging.getLogger("dpaudit.experiment.multirun")
+log = logging.getLogger(__name__)
 
 
 class DirectoryBusyError(RuntimeError):

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from dpaudit.experiment.collect import collect_sweep, reaggregate
-from dpaudit.experiment.multirun import (
+from dpaudit.experiment.trainings.multirun import (
     RUNS_DIR,
     SETTINGS_FILE,
     DirectoryBusyError,

@@ -34,8 +34,9 @@ from dpaudit.attacks import CovarianceScore, ScalarProduct
 from dpaudit.canaries import predicted_leakage, rank_candidates, select_canaries
 from dpaudit.capture import InputCanaries
 from dpaudit.covariance import noise_aware
-from dpaudit.experiment.canary_setup import LOSS
-from dpaudit.experiment.engine import (
+from dpaudit.experiment.settings import AuditSettings
+from dpaudit.experiment.trainings.canary_setup import LOSS
+from dpaudit.experiment.trainings.engine import (
     RUNS_DIR,
     ManyTrainings,
     WorkerDone,
@@ -43,10 +44,9 @@ from dpaudit.experiment.engine import (
     run_path,
     visit_order,
 )
-from dpaudit.experiment.multirun import checksum, quarantine
-from dpaudit.experiment.run import resolve_device
-from dpaudit.experiment.settings import AuditSettings
-from dpaudit.experiment.training import SAMPLINGS, poisson_sample_rate, train_audited
+from dpaudit.experiment.trainings.multirun import checksum, quarantine
+from dpaudit.experiment.trainings.run import resolve_device
+from dpaudit.experiment.trainings.training import SAMPLINGS, poisson_sample_rate, train_audited
 from dpaudit.gradients import per_sample_clipped_grads, resolve_parameter_names
 from dpaudit.models import build_model
 from dpaudit.papers import PAPERS
@@ -91,9 +91,9 @@ def figure3(
 ) -> dict:
     """Run the experiment; returns (and, with ``output_dir``, writes) every number as a dict.
 
-    The runs go through the many-trainings engine (``experiment.engine``): each is a file under
-    ``output_dir/runs/`` (checksummed, with the experiment's fingerprint), a rerun resumes,
-    and several workers may share ``output_dir`` (``worker`` of ``workers`` only says where
+    The runs go through the many-trainings engine (``experiment.trainings.engine``): each is
+    a file under ``output_dir/runs/`` (checksummed, with the experiment's fingerprint), a rerun
+    resumes, and several workers may share ``output_dir`` (``worker`` of ``workers`` only says where
     each starts; a sweep over ``task.worker`` spreads the runs over a launcher's jobs). A
     worker that leaves the evaluation to another returns a short summary instead. Without
     ``output_dir`` the runs go to a temporary directory.

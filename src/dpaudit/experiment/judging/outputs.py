@@ -13,8 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpaudit.experiment.evaluation import split_scores
-from dpaudit.experiment.run import ceiling_sentence, resolve_device
+from dpaudit.forecast import ceiling_sentence
 from dpaudit.report import (
     format_table,
     plot_roc,
@@ -378,16 +377,3 @@ def write_audit_report(
         print(f"results: {path}")
     return path
 
-
-def write_report(result: dict, run, out: Path, settings) -> None:
-    """``write_audit_report`` for an audit's ``RunRecord`` and its ``AuditSettings``."""
-    split = split_scores({k: np.asarray(v) for k, v in run.scores.items()}, run.membership)
-    write_audit_report(
-        result,
-        split,
-        out,
-        candidate_scores=run.candidate_scores,
-        chosen=run.chosen,
-        selection=settings.canary.selection,
-        device=str(resolve_device(settings)),
-    )

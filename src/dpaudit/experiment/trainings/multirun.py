@@ -32,7 +32,8 @@ import numpy as np
 
 from dpaudit import seeds
 from dpaudit._jsonable import to_jsonable
-from dpaudit.experiment.engine import (
+from dpaudit.experiment.settings import AuditSettings
+from dpaudit.experiment.trainings.engine import (
     RUNS_DIR,
     ManyTrainings,
     WorkerDone,
@@ -42,7 +43,7 @@ from dpaudit.experiment.engine import (
     run_path,
     visit_order,
 )
-from dpaudit.experiment.run import (
+from dpaudit.experiment.trainings.run import (
     PreparedRun,
     RunRecord,
     audit_run,
@@ -50,8 +51,7 @@ from dpaudit.experiment.run import (
     prepare_run,
     resolve_device,
 )
-from dpaudit.experiment.settings import AuditSettings
-from dpaudit.experiment.threat import threat_model_for
+from dpaudit.experiment.trainings.threat import threat_model_for
 from dpaudit.report import write_json
 from dpaudit.report.lock import LOCK_FILE, DirectoryBusyError, DirectoryLock
 from dpaudit.report.provenance import SCHEMA_VERSION, provenance

@@ -16,7 +16,8 @@ the same per-test confidence so they can be compared.
 
 The threshold-based certified methods and the claim test need each canary's (score,
 membership) to be an independent draw of the one-canary experiment; when the audit's design
-does not give that (``experiment.threat.independent_canaries``), their numbers are reported
+does not give that (``independent``, from the trainings wing's
+``threat.independent_canaries``), their numbers are reported
 as estimates under that assumption. What certifies then covers canaries trained together: the
 one-run claim test (``one_run_claim_evidence``: the claimed curve, mu_lower and sigma_upper
 from the guess-count recursion of Mahloujifar et al., ``stats.one_run_claim``; one more
@@ -34,8 +35,7 @@ import warnings
 
 import numpy as np
 
-from dpaudit.experiment.threat import INDEPENDENCE, independent_canaries
-from dpaudit.experiment.white_box import (
+from dpaudit.experiment.judging.white_box import (
     count_tests,
     describe,
     fired,
@@ -56,6 +56,10 @@ from dpaudit.stats.roc import SUMMARY_FPRS, roc_summary
 from dpaudit.threat_model import ThreatModel
 
 DEFAULT_METHODS = ("clopper_pearson", "one_run", "fdp_one_run_certified", "gdp", "gaussian")
+INDEPENDENCE = (
+    "canaries' scores independent of each other (one training run whose canaries can "
+    "influence each other's scores; only the one_run method covers that dependence)"
+)
 STATUSES = ("privacy_bug", "estimate_above_claim", "consistent")
 
 
@@ -351,7 +355,7 @@ def evaluate_scores(
         inclusion: the probability with which each canary was made a member (the one-run
             methods' design; see ``bound_rows``).
         white_box: the run's per-step records (``TrainingOutcome.white_box``) for the
-            white-box checks (``experiment.white_box``); None: not run, and said so.
+            white-box checks (``experiment.judging.white_box``); None: not run, and said so.
         per_step: attack name -> (members' (K_in, T), non-members' (K_out, T)) per-step
             scores, for the per-step histogram PLD estimate (``pld_rows``).
     """
@@ -412,7 +416,7 @@ def verdict(
 ) -> dict:
     """Three states (module doc), naming the threat model and the accountant compared with.
 
-    ``white_box``: the white-box checks (``experiment.white_box``); any that rejects is
+    ``white_box``: the white-box checks (``experiment.judging.white_box``); any that rejects is
     certified evidence and makes the verdict a privacy bug, named in the message.
     ``one_run_claims``: attack -> ``one_run_claim_evidence`` (canaries trained together),
     named "<attack> (one-run)" in the verdict. sigma_upper is the smallest certified one when
@@ -514,31 +518,3 @@ def verdict(
         "training_data_note": (training or {}).get("note", ""),
     }
 
-
-def evaluate_audit(
-    settings,
-    scores: dict,
-    membership,
-    threat: ThreatModel,
-    *,
-    canary_info: dict | None = None,
-    engine_accountants: dict | None = None,
-    white_box: dict | None = None,
-    per_step: dict | None = None,
-) -> dict:
-    """``evaluate_scores`` for an audit described by ``AuditSettings`` (methods, confidence,
-    independence of its canaries from the design and ``canary_info``; ``white_box``: the
-    run's per-step records)."""
-    split = split_scores({k: np.asarray(v) for k, v in scores.items()}, membership)
-    steps_split = None if per_step is None else split_scores(per_step, membership)
-    return evaluate_scores(
-        split,
-        threat,
-        methods=settings.audit.methods,
-        confidence=settings.audit.confidence,
-        independent=independent_canaries(settings, canary_info),
-        training_accountants=engine_accountants,
-        inclusion=settings.audit.inclusion,
-        white_box=white_box,
-        per_step=steps_split,
-    )

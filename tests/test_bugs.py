@@ -6,8 +6,8 @@ from opacus import PrivacyEngine
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from dpaudit.bugs import BUG_ZOO, check_bug
 from dpaudit.experiment import plant_bug
-from dpaudit.experiment.bugs import BUG_ZOO, check_bug
 from dpaudit.gradients import per_sample_clipped_grads
 
 

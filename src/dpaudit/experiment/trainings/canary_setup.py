@@ -36,7 +36,7 @@ from dpaudit.capture import GradientCanaries, InputCanaries
 from dpaudit.capture.gradient_canaries import NORM_SLACK
 from dpaudit.covariance import PrecisionOperator
 from dpaudit.experiment.settings import STRATA, AuditSettings
-from dpaudit.experiment.threat import canary_sample_rate
+from dpaudit.experiment.trainings.threat import canary_sample_rate
 from dpaudit.gradients import per_sample_clipped_grads, resolve_parameter_names
 
 LOSS = nn.functional.cross_entropy

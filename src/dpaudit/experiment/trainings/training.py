@@ -25,8 +25,8 @@ from tqdm.auto import tqdm
 
 from dpaudit.accounting import AccountantEpsilon, engine_epsilons
 from dpaudit.attacks import StepScore
+from dpaudit.bugs import plant_bug
 from dpaudit.capture import AuditHook
-from dpaudit.experiment.bugs import plant_bug
 from dpaudit.experiment.settings import DPSettings
 
 SAMPLINGS = ("poisson", "shuffle")
@@ -43,7 +43,7 @@ class TrainingOutcome:
     accountants: dict[str, AccountantEpsilon]
     test_accuracy: float
     seconds: float
-    white_box: dict | None = None  # per-step records for ``experiment.white_box``
+    white_box: dict | None = None  # per-step records for ``experiment.judging.white_box``
     per_step: dict[str, np.ndarray] | None = None  # score name -> (K, T) per-step values
 
 
@@ -177,7 +177,7 @@ def train_audited(
 
     ``canaries`` / ``scores`` / ``params`` / ``reference`` / ``coordinates`` (a coordinate
     view) go to ``AuditHook``, with ``noise_probes`` (coordinates no example touches) and
-    ``check_clipping`` for the white-box checks (``experiment.white_box``, whose records the
+    ``check_clipping`` for the white-box checks (``experiment.judging.white_box``, whose records the
     outcome carries); ``white_box=False`` (a multi-run audit's runs, whose evidence is the
     scores across runs) skips them: no probes, no clipping check, no per-step values. The model
     is trained in place on its own device for ``total_steps(dp, sample_rate)`` steps.
@@ -251,7 +251,7 @@ def train_audited(
 
 
 def white_box_records(hook: AuditHook, engine, n: int, sample_rate: float, shuffled: bool) -> dict:
-    """The per-step records the white-box checks read (``experiment.white_box``)."""
+    """The per-step records the white-box checks read (``experiment.judging.white_box``)."""
     return {
         "released_sq": hook.released_squared_norms(),
         "dims": hook.tensor_dims,

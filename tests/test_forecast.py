@@ -1,8 +1,8 @@
-"""experiment/run.py: what an audit can certify at all with its counts (said in the report)."""
+"""dpaudit/forecast.py: what an audit can certify at all with its counts (said in the report)."""
 
 import pytest
 
-from dpaudit.experiment.run import (
+from dpaudit.forecast import (
     ceiling_sentence,
     certifiable_ceiling,
     expected_certified_bound,

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dpaudit.experiment.evaluation import DEFAULT_METHODS, evaluate_scores, split_scores
-from dpaudit.experiment.outputs import audit_mode, write_audit_report
-from dpaudit.experiment.run import certifiable_ceiling
+from dpaudit.experiment.judging.evaluation import DEFAULT_METHODS, evaluate_scores, split_scores
+from dpaudit.experiment.judging.outputs import audit_mode, write_audit_report
+from dpaudit.forecast import certifiable_ceiling
 from dpaudit.stats.inclusion import check_inclusion
 from dpaudit.threat_model import ThreatModel
 

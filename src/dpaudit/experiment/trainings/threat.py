@@ -11,11 +11,6 @@ from __future__ import annotations
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.threat_model import ThreatModel
 
-INDEPENDENCE = (
-    "canaries' scores independent of each other (one training run whose canaries can "
-    "influence each other's scores; only the one_run method covers that dependence)"
-)
-
 
 def canary_sample_rate(settings: AuditSettings, sample_rate: float) -> float:
     """Per-step probability that a member canary enters the noisy sum."""

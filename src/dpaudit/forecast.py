@@ -1,0 +1,122 @@
+"""What an audit can certify, said before it trains (DESIGN 4.5: what the audit can see).
+
+From the threat model and the canary counts alone: the scores of the most powerful attack on
+a correct run (``ideal_scores``), the certified bound such scores give
+(``expected_certified_bound``), and the largest epsilon any threshold attack can certify
+with these counts (``certifiable_ceiling``, in words: ``ceiling_sentence``). The trainings
+wing warns with it before training; the judging wing prints it in the report.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dpaudit import seeds
+from dpaudit.threat_model import ThreatModel
+
+
+def ideal_scores(
+    threat: ThreatModel, n_in: int, n_out: int, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Member / non-member scores of the most powerful attack on one gradient canary of a
+    correct run, drawn from the claimed mechanism itself (seeded, ``seeds.POWER_SIMULATION``).
+
+    Every step (q = 1): N(mu, 1) vs N(0, 1) with mu = sqrt(T) c / (sigma C). Poisson canaries
+    (q < 1): the summed per-step log-likelihood ratio log(1 - q + q exp(m y - m^2 / 2)), y the
+    released coordinate over sigma C, m = c / (sigma C), the Neyman-Pearson test of the
+    subsampled Gaussian. No real attack does better, so a bound that is 0 here is 0 for the
+    audit."""
+    rng = seeds.stream(seed, seeds.POWER_SIMULATION)
+    c = threat.canary_norm or threat.max_grad_norm
+    m = c / (threat.noise_multiplier * threat.max_grad_norm)
+    q, steps = threat.sample_rate, threat.steps
+    if q >= 1.0:
+        mu = m * np.sqrt(steps)
+        return rng.standard_normal(n_in) + mu, rng.standard_normal(n_out)
+
+    def draw(n: int, member: bool) -> np.ndarray:
+        out, rows = np.empty(n), max(1, 2_000_000 // steps)  # bounded memory per chunk
+        for i in range(0, n, rows):
+            y = rng.standard_normal((min(rows, n - i), steps))
+            if member:
+                y += m * (rng.random(y.shape) < q)
+            out[i : i + len(y)] = np.log1p(q * np.expm1(m * y - m * m / 2)).sum(axis=1)
+        return out
+
+    return draw(n_in, True), draw(n_out, False)
+
+
+def expected_certified_bound(
+    n_in: int, n_out: int, mu: float | None, confidence: float, delta: float, seed: int = 0,
+    scores: tuple[np.ndarray, np.ndarray] | None = None,
+) -> float:
+    """The Clopper-Pearson epsilon bound of n_in member / n_out non-member scores drawn as
+    N(mu, 1) / N(0, 1) (mu None: perfectly separated scores, the most any certified rate
+    bound can give with these counts), or of the given ``scores``. Used to say before
+    training what an audit can show."""
+    from dpaudit.stats import epsilon_lower_bound
+
+    if scores is not None:
+        s_in, s_out = scores
+    elif mu is None:
+        s_in, s_out = np.ones(n_in), np.zeros(n_out)
+    else:
+        rng = seeds.stream(seed, seeds.POWER_SIMULATION)
+        s_in, s_out = rng.standard_normal(n_in) + mu, rng.standard_normal(n_out)
+    res = epsilon_lower_bound(
+        s_in, s_out, delta=delta, confidence=confidence, method="clopper_pearson"
+    )
+    return float(res.epsilon)
+
+
+_CHECK_UP_TO = 200_000  # canaries per side up to which certifiable_ceiling checks its answer
+
+
+def certifiable_ceiling(
+    n_in: int, n_out: int, claimed: float, confidence: float, delta: float
+) -> dict:
+    """The largest epsilon a threshold attack can certify with these counts (perfectly
+    separated scores, ``expected_certified_bound``) and, when that is below ``claimed``, about
+    how many canaries per side it would take to certify the claim (the ceiling grows like
+    log n: n x e^(claimed - ceiling), checked once up to 200,000 per side); ``needed`` is None
+    when it is beyond 10^9 per side (out of reach: the claim test's sigma_upper is the
+    statement to read)."""
+    ceiling = expected_certified_bound(n_in, n_out, None, confidence, delta)
+    out = {"epsilon": ceiling, "claimed": float(claimed), "n_in": n_in, "n_out": n_out,
+           "needed_per_side": 0}
+    if not ceiling < claimed:
+        return out
+    n = max(n_in, n_out, 1)
+    guess = n * math.exp(min(claimed - ceiling, 50.0))
+    needed = None
+    if guess <= 1e9:
+        needed = math.ceil(guess)
+        # checked by the bound itself while that is cheap (it sorts 2 x needed scores)
+        if needed <= _CHECK_UP_TO and expected_certified_bound(
+            needed, needed, None, confidence, delta
+        ) < claimed:
+            needed = math.ceil(needed * math.e ** 0.5)  # the log n law is approximate
+    out["needed_per_side"] = needed
+    return out
+
+
+def ceiling_sentence(ceiling: dict) -> str:
+    """``certifiable_ceiling`` in words, for the report (empty when it is not below the claim)."""
+    if not ceiling or ceiling.get("needed_per_side") == 0:
+        return ""
+    head = (
+        f"with {ceiling['n_in']} member and {ceiling['n_out']} non-member scores, the largest "
+        f"epsilon a threshold attack can certify here is about {ceiling['epsilon']:.3g} "
+        "(perfectly separated scores)"
+    )
+    need = ceiling.get("needed_per_side")
+    if need is None:
+        return (f"{head}: the claimed {ceiling['claimed']:.4g} is out of reach of any "
+                "certified epsilon bound; the claim test (mu_lower, sigma_upper) is the "
+                "statement to read")
+    return (f"{head}; certifying the claimed {ceiling['claimed']:.4g} would take about "
+            f"{need:,} canaries on each side")
+
+
