@@ -76,3 +76,22 @@ def test_links_point_into_the_repository():
     for t in re.findall(r"``([\w./-]+\.(?:md|ipynb|py|txt))``", dpaudit.__doc__):
         assert (root / t).exists(), f"dpaudit's docstring names {t}, not in the repository"
     assert "DESIGN.md" not in text and "DESIGN.md" not in dpaudit.__doc__
+
+
+def test_extending_snippet_runs(monkeypatch):
+    from dpaudit.experiment.trainings.scores import SCORES
+    from dpaudit.models import MODELS
+    from dpaudit.stats.bounds import METHOD_REGISTRY
+
+    ns = {"__name__": "__snippet__"}
+    try:
+        for block in python_blocks("## Extending dpaudit"):
+            exec(compile(block, str(README), "exec"), ns)
+    finally:  # the registries are process-wide: leave them as they were
+        for registry, name in ((MODELS, "wide_logreg"), (SCORES, "cosine"),
+                               (METHOD_REGISTRY, "my_cp")):
+            registry.pop(name, None)
+    rows = {(b["attack"], b["method"]): b for b in ns["result"]["bounds"]}
+    assert rows[("cosine", "my_cp")]["kind"] == "estimate"
+    assert rows[("cosine", "my_cp")]["epsilon"] == rows[("cosine", "clopper_pearson")][
+        "epsilon"]

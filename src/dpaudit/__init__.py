@@ -11,6 +11,7 @@ The most used names are available at the top level (imported on first use, so th
     dpaudit.epsilon_lower_bound(scores_in, scores_out, delta=1e-5, method="gdp")
     dpaudit.run_audit(output_dir="out", dp={...}, canary={...})
     dpaudit.audit_report(hook, privacy_engine=engine, output_dir="out")  # your own loop
+    dpaudit.register_score("mine", builder)  # also register_dataset / _model / _bound
 
 ``dir(dpaudit)`` lists this API and the subpackages. In the repository: the user guide
 ``docs/`` (``docs/index.md``; how to read a report: ``docs/evidence.md``), the tutorial
@@ -36,6 +37,10 @@ _LAZY = {
     "audit_report": "dpaudit.experiment",
     "ThreatModel": "dpaudit.threat_model",
     "claim_test": "dpaudit.stats.claim",
+    "register_dataset": "dpaudit.data",
+    "register_model": "dpaudit.models",
+    "register_score": "dpaudit.experiment.trainings.scores",
+    "register_bound": "dpaudit.stats.bounds",
 }
 
 __all__ = ["__version__", *_LAZY]
@@ -43,8 +48,8 @@ __all__ = ["__version__", *_LAZY]
 # Subpackages and modules (``import dpaudit.stats`` etc.); shown by ``dir(dpaudit)``.
 _SUBMODULES = (
     "accounting", "attacks", "bugs", "canaries", "capture", "cli", "conf", "covariance", "data",
-    "experiment", "forecast", "gradients", "meanlab", "models", "names", "papers", "report",
-    "seeds", "stats", "tasks", "threat_model", "validity",
+    "experiment", "forecast", "gradients", "meanlab", "models", "names", "papers", "registry",
+    "report", "seeds", "stats", "tasks", "threat_model", "validity",
 )
 
 

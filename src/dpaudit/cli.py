@@ -40,6 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 import dpaudit.conf  # noqa: F401  (registers the config schema and the --help text)
 from dpaudit.conf import task_references
 from dpaudit.experiment.settings import AuditSettings
+from dpaudit.registry import load_plugins
 
 EXIT_PRIVACY_BUG = 3
 EXIT_USAGE = 2
@@ -227,6 +228,8 @@ def _hydra_main(cfg: DictConfig):
     start, wall = time.time(), time.perf_counter()
     try:
         _check_overrides(cfg, hc)
+        if cfg.get("plugins"):
+            load_plugins(OmegaConf.to_container(cfg.plugins, resolve=True))
         _check_audit_settings(cfg)
         with warnings.catch_warnings():
             warnings.showwarning = router

@@ -12,13 +12,14 @@ Gaussian mixture; ``"fmnist"`` and ``"cifar10"`` need torchvision (the ``vision`
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import TensorDataset
+
+from dpaudit.registry import Registry, callable_entry
 
 
 @dataclass(frozen=True)
@@ -197,15 +198,30 @@ def _vision(
     return _tensors(xtr, ytr, shape), _tensors(xte, yte, shape), info
 
 
-DATASETS: dict[str, Callable[..., tuple[TensorDataset, TensorDataset, DatasetInfo]]] = {
+DATASETS = Registry("data set", {
     "digits": _digits,
     "mnist5k": _mnist5k,
     "synthetic": _synthetic,
     "fmnist": functools.partial(_vision, "fmnist"),
     "cifar10": functools.partial(_vision, "cifar10"),
-}
+}, check=callable_entry("data set"))
 """Name -> loader ``(seed, test_fraction, n_train, root, download, **options)``: a new data set
-is its loader plus one line here (``data.name`` accepts exactly these names)."""
+is its loader plus one line here, or ``register_dataset`` from user code (``data.name``
+accepts exactly these names)."""
+
+
+def register_dataset(name: str, loader=None, *, replace: bool = False):
+    """Make ``data.name=<name>`` load with ``loader`` (also usable as ``@register_dataset(name)``).
+
+    Args:
+        name: the new data set's name.
+        loader: ``loader(seed, test_fraction, n_train, root=..., download=..., **options)``
+            returning ``(train, test, DatasetInfo)``: two ``TensorDataset`` of (x, y) with
+            integer labels, split and subsampled as ``seed`` fixes (``n_train``: a seeded subset
+            of the training split, None: all of it).
+        replace: allow replacing an existing entry.
+    """
+    return DATASETS.register(name, loader, replace=replace)
 
 
 def load_dataset(
@@ -223,6 +239,9 @@ def load_dataset(
     apply to the torchvision sets (which have a fixed train/test split); ``kwargs`` go to the
     synthetic generator (``n``, ``dim``, ``num_classes``, ``separation``).
     """
-    if name not in DATASETS:
-        raise ValueError(f"name must be one of {tuple(DATASETS)}, got {name!r}")
-    return DATASETS[name](seed, test_fraction, n_train, root=root, download=download, **kwargs)
+    loader = DATASETS.get_or_fail(name, "name")
+    out = loader(seed, test_fraction, n_train, root=root, download=download, **kwargs)
+    if not (isinstance(out, tuple) and len(out) == 3 and isinstance(out[2], DatasetInfo)):
+        raise TypeError(f"the loader of data set {name!r} must return (train, test, "
+                        f"DatasetInfo), got {type(out).__name__}")
+    return out

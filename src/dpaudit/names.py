@@ -29,7 +29,7 @@ REGISTRIES = {
     "MODELS": ("dpaudit.models", "MODELS"),
     "INPUT_SOURCES": ("dpaudit.canaries.sources", "INPUT_SOURCES"),
     "ATTACKS": ("dpaudit.experiment.trainings.scores", "SCORES"),
-    "METHODS": ("dpaudit.stats", "METHODS"),
+    "METHODS": ("dpaudit.stats.bounds", "METHOD_REGISTRY"),
     "BUGS": ("dpaudit.bugs", "BUGS"),
     "ESTIMATORS": ("dpaudit.covariance.estimators", "ESTIMATORS"),
 }

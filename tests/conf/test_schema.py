@@ -23,7 +23,7 @@ def hydra_conf():
 
 def settings_of(cfg) -> dict:
     d = OmegaConf.to_container(cfg, resolve=True)
-    d.pop("task"), d.pop("fail_on_bug")
+    d.pop("task"), d.pop("fail_on_bug"), d.pop("plugins")  # the CLI's own keys
     return d
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import sys
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -33,11 +33,15 @@ SCHEMA_NAME = "dpaudit_schema"
 
 @dataclass
 class DpauditConfig(AuditSettings):
-    """The top-level config of the CLI: the audit's settings, plus ``fail_on_bug`` and the
-    preset's ``task`` (a Hydra ``_target_`` callable and its arguments)."""
+    """The top-level config of the CLI: the audit's settings, plus ``fail_on_bug``, the
+    preset's ``task`` (a Hydra ``_target_`` callable and its arguments) and ``plugins``
+    (``dpaudit.registry.load_plugins``: extensions registered before anything is checked)."""
 
     fail_on_bug: bool = True
     task: Any = None
+    # modules to import (their register_* calls run) or {_target_: ...} calls, before the
+    # settings are checked: data sets, models, scores and bound methods of your own
+    plugins: list[Any] = field(default_factory=list)
 
 
 def _conf_dir():

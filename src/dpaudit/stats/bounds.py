@@ -30,14 +30,16 @@ it would say nothing about the attack that was meant.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from dpaudit._validate import check_open_unit, check_real, check_scores
+from dpaudit.registry import Registry
 from dpaudit.stats.clopper_pearson import threshold_bound
 from dpaudit.stats.density import density_bound
 from dpaudit.stats.fdp_one_run import ASSUME_FDP_ONE_RUN, fdp_one_run_bound
@@ -62,7 +64,12 @@ class MethodSpec(NamedTuple):
 
 _BIN_OPTIONS = frozenset({"bin_rule", "n_bins", "end_quantiles", "edges"})
 _SELECTION = frozenset({"selection"})
-METHOD_REGISTRY: dict[str, MethodSpec] = {
+def _check_spec(name: str, spec) -> None:
+    if not isinstance(spec, MethodSpec) or not callable(spec.function):
+        raise TypeError(f"bound method {name!r} must be a MethodSpec with a callable function")
+
+
+METHOD_REGISTRY: Registry = Registry("bound method", {
     "clopper_pearson": MethodSpec(partial(threshold_bound, "clopper_pearson"), _SELECTION, True),
     "gdp": MethodSpec(partial(threshold_bound, "gdp"), _SELECTION, False, ASSUME_GDP),
     "one_run": MethodSpec(
@@ -85,9 +92,48 @@ METHOD_REGISTRY: dict[str, MethodSpec] = {
         True,
         dependent_ok=True,
     ),
-}
-METHOD_OPTIONS: dict[str, frozenset[str]] = {k: v.options for k, v in METHOD_REGISTRY.items()}
-METHODS = tuple(METHOD_REGISTRY)
+}, check=_check_spec)
+METHODS = METHOD_REGISTRY.builtin  # the built-in methods; METHOD_REGISTRY has registered ones too
+
+
+def register_bound(
+    name: str,
+    function: Callable[..., EpsilonBound],
+    *,
+    options: Iterable[str] = (),
+    zero_delta: bool = False,
+    assumption: str | None = None,
+    certified: bool = False,
+    dependent_ok: bool = False,
+    replace: bool = False,
+) -> MethodSpec:
+    """Make ``audit.methods=[<name>]`` (and ``epsilon_lower_bound(method=<name>)``) use
+    ``function``.
+
+    Args:
+        name: the new method's name.
+        function: ``function(scores_in, scores_out, *, delta, confidence, **options)``
+            returning an ``EpsilonBound`` (scores checked finite, higher = member).
+        options: the keyword options it accepts besides delta and confidence.
+        zero_delta: whether it takes delta = 0 (pure DP).
+        assumption: the model its number is computed under; it makes the number an estimate.
+        certified: declare the number certified (valid at ``confidence`` for any score
+            distribution; a certified number may trigger a PRIVACY BUG verdict). Default
+            False: the number is reported as an estimate "registered, not declared
+            certified". Check a certified method with ``dpaudit.validity`` first.
+        dependent_ok: (certified only) also valid for canaries trained together.
+        replace: allow replacing an existing entry.
+    """
+    if certified and assumption is not None:
+        raise ValueError("register_bound: a certified method has no assumption; pass one or "
+                         "the other")
+    if dependent_ok and not certified:
+        raise ValueError("register_bound: dependent_ok is a property of certified methods")
+    if not certified and assumption is None:
+        assumption = f"registered method {name!r}, not declared certified"
+    spec = MethodSpec(function, frozenset(options), bool(zero_delta), assumption,
+                      bool(dependent_ok))
+    return METHOD_REGISTRY.register(name, spec, replace=replace)
 ORIENTATION_P_VALUE = 1e-3
 
 
@@ -158,9 +204,7 @@ def epsilon_lower_bound(
         ValueError: an unknown method or option, scores that are empty or not finite, or
             ``delta`` / ``confidence`` out of range; the message names the argument.
     """
-    spec = METHOD_REGISTRY.get(method)
-    if spec is None:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    spec = METHOD_REGISTRY.get_or_fail(method, "method")
     unknown = sorted(set(options) - spec.options)
     if unknown:
         raise ValueError(
@@ -189,4 +233,10 @@ def epsilon_lower_bound(
             details={"orientation": "reversed", "auc": auc, "z": z, "message": message},
             assumption=spec.assumption,
         )
-    return spec.function(s_in, s_out, delta=delta, confidence=confidence, **options)
+    res = spec.function(s_in, s_out, delta=delta, confidence=confidence, **options)
+    if not isinstance(res, EpsilonBound):
+        raise TypeError(f"bound method {method!r} must return an EpsilonBound, "
+                        f"got {type(res).__name__}")
+    if spec.assumption is not None and res.assumption is None:  # never certified by mistake
+        res = dataclasses.replace(res, assumption=spec.assumption)
+    return res

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from dpaudit.stats import epsilon_lower_bound
-from dpaudit.stats.bounds import METHOD_OPTIONS
+from dpaudit.stats.bounds import METHOD_REGISTRY
 from dpaudit.validity.scenarios import SCENARIOS, Scenario
 
 
@@ -248,7 +248,8 @@ def _one_cell(meths, scen, design, keyed, truth, reps, delta, confidence, seed, 
     options = []
     for method, opts in meths:
         o = dict(opts)
-        if "inclusion" in METHOD_OPTIONS.get(method, ()) and "inclusion" not in o:
+        spec = METHOD_REGISTRY.get(method)
+        if spec is not None and "inclusion" in spec.options and "inclusion" not in o:
             o["inclusion"] = design.inclusion
         options.append(o)
     for rep in range(reps):

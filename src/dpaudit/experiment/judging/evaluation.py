@@ -43,7 +43,7 @@ from dpaudit.experiment.judging.white_box import (
     white_box_evidence,
 )
 from dpaudit.stats import epsilon_lower_bound
-from dpaudit.stats.bounds import METHOD_OPTIONS, METHOD_REGISTRY
+from dpaudit.stats.bounds import METHOD_REGISTRY
 from dpaudit.stats.claim import claim_test, mu_lower_bound, noise_upper_bound
 from dpaudit.stats.fdp_one_run import guess_table
 from dpaudit.stats.one_run_claim import (
@@ -265,7 +265,8 @@ def bound_rows(
     for attack, (s_in, s_out) in split.items():
         for method in methods:
             row = {"attack": attack, "method": method, "confidence": confidence}
-            opts = {"inclusion": inclusion} if "inclusion" in METHOD_OPTIONS[method] else {}
+            takes_inclusion = "inclusion" in METHOD_REGISTRY[method].options
+            opts = {"inclusion": inclusion} if takes_inclusion else {}
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")

@@ -1,7 +1,8 @@
 """Attack scores for an audit, built from ``attack.scores`` names (DESIGN 4.3).
 
 ``SCORES`` maps each name ``attack.scores`` accepts to a builder; a new attack is its
-``StepScore`` in ``dpaudit.attacks`` plus one line here (the settings read the names from it).
+``StepScore`` in ``dpaudit.attacks`` plus one line here, or ``register_score`` from user code
+(the settings read the names from it).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dpaudit.covariance import PrecisionOperator, estimate_precision, noise_ridg
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.trainings.canary_setup import LOSS, CanarySetup
 from dpaudit.gradients import per_sample_clipped_grads
+from dpaudit.registry import Registry, callable_entry
 from dpaudit.threat_model import ThreatModel
 
 
@@ -81,13 +83,30 @@ def _mixture_lr(ctx: ScoreContext) -> StepScore:
     return MixtureLR(inclusion_prob=ctx.threat.sample_rate)
 
 
-SCORES: dict[str, Callable[[ScoreContext], StepScore]] = {
+SCORES: Registry = Registry("attack score", {
     "scalar": lambda ctx: ScalarProduct(),
     "covariance": lambda ctx: CovarianceScore(ctx.precision),
     "mixture_lr": _mixture_lr,
     "glir": lambda ctx: GLiRScore(ctx.precision),
     "batch_size": lambda ctx: BatchSizeScore(),
-}
+}, check=callable_entry("attack score"))
+
+
+def register_score(
+    name: str, builder: Callable[[ScoreContext], StepScore] | None = None, *,
+    replace: bool = False,
+):
+    """Make ``attack.scores=[<name>]`` score canaries with ``builder`` (also a decorator).
+
+    Args:
+        name: the new score's name.
+        builder: ``builder(ctx)`` returning a fresh ``dpaudit.attacks.StepScore`` (its
+            ``update`` sees each step's released gradient and the canaries' gradients; higher
+            score means "member"); ``ctx`` is a ``ScoreContext`` (settings, model at theta_0,
+            canary setup, Opacus' expected batch size, threat model, and ``ctx.precision``).
+        replace: allow replacing an existing entry.
+    """
+    return SCORES.register(name, builder, replace=replace)
 
 
 def build_scores(
@@ -100,4 +119,16 @@ def build_scores(
     """One ``StepScore`` per requested attack (``SCORES``), in the order requested;
     covariance-type scores share one precision estimated from references at theta_0."""
     ctx = ScoreContext(settings, model, setup, expected_batch_size, threat)
-    return [SCORES[name](ctx) for name in settings.attack_scores()]
+    out = []
+    for name in settings.attack_scores():
+        score = SCORES.get_or_fail(name, "attack.scores")(ctx)
+        if not isinstance(score, StepScore):
+            raise TypeError(f"the builder of attack score {name!r} must return a StepScore, "
+                            f"got {type(score).__name__}")
+        if score.name == StepScore.name:  # a user's score reports under its registered name
+            score.name = name
+        elif score.name != name:
+            raise ValueError(f"attack score {name!r} builds a StepScore named {score.name!r}; "
+                             "its name must be the registered one (or left unset)")
+        out.append(score)
+    return out
