@@ -51,7 +51,7 @@ def test_default_audit_tiny_end_to_end(tmp_path):
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["steps"] == 10 and res["settings"]["canary"]["count"] == 20
     assert res["settings"]["model"] == {"name": "mlp", "width": 400}  # AuditSettings()
-    assert res["verdict"]["best_lower_bound"] <= res["theory"]["upper_bound"]
+    assert res["verdict"]["best_lower_bound"] <= res["theory"]["claimed_epsilon"]
     assert (tmp_path / "roc.png").exists()
     # 10 + 10 canaries at mu = sqrt(10) / 6: nothing certifiable, and the CLI says so
     assert "expect epsilon bounds of 0: canary.count=20" in proc.stderr

@@ -37,6 +37,7 @@ _LAZY = {
     "audit_report": "dpaudit.experiment",
     "ThreatModel": "dpaudit.threat_model",
     "claim_test": "dpaudit.stats.claim",
+    "AuditResult": "dpaudit.report.results",
     "register_dataset": "dpaudit.data",
     "register_model": "dpaudit.models",
     "register_score": "dpaudit.experiment.trainings.scores",

@@ -37,7 +37,7 @@ def test_one_run_audit_report(tmp_path):
     assert {b["kind"] for b in res["bounds"]} == {"estimate"}
     assert v["best_lower_bound"] == 0.0 and v["best_method"] is None
     assert not v["certified_bound_applies"] and "no certified epsilon bound applies" in v["message"]
-    assert 0.0 < v["best_estimate"] <= th["upper_bound"] and v["status"] == "consistent"
+    assert 0.0 < v["best_estimate"] <= th["claimed_epsilon"] and v["status"] == "consistent"
     # Statements are simultaneously valid: each at 1 - 0.05 / (2 attacks x (3 methods + the
     # claim test) + the 2 attacks' one-run claim tests (canaries not independent) + 3
     # white-box tests: noise floor, noise independence at the 30 dead coordinates, Poisson

@@ -85,7 +85,7 @@ REALISED = {
 @pytest.mark.parametrize("bug", ["realised_batch_size", "none"])
 def test_realised_batch_size_is_flagged_by_the_batch_size_score(tmp_path, bug):
     res = run_audit(output_dir=tmp_path, **{**REALISED, "dp": {**REALISED["dp"], "bug": bug}})
-    assert res["theory"]["upper_bound"] == pytest.approx(0.239, abs=0.01)
+    assert res["theory"]["claimed_epsilon"] == pytest.approx(0.239, abs=0.01)
     assert res["verdict"]["privacy_bug"] == (bug != "none"), res["verdict"]
     if bug != "none":
         assert res["verdict"]["best_attack"] == "batch_size"

@@ -20,6 +20,7 @@ from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.trainings.multirun import WorkerDone, run_multi
 from dpaudit.experiment.trainings.run import RunRecord, audit_run, resolve_device
 from dpaudit.experiment.trainings.threat import independent_canaries, threat_model_for
+from dpaudit.report.results import AuditResult
 from dpaudit.threat_model import ThreatModel
 
 __all__ = ["evaluate", "evaluate_audit", "run_audit", "write_report"]
@@ -100,6 +101,7 @@ def run_audit(
     ran = time.perf_counter()
     result = evaluate(settings, run, {"wall_seconds": ran - start})
     result["timing"] = audit_timing(run, ran - start, time.perf_counter() - ran)
+    result = AuditResult.from_dict(result).to_dict()  # what results.json holds
     if output_dir is not None:
         write_report(result, run, Path(output_dir), settings)
     return result

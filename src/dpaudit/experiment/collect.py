@@ -19,6 +19,7 @@ from dpaudit.experiment.trainings.multirun import (
 )
 from dpaudit.report import format_table, write_json
 from dpaudit.report.provenance import SCHEMA_VERSION, provenance
+from dpaudit.report.results import AuditResult
 
 
 def reaggregate(directory: str | Path) -> dict:
@@ -102,19 +103,24 @@ def collect_sweep(directory: str | Path) -> dict:
         if not isinstance(res.get("verdict"), dict):  # another task's results (stats_demo, ...)
             other[job.name] = res["task"]
             continue
-        v = res["verdict"]
-        settings[job.name] = res.get("settings")
+        try:
+            typed = AuditResult.from_dict(res)  # any schema this release reads
+        except (ValueError, TypeError) as err:
+            unreadable[job.name] = f"{res_path}: {err}"
+            continue
+        v = typed.verdict
+        settings[job.name] = typed.settings
         rows.append(
             {
                 "job": job.name,
                 "overrides": _overrides(job),
-                "status": v.get("status", "privacy_bug" if v.get("privacy_bug") else "?"),
-                "eps_certified": v.get("best_lower_bound", float("nan")),
-                "eps_estimate": v.get("best_estimate", float("nan")),
-                "eps_claimed": v.get("claimed_epsilon", v.get("upper_bound", float("nan"))),
+                "status": v.status,
+                "eps_certified": v.best_lower_bound,
+                "eps_estimate": v.best_estimate,
+                "eps_claimed": v.claimed_epsilon,
                 "sigma_configured": _configured_sigma(res),
-                "sigma_upper": v.get("sigma_upper", float("nan")),
-                "privacy_bug": bool(v.get("privacy_bug")),
+                "sigma_upper": v.sigma_upper,
+                "privacy_bug": v.privacy_bug,
             }
         )
     summary = {

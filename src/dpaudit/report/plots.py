@@ -20,17 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from dpaudit.report.files import _umask
+from dpaudit.report.results import STATUSES
 from dpaudit.stats import roc_curve
 from dpaudit.stats.roc import theory_fpr
 
 MAX_BINS = 50
 # The verdict's colour on a figure: red for a certified violation, orange for an estimate
 # above the claim, green for no evidence against the claim.
-VERDICT_COLOURS = {
-    "privacy_bug": "#c0392b",
-    "estimate_above_claim": "#d68910",
-    "consistent": "#1e8449",
-}
+VERDICT_COLOURS = dict(zip(STATUSES, ("#c0392b", "#d68910", "#1e8449"), strict=True))
 
 
 def pyplot():

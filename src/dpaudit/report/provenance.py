@@ -12,7 +12,9 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-SCHEMA_VERSION = 2
+# 3: results.json is AuditResult.to_dict() (docs/results.md): every field of a bound / claim
+# row and of the verdict written (None as null); the claim no longer repeated as upper_bound
+SCHEMA_VERSION = 3
 _PACKAGES = ("dpaudit", "torch", "opacus", "numpy", "scipy", "hydra-core")
 
 

@@ -42,6 +42,7 @@ from dpaudit.experiment.judging.white_box import (
     not_checked,
     white_box_evidence,
 )
+from dpaudit.report.results import CONSISTENT, ESTIMATE_ABOVE_CLAIM, PRIVACY_BUG
 from dpaudit.stats import epsilon_lower_bound
 from dpaudit.stats.bounds import METHOD_REGISTRY
 from dpaudit.stats.claim import claim_test, mu_lower_bound, noise_upper_bound
@@ -60,7 +61,6 @@ INDEPENDENCE = (
     "canaries' scores independent of each other (one training run whose canaries can "
     "influence each other's scores; only the one_run method covers that dependence)"
 )
-STATUSES = ("privacy_bug", "estimate_above_claim", "consistent")
 
 
 def split_scores(scores: dict[str, np.ndarray], membership: np.ndarray) -> dict:
@@ -97,7 +97,6 @@ def theory_summary(threat: ThreatModel, training_accountants: dict | None = None
         "accountant": threat.accountant_name,
         "accountants": {k: v.to_dict() for k, v in acc.items()},
         "claimed_epsilon": threat.claimed_epsilon(),
-        "upper_bound": threat.claimed_epsilon(),
     }
     if threat.every_step:
         out["gaussian_mu"] = threat.mu()
@@ -440,11 +439,11 @@ def verdict(
     sigma_certified = bool(best_sigma_attack and evidence[best_sigma_attack]["certified"])
     white_fired = fired(white_box or {})
     if rejected_by or cert_eps > claimed or white_fired:
-        status = "privacy_bug"
+        status = PRIVACY_BUG
     elif est_eps > claimed or est_rejected:
-        status = "estimate_above_claim"
+        status = ESTIMATE_ABOVE_CLAIM
     else:
-        status = "consistent"
+        status = CONSISTENT
     where = f"{threat.describe()}; claim: {threat.accountant_name}, epsilon {claimed:.3f}"
     noise = (
         f"effective noise multiplier <= {sigma_ub:.4g} (configured {threat.noise_multiplier:g}"
@@ -452,7 +451,7 @@ def verdict(
         if np.isfinite(sigma_ub)
         else "no upper bound on the effective noise"
     )
-    if status == "privacy_bug":
+    if status == PRIVACY_BUG:
         reasons = [describe(white_box[k]) for k in white_fired]
         if rejected_by:
             reasons.append(
@@ -466,7 +465,7 @@ def verdict(
             )
         why = "; ".join(reasons)
         message = f"PRIVACY BUG at {confidence:.0%} confidence: {why}; {noise}. [{where}]"
-    elif status == "estimate_above_claim":
+    elif status == ESTIMATE_ABOVE_CLAIM:
         what = (
             f"estimate {est_eps:.3f} ({est['attack']}/{est['method']}, assumes "
             f"{est['assumption']})"
@@ -492,13 +491,12 @@ def verdict(
         )
     return {
         "status": status,
-        "privacy_bug": status == "privacy_bug",
+        "privacy_bug": status == PRIVACY_BUG,
         "message": message,
         "confidence": confidence,
         "threat_model": threat.describe(),
         "accountant": threat.accountant_name,
         "claimed_epsilon": claimed,
-        "upper_bound": claimed,
         "best_lower_bound": cert_eps,
         "certified_bound_applies": cert is not None,
         "best_attack": cert["attack"] if cert else None,

@@ -22,6 +22,7 @@ from dpaudit.report import (
     write_json,
 )
 from dpaudit.report.provenance import stamped
+from dpaudit.report.results import AuditResult
 from dpaudit.stats import gdp_tradeoff
 from dpaudit.stats.gdp import gdp_mu
 from dpaudit.stats.roc import theory_fpr
@@ -365,6 +366,9 @@ def write_audit_report(
         if isinstance(result.get("timing"), dict):
             result["timing"]["report_seconds"] = time.perf_counter() - plots_start
         result.update(stamped({}, device))
+        canonical = AuditResult.from_dict(result).to_dict()  # the schema's serialisation
+        result.clear()
+        result.update(canonical)
         path = write_json(out / "results.json", result)
         for tmp, final in staged.values():
             os.replace(tmp, final)
