@@ -32,11 +32,14 @@ LAYERS = (
 )
 LEVEL = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
-# Inside experiment/: the settings (the audit's schema) below its two wings, which never
+# Inside experiment/: the canary designs (torch-free plug-ins the settings check with) and the
+# settings (the audit's schema) below its two wings, which never
 # import each other (trainings: set up, train and record runs, one or many; judging: evidence,
 # verdict and report from what the runs recorded); audit.py composes the two, collect.py
 # re-judges directories of runs on top of it; the package's __init__ only re-exports.
-EXPERIMENT_LAYERS = (("settings",), ("trainings", "judging"), ("audit",), ("collect",))
+EXPERIMENT_LAYERS = (
+    ("canary_designs",), ("settings",), ("trainings", "judging"), ("audit",), ("collect",),
+)
 EXPERIMENT_LEVEL = {name: i for i, layer in enumerate(EXPERIMENT_LAYERS) for name in layer}
 
 # names.REGISTRIES locates registries by module name in sys.modules (settings' checks read

@@ -17,6 +17,9 @@ from torch import nn
 
 from dpaudit.registry import Registry, callable_entry
 
+LOSS = nn.functional.cross_entropy
+"""The loss every audited model is trained and scored with (logits of ``num_classes``)."""
+
 
 def _logreg(shape: tuple[int, ...], num_classes: int, width: int) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(shape), num_classes))

@@ -21,6 +21,7 @@ BUGS = (
     "realised_batch_size", "shuffled_batches", "accountant_sigma", "accountant_sample_rate",
     "accountant_steps",
 )
+CANARY_DESIGNS = ("gradient", "input")
 ESTIMATORS = ("dense", "diagonal", "ledoit_wolf", "oas", "woodbury")
 
 # registry name -> (module, attribute) of the registry the tuple above mirrors
@@ -32,4 +33,5 @@ REGISTRIES = {
     "METHODS": ("dpaudit.stats.bounds", "METHOD_REGISTRY"),
     "BUGS": ("dpaudit.bugs", "BUGS"),
     "ESTIMATORS": ("dpaudit.covariance.estimators", "ESTIMATORS"),
+    "CANARY_DESIGNS": ("dpaudit.experiment.canary_designs", "DESIGNS"),
 }

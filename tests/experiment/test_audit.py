@@ -116,7 +116,8 @@ def test_stratified_selection_draws_count_over_five_score_strata():
 def test_scores_that_cannot_apply_are_refused_before_anything_is_loaded():
     """mixture_lr models a gradient canary's per-step inclusion; batch_size gives every canary
     of one training the same value. Both refused by the settings, naming attack.scores."""
-    with pytest.raises(ValueError, match=r"attack\.scores must be without 'mixture_lr' unless"):
+    refused = r"attack\.scores must be without 'mixture_lr' with canary\.kind=input"
+    with pytest.raises(ValueError, match=refused):
         AuditSettings.from_mappings(canary={"kind": "input", "count": 5},
                                     attack={"scores": ["scalar", "mixture_lr"]})
     with pytest.raises(ValueError, match=r"attack\.scores must be without 'batch_size' in a one"):

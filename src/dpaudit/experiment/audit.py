@@ -169,6 +169,6 @@ def write_report(result: dict, run, out: Path, settings) -> None:
         out,
         candidate_scores=run.candidate_scores,
         chosen=run.chosen,
-        selection=settings.canary.selection,
+        selection=(run.canary_info or {}).get("selection", ""),  # the design says which
         device=str(resolve_device(settings)),
     )

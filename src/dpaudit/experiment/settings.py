@@ -22,14 +22,15 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from dpaudit import names
+from dpaudit.experiment.canary_designs import design_of
+from dpaudit.experiment.canary_designs.gradient import (
+    DIRECTIONS,
+    GRADIENT_POLICIES,
+    PLACEMENTS,
+    VIEWS,
+)
+from dpaudit.experiment.canary_designs.inputs import CANARY_SELECTIONS
 
-CANARY_KINDS = ("gradient", "input")
-DIRECTIONS = ("dirac", "random")
-PLACEMENTS = ("least_active", "random_live")
-GRADIENT_POLICIES = ("every_step", "bernoulli")
-VIEWS = ("full", "auto")
-CANARY_SELECTIONS = ("top", "easy", "medium", "hard", "stratified", "random")
-STRATA = 5  # canary.selection=stratified: count / STRATA canaries from each score quintile
 MODES = ("one_run", "multi_run")
 OPTIMIZERS = ("sgd", "adam")
 
@@ -198,8 +199,8 @@ class CanarySettings:
     """The canaries (``canary`` group): gradient canaries inserted by the audit hook, or input
     canaries (seed 001 Algorithm 3) added to the training data."""
 
-    kind: str = _opt("gradient", "gradient canaries (hook) or input canaries (data)",
-                     CANARY_KINDS)
+    kind: str = _opt("gradient", "the canary design: gradient canaries (hook), input canaries "
+                     "(data), or one registered with register_canary_design", "CANARY_DESIGNS")
     count: int = _opt(1000, "number of canaries K; each a member with prob. audit.inclusion")
     direction: str = _opt("dirac", "gradient: Dirac on the least-used coordinates, or random",
                           DIRECTIONS)
@@ -225,9 +226,13 @@ class CanarySettings:
                           "ESTIMATORS")
     crafted_value: float = _opt(100.0, "input, source=crafted: value of the one non-zero "
                                 "feature")
+    options: dict[str, Any] = _opt(  # noqa: RUF009
+        help="options of a registered canary design (its Options record's fields)",
+        factory=dict,
+    )
 
     def check(self) -> None:
-        _choice("canary", "kind", self.kind, CANARY_KINDS)
+        _choice("canary", "kind", self.kind, _registry_names("CANARY_DESIGNS"))
         _positive("canary", "count", self.count, integer=True)
         _choice("canary", "direction", self.direction, DIRECTIONS)
         _choice("canary", "placement", self.placement, PLACEMENTS)
@@ -239,13 +244,13 @@ class CanarySettings:
             _unit("canary", "inclusion_prob", self.inclusion_prob, closed_right=True)
         _choice("canary", "source", self.source, _registry_names("INPUT_SOURCES"))
         _choice("canary", "selection", self.selection, CANARY_SELECTIONS)
-        if self.kind == "input" and self.selection == "stratified" and self.count % STRATA:
-            _fail("canary", "count", f"a multiple of {STRATA} with canary.selection=stratified "
-                  f"(count / {STRATA} canaries from each of {STRATA} score strata)", self.count)
         _positive("canary", "candidates", self.candidates, integer=True)
         _positive("canary", "n_references", self.n_references, integer=True)
         _choice("canary", "estimator", self.estimator, _registry_names("ESTIMATORS"))
         _positive("canary", "crafted_value", self.crafted_value)
+        if not isinstance(self.options, dict):
+            _fail("canary", "options", "a mapping of a registered design's options",
+                  self.options)
 
 
 @dataclass
@@ -394,9 +399,12 @@ class AuditSettings:
             _fail("", "device", "null or a torch device string (cpu, cuda, cuda:N)", self.device)
         if self.dp.bug == "realised_batch_size" and self.dp.max_physical_batch_size:
             _fail("dp", "max_physical_batch_size", "unset with bug=realised_batch_size", 1)
-        if "mixture_lr" in self.attack_scores() and self.canary.kind != "gradient":
-            _fail("attack", "scores", "without 'mixture_lr' unless canary.kind=gradient (it is "
-                  "the likelihood ratio of a gradient canary's per-step inclusion)",
+        design = design_of(self.canary)
+        design.check(self)
+        refused = [a for a in self.attack_scores() if a in design.refused_scores]
+        if refused:
+            _fail("attack", "scores", f"without {refused[0]!r} with canary.kind="
+                  f"{self.canary.kind} ({design.refused_scores[refused[0]]})",
                   self.attack_scores())
         if self.audit.mode == "one_run" and "batch_size" in self.attack_scores():
             _fail("attack", "scores", "without 'batch_size' in a one-run audit: that score reads "
@@ -404,39 +412,24 @@ class AuditSettings:
                   "so it cannot tell members apart (use it with audit=multi_run)",
                   self.attack_scores())
         c = self.canary
-        if self.audit.mode == "multi_run" and c.count > 1:
-            if c.kind != "gradient" or c.direction != "dirac":
-                raise ValueError(
-                    f"canary.count={c.count} with audit.mode=multi_run needs canary.kind=gradient "
-                    "and canary.direction=dirac: all canaries of a run share one membership bit, "
-                    "so other canaries form a group of records and the one-record claim does not "
-                    "apply (Dirac canaries on dead coordinates do not see each other); use "
-                    "canary.count=1"
-                )
+        if self.audit.mode == "multi_run" and c.count > 1 and not design.shares_a_run(self):
+            raise ValueError(
+                f"canary.count={c.count} with audit.mode=multi_run needs canaries that do not "
+                "see each other (canary.kind=gradient with canary.direction=dirac): all "
+                "canaries of a run share one membership bit, so other canaries form a group of "
+                "records and the one-record claim does not apply; use canary.count=1"
+            )
 
     def attack_scores(self) -> list[str]:
         """The attacks this audit computes: ``attack.scores``, or when it is null the canary
-        design's default (``design_scores``)."""
+        design's default (``CanaryDesign.default_scores``)."""
         if self.attack.scores is not None:
             return list(self.attack.scores)
-        return design_scores(self.canary)
+        return design_of(self.canary).default_scores(self)
 
     def to_dict(self) -> dict:
         """The settings as plain JSON-ready dicts (what ``from_mappings`` reads back)."""
         return asdict(self)
-
-
-def design_scores(canary: CanarySettings) -> list[str]:
-    """The default attack of a canary design (``attack.scores: null``).
-
-    Gradient canaries inserted with probability q_c per step (``policy=bernoulli``): the
-    per-step mixture likelihood ratio, the Neyman-Pearson test of the subsampled Gaussian;
-    the epoch-summed scalar product has almost no power there (a claim of sigma x 0.8 at
-    q = 0.1 was rejected in 0-0.5% of audits). Every other design: the scalar product.
-    """
-    if canary.kind == "gradient" and canary.policy == "bernoulli":
-        return ["mixture_lr"]
-    return ["scalar"]
 
 
 GROUPS = {

@@ -35,7 +35,6 @@ from dpaudit.canaries import predicted_leakage, rank_candidates, select_canaries
 from dpaudit.capture import InputCanaries
 from dpaudit.covariance import noise_aware
 from dpaudit.experiment.settings import AuditSettings
-from dpaudit.experiment.trainings.canary_setup import LOSS
 from dpaudit.experiment.trainings.engine import (
     RUNS_DIR,
     ManyTrainings,
@@ -48,7 +47,7 @@ from dpaudit.experiment.trainings.multirun import checksum, quarantine
 from dpaudit.experiment.trainings.run import resolve_device
 from dpaudit.experiment.trainings.training import SAMPLINGS, poisson_sample_rate, train_audited
 from dpaudit.gradients import per_sample_clipped_grads, resolve_parameter_names
-from dpaudit.models import build_model
+from dpaudit.models import LOSS, build_model
 from dpaudit.papers import PAPERS
 from dpaudit.report import format_table, write_json
 from dpaudit.report.canary_plots import (

@@ -90,6 +90,8 @@ def fingerprint(settings: AuditSettings) -> str:
     # evaluation choices, how many runs to make, and which worker makes them
     skip = ("methods", "confidence", "runs", "worker", "workers")
     d["audit"] = {k: v for k, v in d["audit"].items() if k not in skip}
+    if not d["canary"].get("options"):  # empty: as before canary.options existed
+        d["canary"].pop("options", None)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 

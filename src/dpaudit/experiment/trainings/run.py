@@ -117,7 +117,7 @@ def warn_if_bounds_vanish(
     if pred is not None:
         mu = float(np.mean(pred["mu_composed"]))
         source = f"the predicted mean mu={mu:.3g} of these input canaries ({cite('001')})"
-    elif settings.canary.kind == "gradient":
+    elif threat.canary_kind == "gradient":
         scores = ideal_scores(threat, n_in, n_out, settings.seed)
         source = (
             f"the exact mu={threat.mu():.3g} of every-step gradient canaries"
@@ -140,7 +140,7 @@ def warn_if_bounds_vanish(
     more = "audit.runs" if a.mode == "multi_run" else "canary.count"
     leak = (
         "lower dp.noise_multiplier, raise dp.steps or canary.inclusion_prob"
-        if settings.canary.kind == "gradient"
+        if threat.canary_kind == "gradient"
         else "use canaries that leak more"
     )
     message = (

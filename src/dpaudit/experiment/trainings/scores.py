@@ -23,9 +23,10 @@ from dpaudit.attacks import (
     StepScore,
 )
 from dpaudit.covariance import PrecisionOperator, estimate_precision, noise_ridge
+from dpaudit.experiment.canary_designs import CanarySetup
 from dpaudit.experiment.settings import AuditSettings
-from dpaudit.experiment.trainings.canary_setup import LOSS, CanarySetup
 from dpaudit.gradients import per_sample_clipped_grads
+from dpaudit.models import LOSS
 from dpaudit.registry import Registry, callable_entry
 from dpaudit.threat_model import ThreatModel
 

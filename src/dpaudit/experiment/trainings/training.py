@@ -28,6 +28,7 @@ from dpaudit.attacks import StepScore
 from dpaudit.bugs import plant_bug
 from dpaudit.capture import AuditHook
 from dpaudit.experiment.settings import DPSettings
+from dpaudit.models import LOSS
 
 SAMPLINGS = ("poisson", "shuffle")
 
@@ -143,7 +144,7 @@ def train_plain(model: nn.Module, train_set: Dataset, dp: DPSettings, sample_rat
             while done < steps:
                 for x, y in batches:
                     opt.zero_grad(set_to_none=True)
-                    loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+                    loss = LOSS(model(x.to(device)), y.to(device))
                     loss.backward()
                     opt.step()
                     # the accountant records every step the optimizer takes (not the skipped
@@ -224,7 +225,7 @@ def train_audited(
             while hook.steps < steps:
                 for x, y in batches:
                     opt.zero_grad(set_to_none=True)
-                    loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+                    loss = LOSS(model(x.to(device)), y.to(device))
                     loss.backward()
                     before = hook.steps
                     opt.step()

@@ -1,0 +1,70 @@
+"""Canary designs as plug-ins: ``canary.kind`` names one (DESIGN 3 step 2, DESIGN 4.5).
+
+Each design is one module: its typed settings (``Options``), how it builds its canaries at
+theta_0, what it realises of the ``ThreatModel`` (kind of canary, per-step rate, norm),
+whether its canaries are independent experiments, and which attack scores it refuses or
+scores by default (``base.CanaryDesign``). Built in: ``gradient`` (``gradient.py``: Dirac or
+random-direction vectors the hook inserts) and ``input`` (``inputs.py``: examples from a
+candidate source, ranked by seed 001 Algorithm 3). A new design is one module plus one line
+in ``DESIGNS`` below, or ``register_canary_design`` from user code.
+"""
+
+from __future__ import annotations
+
+from dpaudit.experiment.canary_designs.base import (
+    BuildContext,
+    CanaryDesign,
+    CanarySetup,
+    NoOptions,
+)
+from dpaudit.experiment.canary_designs.gradient import GradientDesign
+from dpaudit.experiment.canary_designs.inputs import InputDesign
+from dpaudit.registry import Registry
+
+
+def _check_design(name: str, design) -> None:
+    from dpaudit.threat_model import CANARY_KINDS  # the kinds of canary a threat model knows
+
+    if not isinstance(design, CanaryDesign):
+        raise TypeError(f"canary design {name!r} must be a CanaryDesign instance, got "
+                        f"{type(design).__name__}")
+    if design.threat_kind not in CANARY_KINDS:
+        raise ValueError(f"canary design {name!r}: threat_kind must be one of {CANARY_KINDS}, "
+                         f"got {design.threat_kind!r}")
+
+
+DESIGNS = Registry("canary design", {"gradient": GradientDesign(), "input": InputDesign()},
+                   check=_check_design)
+
+
+def register_canary_design(name: str, design: CanaryDesign | None = None, *,
+                           replace: bool = False):
+    """Make ``canary.kind=<name>`` audit with ``design`` (a ``CanaryDesign`` instance).
+
+    Args:
+        name: the new design's name.
+        design: an instance of a ``CanaryDesign`` subclass: ``build(ctx)`` returns the
+            canaries' ``CanarySetup``; its ``Options`` dataclass is read from
+            ``canary.options``; ``threat_kind``, ``sample_rate``, ``canary_norm``,
+            ``independent``, ``refused_scores`` and ``default_scores`` say what it realises.
+        replace: allow replacing an existing entry.
+    """
+    return DESIGNS.register(name, design, replace=replace)
+
+
+def design_of(canary) -> CanaryDesign:
+    """The design ``canary.kind`` names (ValueError naming canary.kind otherwise)."""
+    return DESIGNS.get_or_fail(canary.kind, "canary.kind")
+
+
+__all__ = [
+    "DESIGNS",
+    "BuildContext",
+    "CanaryDesign",
+    "CanarySetup",
+    "GradientDesign",
+    "InputDesign",
+    "NoOptions",
+    "design_of",
+    "register_canary_design",
+]

@@ -1,0 +1,94 @@
+"""Canary designs as plug-ins: a design written outside the package (tests/support/
+my_design.py, one file) runs a whole audit; the built-in designs answer what they realise."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from my_design import NAME, SparseSignDesign, register, unregister
+
+from dpaudit.experiment import AuditSettings, run_audit
+from dpaudit.experiment.canary_designs import DESIGNS, GradientDesign, InputDesign, design_of
+from dpaudit.experiment.trainings.threat import independent_canaries, threat_model_for
+
+TINY = dict(canary={"kind": NAME, "count": 200, "options": {"support": 8}},
+            dp={"steps": 20}, progress=False)
+
+
+@pytest.fixture
+def sparse_sign():
+    register()
+    yield
+    unregister()
+
+
+def test_a_design_from_outside_the_package_runs_an_audit(sparse_sign):
+    result = run_audit(**TINY)
+    tm = result["theory"]["threat_model"]
+    # what the design says it realises is the claim under test: gradient canaries of norm C,
+    # every step (q = 1), so the exact Gaussian mechanism with mu = sqrt(T) / sigma
+    assert (tm["canary_kind"], tm["sample_rate"], tm["canary_norm"]) == ("gradient", 1.0, 1.0)
+    assert result["theory"]["gaussian_mu"] == pytest.approx(np.sqrt(20) / 6.0)
+    assert result["canary_info"]["support"] == 8
+    # its canaries are not declared independent: the threshold methods become estimates
+    assert result["independent_canaries"] is False
+    cp = next(b for b in result["bounds"] if b["method"] == "clopper_pearson")
+    assert cp["kind"] == "estimate"
+    # the members' scalar scores are shifted by about mu: AUC = Phi(mu / sqrt 2) ~ 0.70
+    assert 0.6 < result["attacks"]["scalar"]["auc"] < 0.8
+    assert result["verdict"]["status"] == "consistent"
+
+
+def test_its_options_and_refusals_are_checked_before_training(sparse_sign):
+    with pytest.raises(ValueError, match=r"canary.options has \['width'\]"):
+        AuditSettings.from_mappings(canary={"kind": NAME, "options": {"width": 3}})
+    with pytest.raises(ValueError, match="support must be a positive integer"):
+        AuditSettings.from_mappings(canary={"kind": NAME, "options": {"support": 0}})
+    with pytest.raises(ValueError, match=r"without 'mixture_lr' with canary\.kind=sparse_sign"):
+        AuditSettings.from_mappings(canary={"kind": NAME}, attack={"scores": ["mixture_lr"]})
+    with pytest.raises(TypeError, match="must be a CanaryDesign instance"):
+        DESIGNS.register("not_a_design", SparseSignDesign)  # the class, not an instance
+
+
+def test_without_registration_the_kind_is_refused_naming_the_designs():
+    with pytest.raises(ValueError, match=r"canary.kind must be one of \('gradient', 'input'"):
+        AuditSettings.from_mappings(canary={"kind": NAME})
+
+
+@pytest.mark.parametrize(("canary", "mode", "rate", "kind", "independent", "scores"), [
+    ({}, "one_run", 1.0, "gradient", True, ["scalar"]),
+    ({"policy": "bernoulli"}, "one_run", 0.05, "gradient", True, ["mixture_lr"]),
+    ({"policy": "bernoulli", "inclusion_prob": 0.3}, "one_run", 0.3, "gradient", True,
+     ["mixture_lr"]),
+    ({"direction": "random"}, "one_run", 1.0, "gradient", False, ["scalar"]),
+    ({"kind": "input", "count": 50}, "one_run", 0.05, "input", False, ["scalar"]),
+    ({"kind": "input", "count": 1}, "multi_run", 0.05, "input", True, ["scalar"]),
+])
+def test_built_in_designs_say_what_they_realise(canary, mode, rate, kind, independent, scores):
+    s = AuditSettings.from_mappings(canary=canary, audit={"mode": mode})
+    threat = threat_model_for(s, 0.05, 100, None)
+    assert (threat.sample_rate, threat.canary_kind) == (rate, kind)
+    # a Dirac design is independent when every canary is on a dead coordinate
+    info = {"canaries_on_zero_gradient_coordinates": s.canary.count}
+    assert independent_canaries(s, info) is independent
+    assert s.attack_scores() == scores
+    assert isinstance(design_of(s.canary), GradientDesign if kind == "gradient" else InputDesign)
+
+
+@pytest.mark.slow
+def test_the_cli_audits_a_design_from_a_plugin(tmp_path):
+    support = Path(__file__).resolve().parents[1] / "support"
+    env = {**os.environ, "MY_DESIGN_REGISTER_ON_IMPORT": "1",
+           "PYTHONPATH": os.pathsep.join([str(support), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "dpaudit.cli", f"hydra.run.dir={tmp_path}", "plugins=[my_design]",
+           f"canary.kind={NAME}", "canary.count=100", "+canary.options.support=8",
+           "dp.steps=10", "progress=false"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert result["settings"]["canary"]["options"] == {"support": 8}
+    assert result["canary_info"]["support"] == 8
