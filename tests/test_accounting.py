@@ -125,7 +125,7 @@ def test_profile_domain_is_opacus_own_or_larger_and_the_profile_agrees():
     from opacus.accountants import PRVAccountant
     from opacus.accountants.analysis.prv import PoissonSubsampledGaussianPRV
 
-    from dpaudit.accounting import _delta_upper, _discrete_prv, _safe_domain
+    from dpaudit.accounting import _delta_upper, _safe_domain, discrete_prv
 
     sigma, q, steps, eps_error, delta_error = 1.0, 0.5, 50, 0.01, 1e-11
     acc = PRVAccountant()
@@ -138,7 +138,7 @@ def test_profile_domain_is_opacus_own_or_larger_and_the_profile_agrees():
         assert ours.t_max >= theirs.t_max and ours.t_min <= theirs.t_min
         assert ours.dt == pytest.approx(theirs.dt, rel=1e-12)
         eps = np.linspace(0.0, 20.0, 81)
-        mine = _delta_upper(_discrete_prv(sigma, q, steps, eps_error, delta_error), eps,
+        mine = _delta_upper(discrete_prv(sigma, q, steps, eps_error, delta_error), eps,
                             eps_error, delta_error)
         opacus = _delta_upper(acc._get_dprv(eps_error=eps_error, delta_error=delta_error), eps,
                               eps_error, delta_error)

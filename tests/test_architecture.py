@@ -231,3 +231,20 @@ def test_no_module_imports_itself_through_a_circle():
         if module not in state:
             visit(module, [module])
     assert circles == []
+
+
+def test_no_private_name_is_imported_from_another_package():
+    """A ``_name`` is private to its top-level package (``_validate`` / ``_jsonable`` are
+    leaf modules shared by all): importing one from another package is a hidden dependency
+    (validity/ read accounting's ``_discrete_prv``; it is public now)."""
+    crossing = []
+    for path in sorted(SRC.rglob("*.py")):
+        module = _module_name(path)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.ImportFrom) and node.module and not node.level
+                    and node.module.startswith("dpaudit.")):
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_") and _top(node.module) != _top(module):
+                    crossing.append(f"{module} -> {node.module}.{alias.name}")
+    assert crossing == []

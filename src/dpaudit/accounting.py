@@ -280,7 +280,7 @@ def subsampled_gaussian_profile(
     if not 0.0 < float(sample_rate) <= 1.0:
         raise ValueError(f"sample_rate must lie in (0, 1], got {sample_rate!r}")
     check_positive(steps, "steps")
-    dprv = _discrete_prv(noise_multiplier, sample_rate, steps, eps_error, delta_error)
+    dprv = discrete_prv(noise_multiplier, sample_rate, steps, eps_error, delta_error)
     eps = np.atleast_1d(np.asarray(epsilons, dtype=np.float64))
     return _delta_upper(dprv, eps, eps_error, delta_error)
 
@@ -333,7 +333,7 @@ def _safe_domain(noise_multiplier, sample_rate, steps, eps_error, delta_error) -
     return Domain.create_aligned(-size, size, mesh)
 
 
-def _discrete_prv(noise_multiplier, sample_rate, steps, eps_error, delta_error):
+def discrete_prv(noise_multiplier, sample_rate, steps, eps_error, delta_error):
     """Opacus' discretised PRV of T Poisson-subsampled Gaussian steps (``PRVAccountant.
     _get_dprv``), on ``_safe_domain``."""
     sigma, q, steps = float(noise_multiplier), float(sample_rate), int(steps)
@@ -361,7 +361,7 @@ def prv_epsilon(
     check_positive(steps, "steps")
     check_open_unit(delta, "delta")
     delta_error = delta / 1000
-    dprv = _discrete_prv(noise_multiplier, sample_rate, steps, eps_error, delta_error)
+    dprv = discrete_prv(noise_multiplier, sample_rate, steps, eps_error, delta_error)
     with np.errstate(over="ignore", invalid="ignore"):
         return float(dprv.compute_epsilon(delta, delta_error, eps_error)[2])
 
@@ -401,7 +401,7 @@ def subsampled_gaussian_profile_grid(
     check_positive(noise_multiplier, "noise_multiplier")
     check_positive(steps, "steps")
     eps_error, delta_error = 0.01, delta_floor / 10
-    dprv = _discrete_prv(noise_multiplier, sample_rate, steps, eps_error, delta_error)
+    dprv = discrete_prv(noise_multiplier, sample_rate, steps, eps_error, delta_error)
     floor = delta_floor + 2e-16 * np.asarray(dprv.pmf).size
     hi = 1.0
     while _delta_upper(dprv, np.array([hi]), eps_error, delta_error)[0] > floor and hi < 1e4:

@@ -11,7 +11,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from dpaudit.cli import unused_overrides
-from dpaudit.conf import help_text, option_text, preset_names, task_references
+from dpaudit.conf import help_text, option_text, preset_names, preset_task, task_references
 from dpaudit.experiment.settings import CANARY_SELECTIONS, GROUPS, AuditSettings, choices_of
 
 
@@ -88,8 +88,21 @@ def test_unused_overrides_are_found():
     roc = yaml.safe_load(option_text("experiment", "meanlab_roc"))["task"]
     assert unused_overrides(roc, ["device=cpu", "canary=input", "seed=3"]) == [
         "device=cpu", "canary=input"]
-    audit = yaml.safe_load(option_text("experiment", "default"))["task"]
+    audit = preset_task("default")  # the shared audit task (conf/task/audit.yaml)
+    assert audit["_target_"] == "dpaudit.tasks.audit.audit_task"
     assert unused_overrides(audit, ["device=cpu", "canary=input", "dp.lr=0.1"]) == []
+
+
+def test_every_audit_preset_runs_the_one_audit_task_definition(hydra_conf):
+    """The audit task is defined once (conf/task/audit.yaml); each audit preset names it."""
+    shared = yaml.safe_load(option_text("task", "audit"))
+    audits = [n for n in preset_names("experiment")
+              if preset_task(n).get("_target_") == shared["_target_"]]
+    assert len(audits) >= 9
+    for name in audits:
+        assert "\ntask:" not in option_text("experiment", name), name  # no copy of the block
+        cfg = compose("config", overrides=[f"experiment={name}"])
+        assert OmegaConf.to_container(cfg.task) == shared, name
 
 
 def test_help_lists_presets_groups_and_allowed_values():

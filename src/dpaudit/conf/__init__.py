@@ -96,15 +96,25 @@ def task_references(task: Any) -> set[str]:
     return refs
 
 
+def preset_task(name: str) -> dict:
+    """A preset's task, unresolved: the ``task`` group option its defaults name (``/task:
+    audit``, the one definition of the audit task) under the preset's own ``task`` keys."""
+    preset = yaml.safe_load(option_text("experiment", name)) or {}
+    task = {}
+    for entry in preset.get("defaults") or ():
+        if isinstance(entry, dict) and "/task" in entry:
+            task = yaml.safe_load(option_text("task", entry["/task"])) or {}
+    return {**task, **(preset.get("task") or {})}
+
+
 def preset_groups(name: str) -> list[str]:
     """The settings groups / keys a preset's task reads (e.g. ``['dp.delta', 'seed']``)."""
-    task = (yaml.safe_load(option_text("experiment", name)) or {}).get("task") or {}
-    return sorted(task_references(task))
+    return sorted(task_references(preset_task(name)))
 
 
 def task_keys(name: str) -> list[str]:
     """A preset's own task arguments that are not interpolated from the audit settings."""
-    task = (yaml.safe_load(option_text("experiment", name)) or {}).get("task") or {}
+    task = preset_task(name)
     return [k for k, v in task.items() if not k.startswith("_") and not
             (isinstance(v, str) and v.startswith("${"))]
 

@@ -710,9 +710,9 @@ class SubsampledGaussian(Scenario):
 
 @functools.lru_cache(maxsize=8)
 def _prv(noise: float, q: float, steps: int, eps_error: float, delta_error: float):
-    from dpaudit.accounting import _discrete_prv
+    from dpaudit.accounting import discrete_prv
 
-    dprv = _discrete_prv(noise, q, steps, eps_error, delta_error)
+    dprv = discrete_prv(noise, q, steps, eps_error, delta_error)
     t = np.asarray(dprv.domain.ts, dtype=np.float64)
     p = np.asarray(dprv.pmf, dtype=np.float64)
     return dprv, t, p
