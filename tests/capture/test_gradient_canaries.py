@@ -122,3 +122,19 @@ def test_norm_rule_accepts_float32_canaries_built_at_c_and_refuses_larger_ones()
     big = GradientCanaries.random_directions(4, 1000, norm=3.0 * (1 + 10 * NORM_SLACK), seed=0)
     with pytest.raises(ValueError, match="norm <= C"):
         check_gradient_canaries([big], 1000, 3.0, "all parameters")
+
+
+def test_the_members_sample_rate_is_one_rule():
+
+    from dpaudit.capture.gradient_canaries import policy_sample_rate
+
+    assert [policy_sample_rate(p, 0.2) for p in ("every_step", "bernoulli", "never")] == [
+        1.0, 0.2, 0.0]
+    with pytest.raises(ValueError, match="needs inclusion_prob"):
+        policy_sample_rate("bernoulli", None)
+    mixed = GradientCanaries(torch.eye(3), policy=["bernoulli", "never", "every_step"],
+                             inclusion_prob=0.3, seed=0)
+    assert mixed.member_sample_rate(np.array([True, False, False])) == 0.3
+    assert mixed.member_sample_rate(np.array([False, False, True])) == 1.0
+    with pytest.raises(ValueError, match="several policies"):
+        mixed.member_sample_rate()

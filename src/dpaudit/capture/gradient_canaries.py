@@ -17,6 +17,19 @@ import torch
 
 POLICIES = ("every_step", "bernoulli", "never")
 
+
+def policy_sample_rate(policy: str, inclusion_prob: float | None) -> float:
+    """Per-step probability that a canary of ``policy`` enters the noisy sum: 1 for
+    ``"every_step"``, q_c = ``inclusion_prob`` for ``"bernoulli"``, 0 for ``"never"`` (the one
+    rule; the threat model's canary sample rate is this for its members)."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if policy == "bernoulli":
+        if inclusion_prob is None:
+            raise ValueError("policy 'bernoulli' needs inclusion_prob (q_c)")
+        return float(inclusion_prob)
+    return 1.0 if policy == "every_step" else 0.0
+
 # The one rule for a canary's norm, ||g*|| <= C * (1 + NORM_SLACK), wherever it is checked (the
 # hook's check of the canaries it is given, the settings' canary.norm). The slack is relative
 # float rounding: a row scaled to norm C in float32 has a computed norm up to a few float32
@@ -210,6 +223,21 @@ class GradientCanaries:
             return self._dense
         out = torch.zeros(len(self), self._dim, dtype=self._values.dtype)
         return out.scatter_(1, self._indices.long().cpu(), self._values.cpu())
+
+    def member_sample_rate(self, membership: np.ndarray | None = None) -> float:
+        """The per-step rate at which the members (``membership``; None: every canary whose
+        policy is not ``"never"``) enter the noisy sum (``policy_sample_rate``); members with
+        different policies are refused: each policy has its own threat model."""
+        pols = np.asarray(self.policies)
+        member = set(pols[pols != "never"] if membership is None else pols[membership])
+        if len(member) > 1:
+            raise ValueError(
+                f"canaries: member gradient canaries use several policies {sorted(member)}; "
+                "audit one policy at a time (each has its own threat model)"
+            )
+        policy = member.pop() if member else "every_step"
+        q_c = 1.0 if self.inclusion_prob is None else self.inclusion_prob
+        return policy_sample_rate(policy, q_c)
 
     def norms(self) -> torch.Tensor:
         """(K,) float64 norms, without a K x d temporary."""

@@ -61,10 +61,13 @@ class GradientDesign(CanaryDesign):
         return _build(ctx, o, q_c)
 
     def sample_rate(self, settings, data_rate: float) -> float:
+        """The members' per-step rate (capture's ``policy_sample_rate``: 1 every step, q_c
+        Bernoulli); q_c is ``canary.inclusion_prob``, by default the data's rate."""
+        from dpaudit.capture.gradient_canaries import policy_sample_rate
+
         o = self.options(settings.canary)
-        if o.policy == "every_step":
-            return 1.0
-        return float(o.inclusion_prob) if o.inclusion_prob is not None else float(data_rate)
+        q_c = o.inclusion_prob if o.inclusion_prob is not None else data_rate
+        return policy_sample_rate(o.policy, float(q_c))
 
     def canary_norm(self, settings, measured: float | None) -> float | None:
         """The norm the canaries were built with (``measured``), else ``canary.norm``."""

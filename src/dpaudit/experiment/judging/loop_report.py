@@ -56,14 +56,7 @@ def threat_model_from_hook(
     }
     if not isinstance(canary_set, GradientCanaries):
         return ThreatModel(sample_rate=hook.sample_rate, canary_kind="input", **common)
-    pols = np.asarray(canary_set.policies)
-    member_pols = set(pols[pols != "never"] if membership is None else pols[membership])
-    if len(member_pols) > 1:
-        raise ValueError(
-            f"canaries: member gradient canaries use several policies {sorted(member_pols)}; "
-            "audit one policy at a time (each has its own threat model)"
-        )
-    rate = 1.0 if member_pols == {"every_step"} else float(canary_set.inclusion_prob or 1.0)
+    rate = canary_set.member_sample_rate(membership)
     norm = float(canary_set.norms().max())  # no dense (K, d) for sparse canaries
     return ThreatModel(sample_rate=rate, canary_kind="gradient", canary_norm=norm, **common)
 
