@@ -306,48 +306,39 @@ WORLD = 2
 DDP_FAMILIES = ("transformer_mask", "mlp_dropout")
 
 
-def _ddp_worker(rank: int, port: int, out_dir: str) -> None:
-    """One rank: for each DDP family, the plain and the hooked run (module-level for spawn)."""
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
-    )
-    try:
-        results = {}
-        for fam_name in DDP_FAMILIES:
-            _CACHE.clear()
-            _, plain, hooked, trace, dead, in_mask = case(fam_name, Options(ddp=True), True)
-            results[fam_name] = {
-                "plain_applied": plain.applied,
-                "applied": hooked.applied,
-                "thetas": hooked.thetas,
-                "plain_final": plain.final,
-                "final": hooked.final,
-                "b_exp": hooked.expected_batch_size,
-                "epsilon": (plain.epsilon, hooked.epsilon),
-                "trace": trace,
-                "per_step": hooked.hook.per_step()["scalar"],
-                "scores": hooked.hook.scores()["scalar"],
-                "optimizer": type(hooked.optimizer).__name__,
-                "dead": dead,
-                "in_mask": in_mask,
-            }
-        torch.save(results, f"{out_dir}/rank{rank}.pt")
-    finally:
-        torch.distributed.destroy_process_group()
+def ddp_results(rank: int) -> dict:
+    """One rank: for each DDP family, the plain and the hooked run (called by
+    ``ddp_support.both_files_worker`` inside the initialised gloo group)."""
+    results = {}
+    for fam_name in DDP_FAMILIES:
+        _CACHE.clear()
+        _, plain, hooked, trace, dead, in_mask = case(fam_name, Options(ddp=True), True)
+        results[fam_name] = {
+            "plain_applied": plain.applied,
+            "applied": hooked.applied,
+            "thetas": hooked.thetas,
+            "plain_final": plain.final,
+            "final": hooked.final,
+            "b_exp": hooked.expected_batch_size,
+            "epsilon": (plain.epsilon, hooked.epsilon),
+            "trace": trace,
+            "per_step": hooked.hook.per_step()["scalar"],
+            "scores": hooked.hook.scores()["scalar"],
+            "optimizer": type(hooked.optimizer).__name__,
+            "dead": dead,
+            "in_mask": in_mask,
+        }
+    return results
 
 
 @pytest.fixture(scope="module")
-def ddp_ranks(tmp_path_factory):
-    from capture_support import spawn_ranks
-
-    return spawn_ranks(_ddp_worker, tmp_path_factory.mktemp("conformance-ddp"), WORLD)
+def ddp_ranks(ddp_group):
+    """This file's part of the one two-process DDP run both DDP test files share."""
+    return [r["conformance"] for r in ddp_group]
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ddp")  # one worker: the two-process run is shared
 @pytest.mark.parametrize(
     "fam_name",
     [
@@ -367,6 +358,7 @@ def test_ddp_two_processes_trajectory_unchanged(ddp_ranks, fam_name):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ddp")  # one worker: the two-process run is shared
 @pytest.mark.parametrize("fam_name", DDP_FAMILIES)
 def test_ddp_two_processes(ddp_ranks, fam_name):
     """DPDDP + Opacus' DistributedDPOptimizer, 2 gloo processes, gradient and input canaries:

@@ -12,13 +12,9 @@ their gradients equal a per-example autograd reference clipped at C.
 
 from __future__ import annotations
 
-import os
-import warnings
-
 import numpy as np
 import pytest
 import torch
-from capture_support import spawn_ranks
 from torch import nn
 
 from dpaudit.attacks import StepScore
@@ -118,57 +114,53 @@ def _refusal(data, canaries):
     return None
 
 
-def _worker(rank, port, out_dir):
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
+def ddp_results(rank: int) -> dict:
+    """What one rank of the shared two-process group records for this file's tests (called by
+    ``ddp_support.both_files_worker`` inside the initialised gloo group)."""
+    from capture_support import digits_flat, dirac_coords
+
+    from dpaudit.capture import AuditHook, GradientCanaries, InputCanaries
+
+    data, zero = digits_flat(pad=6, n_train=256)
+    nf = data.tensors[0].shape[1]
+    coords = dirac_coords(zero, nf)
+    k = len(coords) - len(coords) % 3
+    pols = ["every_step", "never", "bernoulli"] * (k // 3)
+    grad = GradientCanaries.dirac(
+        coords[:k], CLIP, nf * 10 + 10, policy=pols, inclusion_prob=0.5, seed=3
     )
-    try:
-        from capture_support import digits_flat, dirac_coords
-
-        from dpaudit.capture import AuditHook, GradientCanaries, InputCanaries
-
-        data, zero = digits_flat(pad=6, n_train=256)
-        nf = data.tensors[0].shape[1]
-        coords = dirac_coords(zero, nf)
-        k = len(coords) - len(coords) % 3
-        pols = ["every_step", "never", "bernoulli"] * (k // 3)
-        grad = GradientCanaries.dirac(
-            coords[:k], CLIP, nf * 10 + 10, policy=pols, inclusion_prob=0.5, seed=3
-        )
-        x, y = data.tensors
-        results = {
-            "plain": _run(rank, data, None),
-            "grad": _run(rank, data, lambda o, m: AuditHook(o, m, grad, scores=(Keep(),))),
-            "ghost_plain": _run(rank, data, None, ghost=True),
-            "ghost": _run(
-                rank, data, lambda o, m: AuditHook(o, m, grad, scores=(Keep(),)), ghost=True
+    x, y = data.tensors
+    results = {
+        "plain": _run(rank, data, None),
+        "grad": _run(rank, data, lambda o, m: AuditHook(o, m, grad, scores=(Keep(),))),
+        "ghost_plain": _run(rank, data, None, ghost=True),
+        "ghost": _run(
+            rank, data, lambda o, m: AuditHook(o, m, grad, scores=(Keep(),)), ghost=True
+        ),
+        "input": _run(
+            rank, data, lambda o, m: AuditHook(o, m, InputCanaries(x[:3], y[:3]), (Keep(),))
+        ),
+        "input_batch": _run(
+            rank,
+            data,
+            lambda o, m: AuditHook(
+                o, m, InputCanaries(x[:3], y[:3]), (Keep(),), input_pass="batch"
             ),
-            "input": _run(
-                rank, data, lambda o, m: AuditHook(o, m, InputCanaries(x[:3], y[:3]), (Keep(),))
-            ),
-            "input_batch": _run(
-                rank,
-                data,
-                lambda o, m: AuditHook(
-                    o, m, InputCanaries(x[:3], y[:3]), (Keep(),), input_pass="batch"
-                ),
-            ),
-        }
-        results["coords"], results["x"], results["y"] = coords[:k], x[:3], y[:3]
-        results["refusal"] = _refusal(data, grad)
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        torch.distributed.destroy_process_group()
+        ),
+    }
+    results["coords"], results["x"], results["y"] = coords[:k], x[:3], y[:3]
+    results["refusal"] = _refusal(data, grad)
+    return results
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    return spawn_ranks(_worker, tmp_path_factory.mktemp("ddp"), WORLD)
+def ranks(ddp_group):
+    """This file's part of the one two-process DDP run both DDP test files share."""
+    return [r["ddp"] for r in ddp_group]
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ddp")  # one worker: the two-process run is shared
 @pytest.mark.parametrize(
     "plain_key,key,opt_type",
     [
@@ -204,6 +196,7 @@ def test_gradient_canaries_enter_once_and_every_rank_scores_the_applied_gradient
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ddp")  # one worker: the two-process run is shared
 def test_input_canaries_leave_training_unchanged_and_match_autograd_on_every_rank(ranks):
     from dpaudit.gradients.persample import clip_factor
 
@@ -231,6 +224,7 @@ def test_input_canaries_leave_training_unchanged_and_match_autograd_on_every_ran
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ddp")  # one worker: the two-process run is shared
 def test_a_plain_dp_optimizer_in_a_two_process_group_is_refused(ranks):
     for r in ranks:
         msg = r["refusal"]
