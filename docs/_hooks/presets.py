@@ -30,7 +30,7 @@ def _groups() -> str:
 
 
 def _settings() -> str:
-    from dpaudit.experiment.settings import describe_settings
+    from dpaudit.conf import describe_settings
 
     return "```text\n" + describe_settings() + "\n```"
 

@@ -11,7 +11,14 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from dpaudit.cli import unused_overrides
-from dpaudit.conf import help_text, option_text, preset_names, preset_task, task_references
+from dpaudit.conf import (
+    describe_settings,
+    help_text,
+    option_text,
+    preset_names,
+    preset_task,
+    task_references,
+)
 from dpaudit.experiment.settings import CANARY_SELECTIONS, GROUPS, AuditSettings, choices_of
 
 
@@ -116,3 +123,14 @@ def test_help_lists_presets_groups_and_allowed_values():
     data_name = next(f for f in fields(GROUPS["data"]) if f.name == "name")
     assert "allowed: " + " | ".join(choices_of(data_name)) in text  # from the registry
     assert "_target_" not in text and "task:" not in text
+
+
+def test_describe_settings_has_every_field_with_allowed_values():
+    text = describe_settings()
+    for group, values in AuditSettings().to_dict().items():
+        keys = values if isinstance(values, dict) else {group: values}
+        for key in keys:
+            name = f"{group}.{key}" if isinstance(values, dict) else key
+            assert f"  {name} " in text, name
+    assert "allowed: gradient | input" in text
+    assert all(line.strip() for line in text.splitlines())

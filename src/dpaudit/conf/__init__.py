@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import sys
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from importlib import resources
 from typing import Any
 
@@ -25,7 +25,7 @@ import yaml
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from dpaudit.experiment.settings import GROUPS, AuditSettings, describe_settings
+from dpaudit.experiment.settings import GROUPS, AuditSettings, choices_of
 from dpaudit.papers import humanize
 
 SCHEMA_NAME = "dpaudit_schema"
@@ -201,3 +201,43 @@ def register() -> None:
 register()
 
 __all__ = ["DpauditConfig", "help_text", "preset_groups", "register", "task_references"]
+
+
+def describe_settings(width: int = 30) -> str:
+    """Every setting as ``group.key  type = default  help [allowed values]``, one line each
+    (the body of the CLI's ``--help``), generated from the dataclasses' metadata."""
+    lines = []
+
+    def one(prefix: str, f) -> None:
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        head = f"  {prefix}{f.name}"
+        text = f"{head:<{width}} {kind} = {_show(default)}"
+        lines.append(text)
+        help_text = f.metadata.get("help", "")
+        allowed = choices_of(f)
+        if allowed:
+            help_text += f"; allowed: {' | '.join(allowed)}"
+        lines.append(f"{'':<{width}}   {help_text}")
+
+    for group, kind in GROUPS.items():
+        lines.append(f"{group}: {(kind.__doc__ or '').strip().splitlines()[0]}")
+        for f in fields(kind):
+            one(f"{group}.", f)
+    lines.append("top level:")
+    for f in fields(AuditSettings):
+        if f.name not in GROUPS:
+            one("", f)
+    return "\n".join(lines)
+
+
+def _show(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, list):
+        return "[" + ", ".join(map(str, v)) + "]"
+    if isinstance(v, dict):
+        return "{}" if not v else str(v)
+    return str(v)

@@ -4,7 +4,7 @@ These dataclasses are the one source of defaults: ``AuditSettings()`` is the aud
 ``dpaudit`` runs with no arguments, and the CLI registers them as Hydra's structured-config
 schema (``dpaudit.conf``), so the YAML group files list only what differs. Each field carries a
 one-line ``help`` (and, where the values are a closed set, ``choices``) in its metadata; the
-CLI's ``--help`` and ``describe_settings()`` are generated from them.
+CLI's ``--help`` (``dpaudit.conf.describe_settings``) is generated from them.
 
 Hydra passes plain mappings; ``AuditSettings.from_mappings`` turns them into these objects and
 every field is checked here, once, with an error that names the group and the field. The names
@@ -346,7 +346,7 @@ class AuditSettings:
     Attributes:
         data, model, dp, canary, attack, audit: the groups (``DataSettings``,
             ``ModelSettings``, ``DPSettings``, ``CanarySettings``, ``AttackSettings``,
-            ``AuditGroupSettings``); ``describe_settings()`` lists every field with its
+            ``AuditGroupSettings``); ``dpaudit.conf.describe_settings()`` lists every field with its
             one-line help and allowed values.
         seed: seed of the data split, the initial model, the canaries and the training.
         device: torch device ("cpu", "cuda", "cuda:1", ...); None: CUDA when available.
@@ -440,46 +440,6 @@ GROUPS = {
     "attack": AttackSettings,
     "audit": AuditGroupSettings,
 }
-
-
-def describe_settings(width: int = 30) -> str:
-    """Every setting as ``group.key  type = default  help [allowed values]``, one line each
-    (the body of the CLI's ``--help``), generated from the dataclasses' metadata."""
-    lines = []
-
-    def one(prefix: str, f) -> None:
-        default = f.default_factory() if f.default_factory is not MISSING else f.default
-        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-        head = f"  {prefix}{f.name}"
-        text = f"{head:<{width}} {kind} = {_show(default)}"
-        lines.append(text)
-        help_text = f.metadata.get("help", "")
-        allowed = choices_of(f)
-        if allowed:
-            help_text += f"; allowed: {' | '.join(allowed)}"
-        lines.append(f"{'':<{width}}   {help_text}")
-
-    for group, kind in GROUPS.items():
-        lines.append(f"{group}: {(kind.__doc__ or '').strip().splitlines()[0]}")
-        for f in fields(kind):
-            one(f"{group}.", f)
-    lines.append("top level:")
-    for f in fields(AuditSettings):
-        if f.name not in GROUPS:
-            one("", f)
-    return "\n".join(lines)
-
-
-def _show(v) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, list):
-        return "[" + ", ".join(map(str, v)) + "]"
-    if isinstance(v, dict):
-        return "{}" if not v else str(v)
-    return str(v)
 
 
 # The key that names a group option, per group (the files in dpaudit/conf/<group>/ set it).
