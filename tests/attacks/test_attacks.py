@@ -42,7 +42,7 @@ def _ctx(b, sigma=0.0, clip=1.0, q=0.01, refs=None):
         step=0,
         noise_multiplier=sigma,
         max_grad_norm=clip,
-        expected_batch_size=b,
+        divisor=b,
         sample_rate=q,
         reference_grads=refs,
     )

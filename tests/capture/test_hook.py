@@ -65,7 +65,7 @@ def test_released_gradient_equals_parameter_delta(tmp_path):
     assert run.hook.steps == run.n_batches == tr["meta"]["steps"] == len(tr["released"])
     assert tr["meta"]["chunks"] == -(-run.hook.steps // 3)  # ceil(T / chunk_steps)
     np.testing.assert_allclose(tr["released"], delta, rtol=0, atol=2e-5)
-    assert tr["meta"]["expected_batch_size"] == run.optimizer.expected_batch_size
+    assert tr["meta"]["divisor"] == run.optimizer.expected_batch_size
 
 
 def test_input_canary_grads_are_clipped_grads_at_current_theta():
@@ -233,7 +233,8 @@ def test_expected_batch_size_in_context_mean_and_sum():
             lr=0.002,
         )
         want = run.optimizer.expected_batch_size if expected is None else expected
-        assert {c.expected_batch_size for c in rec.ctx} == {float(want)}
+        assert {c.divisor for c in rec.ctx} == {float(want)}
+        assert {c.expected_batch_size for c in rec.ctx} == {float(want)}  # the former name
         assert [c.step for c in rec.ctx] == list(range(run.hook.steps))
         assert rec.ctx[0].noise_multiplier == 1.0 and rec.ctx[0].max_grad_norm == 1.0
 

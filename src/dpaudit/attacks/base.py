@@ -22,16 +22,26 @@ import torch
 class StepContext:
     """What a score may know about the step besides the gradients.
 
-    ``reference_grads`` holds clipped per-sample gradients of reference points at the current
-    parameters (n_r x d) when the score sets ``requires_reference_grads``; otherwise ``None``.
+    ``divisor``: what the released gradient was divided by, the sum of clipped gradients plus
+    noise over it: Opacus' expected batch size B_exp x gradient-accumulation steps x world size
+    for ``loss_reduction="mean"``, 1 for ``"sum"`` (``expected_batch_size`` is its former
+    name, still readable). ``reference_grads`` holds clipped per-sample gradients of reference
+    points at the current parameters (n_r x d) when the score sets
+    ``requires_reference_grads``; otherwise ``None``.
     """
 
     step: int
     noise_multiplier: float
     max_grad_norm: float
-    expected_batch_size: float
+    divisor: float
     sample_rate: float
     reference_grads: torch.Tensor | None = None
+
+    @property
+    def expected_batch_size(self) -> float:
+        """The former name of ``divisor`` (it is B_exp only for one process without
+        accumulation and ``loss_reduction="mean"``)."""
+        return self.divisor
 
 
 class StepScore(abc.ABC):

@@ -78,7 +78,7 @@ class FixedPrecisionScore(StepScore):
 
     def step_batch_size(self, ctx: StepContext) -> float:
         """b for this step: the fixed one, or the step's expected batch size."""
-        return check_positive(self.batch_size or ctx.expected_batch_size, "batch_size")
+        return check_positive(self.batch_size or ctx.divisor, "batch_size")
 
 
 class CovarianceScore(FixedPrecisionScore):
@@ -139,7 +139,7 @@ class PerStepCovarianceScore(StepScore):
         refs = ctx.reference_grads
         if refs is None:
             raise ValueError("PerStepCovarianceScore needs ctx.reference_grads (n_r, d)")
-        b = ctx.expected_batch_size
+        b = ctx.divisor
         noisy = self.noise_aware and ctx.noise_multiplier > 0
         if self.estimator is not None:
             op = self.estimator(refs)

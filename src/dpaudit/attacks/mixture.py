@@ -54,6 +54,6 @@ class MixtureLR(StepScore):
         norms = canary_grads.norm(dim=1)
         if bool((norms == 0).any()):
             raise ValueError("canary_grads contains a zero vector: its direction is undefined")
-        total = released.to(canary_grads.dtype) * ctx.expected_batch_size
+        total = released.to(canary_grads.dtype) * ctx.divisor
         u = (canary_grads @ total) / (scale * norms)
         return mixture_log_lr(u, norms / scale, q)

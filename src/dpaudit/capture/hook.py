@@ -469,7 +469,7 @@ class AuditHook:
             step=t,
             noise_multiplier=float(opt.noise_multiplier),
             max_grad_norm=self.max_grad_norm,
-            expected_batch_size=divisor,
+            divisor=divisor,
             sample_rate=self.sample_rate,
             reference_grads=ref,
         )
@@ -478,7 +478,7 @@ class AuditHook:
         if self.trace is not None:
             context = {
                 k: getattr(ctx, k)
-                for k in ("noise_multiplier", "max_grad_norm", "sample_rate", "expected_batch_size")
+                for k in ("noise_multiplier", "max_grad_norm", "sample_rate", "divisor")
             }
             self.trace.write(released, canary_grads, context)
         self._steps += 1

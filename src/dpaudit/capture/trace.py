@@ -73,7 +73,7 @@ class Trace:
         """Record one step (released (d,), canary_grads (K, d)); flush a full chunk to disk.
 
         ``context`` holds the step's scalar DP parameters (noise_multiplier, max_grad_norm,
-        sample_rate, expected_batch_size); they go to ``meta.json`` (``"varies"`` lists the
+        sample_rate, divisor); they go to ``meta.json`` (``"varies"`` lists the
         keys whose value changed during the run).
         """
         for key, value in (context or {}).items():

@@ -41,6 +41,7 @@ class ScoreContext:
     setup: CanarySetup
     expected_batch_size: float
     threat: ThreatModel
+    precision_info: dict | None = None  # what ``precision`` built, once it was asked for
 
     @functools.cached_property
     def precision(self) -> PrecisionOperator:
@@ -49,8 +50,8 @@ class ScoreContext:
         plus (sigma^2 C^2 / b + ``attack.ridge``) I, what the released mean's covariance is
         (DESIGN 4.3). With sigma > 0 (the settings' rule) it is never singular, also where every
         reference gradient is the same (Dirac canaries on dead coordinates). What was built is
-        recorded in the canary info (``precision``): estimator, references, b, the two ridges,
-        woodbury's rank."""
+        kept in ``precision_info`` (estimator, references, b, the two ridges, woodbury's rank),
+        which ``build_scores`` adds to the canary info."""
         a, dp, setup = self.settings.attack, self.settings.dp, self.setup
         x, y = setup.references
         k = min(a.n_references, len(x))
@@ -66,7 +67,7 @@ class ScoreContext:
         except ValueError as err:  # e.g. dense beyond its dimension: name the setting
             raise ValueError(f"attack.estimator={a.estimator}: {err}") from err
         summary = op.summary() if hasattr(op, "summary") else {}
-        self.setup.info["precision"] = {
+        self.precision_info = {
             "estimator": a.estimator,
             "n_refs": k,
             "dim": int(grads.shape[1]),
@@ -132,4 +133,6 @@ def build_scores(
             raise ValueError(f"attack score {name!r} builds a StepScore named {score.name!r}; "
                              "its name must be the registered one (or left unset)")
         out.append(score)
+    if ctx.precision_info is not None:  # the report says which precision the scores used
+        setup.info["precision"] = ctx.precision_info
     return out
