@@ -101,6 +101,21 @@ def infer_sample_rate(step_hook: object) -> float | None:
     return float(value) if isinstance(value, numbers.Real) else None
 
 
+def _check_arguments(optimizer, model, seed) -> None:
+    """The hook's arguments that need nothing else: an Opacus DP optimizer of a supported
+    kind, a torch module, an integer seed."""
+    if not isinstance(optimizer, DPOptimizer):
+        raise ValueError(
+            "optimizer must be an Opacus DPOptimizer (from PrivacyEngine.make_private), "
+            f"got {type(optimizer).__name__}"
+        )
+    check_optimizer_supported(optimizer)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch nn.Module, got {type(model).__name__}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+
+
 class AuditHook:
     """Record released gradients, canary gradients and streaming scores of an Opacus run.
 
@@ -158,19 +173,23 @@ class AuditHook:
         noise_probes: Sequence[int] | np.ndarray | torch.Tensor | None = None,
         check_clipping: bool = False,
     ) -> None:
-        if not isinstance(optimizer, DPOptimizer):
-            raise ValueError(
-                "optimizer must be an Opacus DPOptimizer (from PrivacyEngine.make_private), "
-                f"got {type(optimizer).__name__}"
-            )
-        check_optimizer_supported(optimizer)
-        if not isinstance(model, nn.Module):
-            raise ValueError(f"model must be a torch nn.Module, got {type(model).__name__}")
-        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-            raise ValueError(f"seed must be an integer, got {seed!r}")
+        _check_arguments(optimizer, model, seed)
         self.optimizer = optimizer
         self.model = model
         self.max_grad_norm = float(optimizer.max_grad_norm)
+        self._select_parameters(model, optimizer, params, coordinates)
+        self._set_canaries(canaries)
+        self._set_scores(scores, keep_per_step, reference, sample_rate)
+        self._set_trace(trace)
+        self.keep_per_step = bool(keep_per_step)
+        self.check_finite = bool(check_finite)
+        self.input_pass = input_pass
+        self._set_passes(model, input_pass, seed)
+        self._reset_records(noise_probes, check_clipping, seed)
+
+    def _select_parameters(self, model, optimizer, params, coordinates) -> None:
+        """The parameters the canaries live in (all optimized by the DP optimizer) and the
+        coordinate view the hook records."""
         self.param_names = resolve_parameter_names(model, params)
         named = dict(unwrap_model(model).named_parameters())
         self._params = [named[n] for n in self.param_names]
@@ -186,6 +205,8 @@ class AuditHook:
         self.coordinates = self.view.coordinates
         self.dim = self.view.dim
 
+    def _set_canaries(self, canaries) -> None:
+        """The canary sets, checked against the view and the clip norm."""
         self.canaries = as_canary_list(canaries)
         self.num_canaries = sum(len(c) for c in self.canaries)
         where = f"parameters {self.param_names}" + (
@@ -194,25 +215,30 @@ class AuditHook:
         check_gradient_canaries(self.canaries, self.dim, self.max_grad_norm, where)
         self._insertion = GradientInsertion(self.canaries, self.view)
 
+    def _set_scores(self, scores, keep_per_step, reference, sample_rate) -> None:
+        """The scores' accumulator, their reference points, the process group and q."""
         self._accumulator = ScoreAccumulator(scores, self.num_canaries, keep_per_step)
         self.score_fns = self._accumulator.score_fns
         self.reference = check_reference(reference)
         if self.reference is not None or any(isinstance(c, InputCanaries) for c in self.canaries):
-            check_input_canaries_supported(optimizer)
+            check_input_canaries_supported(self.optimizer)
         # Opacus' distributed optimizers: noise on rank 0, all-reduce after the step hook
-        self.distributed = is_distributed(optimizer)
-        self.rank = int(optimizer.rank) if self.distributed else 0
-        self.world_size = int(optimizer.world_size) if self.distributed else 1
+        self.distributed = is_distributed(self.optimizer)
+        self.rank = int(self.optimizer.rank) if self.distributed else 0
+        self.world_size = int(self.optimizer.world_size) if self.distributed else 1
         if self._accumulator.needs_reference and self.reference is None:
             raise ValueError("reference=(inputs, targets) is required by a score that needs it")
         if sample_rate is None:
-            sample_rate = infer_sample_rate(optimizer.step_hook)
+            sample_rate = infer_sample_rate(self.optimizer.step_hook)
         if sample_rate is None or not 0.0 < float(sample_rate) <= 1.0:
             raise ValueError(
                 "sample_rate must be in (0, 1]; it could not be read from the optimizer's "
                 f"accountant hook, got {sample_rate!r}: pass sample_rate="
             )
         self.sample_rate = float(sample_rate)
+
+    def _set_trace(self, trace) -> None:
+        """An optional on-disk trace of what the hook sees (its basis fits the view)."""
         if trace is not None and not isinstance(trace, Trace):
             raise ValueError(f"trace must be a dpaudit.capture.Trace, got {type(trace).__name__}")
         if trace is not None and trace.basis is not None and trace.basis.shape[1] != self.dim:
@@ -222,15 +248,16 @@ class AuditHook:
                 f"got shape {tuple(trace.basis.shape)}"
             )
         self.trace = trace
-        self.keep_per_step = bool(keep_per_step)
-        self.check_finite = bool(check_finite)
-        self.input_pass = input_pass
+
+    def _set_passes(self, model, input_pass, seed) -> None:
+        """Where scores are computed (routed to the canaries' support when that is exact) and
+        the input canaries' gradient pass."""
         # sparse gradient canaries only, scores that read the released gradient only through
         # <g*, g_t>: score on the union S of the supports (exactly the full run's values)
         self.routed = (
             self._insertion.all_sparse
             and self.coordinates is None
-            and trace is None
+            and self.trace is None
             and self.reference is None
             and all(
                 type(s) in _SUPPORT_LOCAL or getattr(s, "support_local", False)
@@ -242,7 +269,7 @@ class AuditHook:
         )
         self._inputs = InputGradients(
             model,
-            optimizer,
+            self.optimizer,
             [c for c in self.canaries if isinstance(c, InputCanaries)],
             self.reference,
             self.param_names,
@@ -252,6 +279,8 @@ class AuditHook:
             seed=seed,
         )
 
+    def _reset_records(self, noise_probes, check_clipping, seed) -> None:
+        """Step counters and the white-box records (noise floor, probes, clipping, batch sizes)."""
         self._patches: list[InstancePatch] = []
         self._attached = False
         self._started = False
