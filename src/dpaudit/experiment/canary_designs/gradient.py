@@ -91,9 +91,8 @@ class GradientDesign(CanaryDesign):
 
 
 def _build(ctx: BuildContext, o: GradientOptions, q_c: float | None) -> CanarySetup:
-    import torch
 
-    from dpaudit.canaries import random_direction_canaries
+    from dpaudit.canaries import dirac_canaries, random_direction_canaries
     from dpaudit.capture import GradientCanaries
     from dpaudit.capture.gradient_canaries import NORM_SLACK
     from dpaudit.gradients import per_sample_clipped_grads
@@ -142,13 +141,13 @@ def _build(ctx: BuildContext, o: GradientOptions, q_c: float | None) -> CanarySe
                 "or use a model with more dead coordinates (e.g. model=mlp, larger model.width)",
                 stacklevel=2,
             )
-        if o.view == "auto":
+        if o.view == "auto":  # in the view of their own coordinates: e_1 ... e_K
             view = coords
-            vectors = norm * torch.eye(count, dtype=ref_grads.dtype, device=ref_grads.device)
+            vectors = dirac_canaries(count, np.arange(count), norm, ref_grads.device,
+                                     ref_grads.dtype)
             info["view"] = "auto"
         else:
-            vectors = torch.zeros(count, dim, dtype=ref_grads.dtype, device=ref_grads.device)
-            vectors[torch.arange(count), torch.as_tensor(coords, device=vectors.device)] = norm
+            vectors = dirac_canaries(dim, coords, norm, ref_grads.device, ref_grads.dtype)
         info["coordinates"] = coords.tolist()
         info["data_gradient_activity_max"] = float(activity[coords].max())
         info["zero_gradient_coordinates"] = dead
