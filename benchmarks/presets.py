@@ -101,9 +101,9 @@ groups = {k: task[k] for k in ("data", "model", "dp", "canary", "attack", "audit
                                "device", "progress") if k in task}
 settings = AuditSettings.from_mappings(**groups)
 from dataclasses import replace
-from dpaudit.experiment.trainings.training import poisson_sample_rate, total_steps
+from dpaudit.experiment.trainings.training import total_steps
 train, _, _ = settings.data.load(settings.seed)
-if total_steps(settings.dp, poisson_sample_rate(settings.dp, len(train))) > MAX_STEPS:
+if total_steps(settings.dp, settings.dp.poisson_sample_rate(len(train))) > MAX_STEPS:
     # the hook's cost is per step: the ratio of the first MAX_STEPS steps is the ratio
     settings = replace(settings, dp=replace(settings.dp, steps=MAX_STEPS))
 prepared = prepare_run(settings, warn=False)

@@ -22,6 +22,9 @@ BUGS = (
     "accountant_steps",
 )
 CANARY_DESIGNS = ("gradient", "input")
+# a gradient canary's insertion policy ("never": an out-canary, only scored); declared here so
+# that the capture hook and the torch-free settings share one tuple
+CANARY_POLICIES = ("every_step", "bernoulli", "never")
 ESTIMATORS = ("dense", "diagonal", "ledoit_wolf", "oas", "woodbury")
 
 # registry name -> (module, attribute) of the registry the tuple above mirrors

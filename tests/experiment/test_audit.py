@@ -9,7 +9,6 @@ from dpaudit.experiment import AuditSettings, audit_run, run_audit
 from dpaudit.experiment import settings as settings_module
 from dpaudit.experiment.trainings.run import RunRecord, prepare_run
 from dpaudit.experiment.trainings.threat import threat_model_for
-from dpaudit.experiment.trainings.training import poisson_sample_rate
 
 TINY = {
     "data": {"name": "digits"},
@@ -250,7 +249,7 @@ def test_threat_model_built_once_sets_bernoulli_canaries_inclusion():
     )
     prepared = prepare_run(settings)
     threat = prepared.threat
-    q = poisson_sample_rate(settings.dp, prepared.setup.n_base)
+    q = settings.dp.poisson_sample_rate(prepared.setup.n_base)
     assert threat == threat_model_for(settings, q, 3, settings.dp.max_grad_norm)
     assert threat.sample_rate == q == prepared.sample_rate < 1.0
     assert prepared.setup.canaries.inclusion_prob == threat.sample_rate

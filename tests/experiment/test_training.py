@@ -7,7 +7,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from dpaudit.experiment.settings import DPSettings
-from dpaudit.experiment.trainings.training import poisson_sample_rate, total_steps, train_plain
+from dpaudit.experiment.trainings.training import total_steps, train_plain
 
 
 @pytest.mark.parametrize("physical", [None, 4])
@@ -17,7 +17,7 @@ def test_plain_training_takes_the_configured_steps(physical):
     dp = DPSettings(noise_multiplier=1.0, batch_size=16, steps=7, max_physical_batch_size=physical)
     model = nn.Sequential(nn.Linear(5, 3))
     before = [p.detach().clone() for p in model.parameters()]
-    rate = poisson_sample_rate(dp, len(data))
+    rate = dp.poisson_sample_rate(len(data))
     state = torch.random.get_rng_state()
     seconds, steps = train_plain(model, data, dp, rate, seed=3)
     assert steps == total_steps(dp, rate) == 7

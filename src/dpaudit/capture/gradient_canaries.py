@@ -15,7 +15,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-POLICIES = ("every_step", "bernoulli", "never")
+from dpaudit.names import CANARY_POLICIES
+
+POLICIES = CANARY_POLICIES
 
 
 def policy_sample_rate(policy: str, inclusion_prob: float | None) -> float:

@@ -172,6 +172,16 @@ class DPSettings:
         "dpaudit.experiment.BUG_ZOO (scaled_noise: the noise is bug_factor x sigma)"
     )
 
+    def poisson_sample_rate(self, n_train: int) -> float:
+        """q = 1 / round(n_train / batch_size) on ``n_train`` examples without canaries: Opacus'
+        accountant reads 1 / len(loader), so q is the reciprocal of a whole number of steps
+        per epoch and both sides agree exactly; the same in every run of an audit."""
+        if self.batch_size > n_train:
+            raise ValueError(
+                f"dp.batch_size ({self.batch_size}) exceeds the training set size ({n_train})"
+            )
+        return 1.0 / max(1, round(n_train / self.batch_size))
+
     def check(self) -> None:
         _positive("dp", "noise_multiplier", self.noise_multiplier)
         _positive("dp", "max_grad_norm", self.max_grad_norm)

@@ -45,7 +45,7 @@ from dpaudit.experiment.trainings.engine import (
 )
 from dpaudit.experiment.trainings.multirun import checksum, quarantine
 from dpaudit.experiment.trainings.run import resolve_device
-from dpaudit.experiment.trainings.training import SAMPLINGS, poisson_sample_rate, train_audited
+from dpaudit.experiment.trainings.training import SAMPLINGS, train_audited
 from dpaudit.gradients import per_sample_clipped_grads, resolve_parameter_names
 from dpaudit.models import LOSS, build_model
 from dpaudit.papers import PAPERS
@@ -163,7 +163,7 @@ def figure3(
         )
     b = float(dps.batch_size)
     precision = noise_aware(ranking.precision, dps.noise_multiplier, dps.max_grad_norm, b)
-    q = poisson_sample_rate(dps, n_pool)
+    q = dps.poisson_sample_rate(n_pool)
     membership = rng.random((int(runs), canary_pos.size)) < 0.5
     for cls in CLASSES:  # refused here, before any training, rather than after all of it
         mem = membership[:, np.asarray(sel.labels) == cls]

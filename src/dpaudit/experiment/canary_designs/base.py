@@ -53,15 +53,14 @@ class CanarySetup:
 class BuildContext:
     """What a design builds its canaries from: the audit's ``settings``, the ``model`` at
     theta_0 (on its device), the training data (without canaries), reference examples for
-    gradient statistics, the parameters the canaries live in, the data's Poisson sample rate,
-    the membership bits, the canary set-up's seeded generator and the device."""
+    gradient statistics, the parameters the canaries live in, the membership bits, the canary
+    set-up's seeded generator and the device."""
 
     settings: Any
     model: Any
     train_set: Any
     references: tuple
     param_names: list[str]
-    sample_rate: float
     membership: np.ndarray
     rng: np.random.Generator
     device: Any

@@ -27,10 +27,11 @@ from dpaudit.experiment.canary_designs.base import (
     CanarySetup,
     tensors,
 )
+from dpaudit.names import CANARY_POLICIES
 
 DIRECTIONS = ("dirac", "random")
 PLACEMENTS = ("least_active", "random_live")
-GRADIENT_POLICIES = ("every_step", "bernoulli")
+GRADIENT_POLICIES = tuple(p for p in CANARY_POLICIES if p != "never")  # what members use
 VIEWS = ("full", "auto")
 
 
@@ -56,8 +57,9 @@ class GradientDesign(CanaryDesign):
     def build(self, ctx: BuildContext) -> CanarySetup:
         o = self.options(ctx.settings.canary)
         # Bernoulli canaries enter a step at the threat model's canary sample rate (one rule,
-        # ``sample_rate``; the data's q here: gradient canaries leave the data as is)
-        q_c = self.sample_rate(ctx.settings, ctx.sample_rate) if o.policy == "bernoulli" else None
+        # ``sample_rate``; the data's q: gradient canaries leave the training data as it is)
+        data_q = ctx.settings.dp.poisson_sample_rate(len(ctx.train_set))
+        q_c = self.sample_rate(ctx.settings, data_q) if o.policy == "bernoulli" else None
         return _build(ctx, o, q_c)
 
     def sample_rate(self, settings, data_rate: float) -> float:

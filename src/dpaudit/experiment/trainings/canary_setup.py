@@ -30,7 +30,6 @@ def setup_canaries(
     settings: AuditSettings,
     model: nn.Module,
     train_set: Dataset,
-    sample_rate: float,
     membership: np.ndarray | None = None,
 ) -> CanarySetup:
     """Build the canaries of ``settings.canary`` at the model's current (initial) parameters."""
@@ -45,8 +44,8 @@ def setup_canaries(
         membership = draw_membership(c.count, settings.audit.inclusion, seed)
     if len(membership) != c.count:
         raise ValueError(f"membership has {len(membership)} bits for canary.count={c.count}")
-    ctx = BuildContext(settings, model, train_set, references, params, sample_rate,
-                       np.asarray(membership), rng, device)
+    ctx = BuildContext(settings, model, train_set, references, params, np.asarray(membership),
+                       rng, device)
     setup = design_of(c).build(ctx)
     if not isinstance(setup, CanarySetup):
         raise TypeError(f"canary design {c.kind!r} must build a CanarySetup, got "

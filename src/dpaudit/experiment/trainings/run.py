@@ -26,7 +26,7 @@ from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.trainings.canary_setup import CanarySetup, draw_membership, setup_canaries
 from dpaudit.experiment.trainings.scores import build_scores
 from dpaudit.experiment.trainings.threat import threat_model_for
-from dpaudit.experiment.trainings.training import poisson_sample_rate, total_steps, train_audited
+from dpaudit.experiment.trainings.training import total_steps, train_audited
 from dpaudit.forecast import (
     ceiling_sentence,
     certifiable_ceiling,
@@ -263,8 +263,8 @@ def prepare_run(
     m = settings.model
     model = build_model(m.name, info.input_shape, info.num_classes, m.width, seed=seed)
     model = model.to(device)
-    setup = setup_canaries(settings, model, train, poisson_sample_rate(dp, len(train)), membership)
-    sample_rate = poisson_sample_rate(dp, setup.n_base)
+    setup = setup_canaries(settings, model, train, membership)
+    sample_rate = dp.poisson_sample_rate(setup.n_base)  # the data's q, canaries held out
     threat = threat_model_for(
         settings, sample_rate, total_steps(dp, sample_rate), setup.info.get("norm")
     )

@@ -55,17 +55,6 @@ def make_optimizer(model: nn.Module, dp: DPSettings) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=dp.lr, momentum=dp.momentum)
 
 
-def poisson_sample_rate(dp: DPSettings, n_train: int) -> float:
-    """q = 1 / round(n_train / batch_size): Opacus' accountant reads 1 / len(loader), so q is
-    the reciprocal of a whole number of steps per epoch and both sides agree exactly. It is
-    computed from the data *without* canaries, so it is the same in every run of an audit."""
-    if dp.batch_size > n_train:
-        raise ValueError(
-            f"dp.batch_size ({dp.batch_size}) exceeds the training set size ({n_train})"
-        )
-    return 1.0 / max(1, round(n_train / dp.batch_size))
-
-
 def total_steps(dp: DPSettings, sample_rate: float) -> int:
     """Optimizer steps of the run: ``dp.steps`` or epochs / q."""
     if dp.steps is not None:
