@@ -47,6 +47,7 @@ from conformance_models import (
     reference_clipped_grads,
     run,
 )
+from ddp_support import WORLD  # the shared DDP run's world size
 
 from dpaudit.capture import AuditHook, GradientCanaries, InputCanaries, Trace, load_trace
 
@@ -302,7 +303,7 @@ def test_per_layer_and_adaptive_clipping_refused_at_construction(fam_name, clipp
 
 
 # ----------------------------------------------------------------------------- DDP
-WORLD = 2
+
 DDP_FAMILIES = ("transformer_mask", "mlp_dropout")
 
 

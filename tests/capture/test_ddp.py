@@ -15,11 +15,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from ddp_support import WORLD  # the shared run's world size
 from torch import nn
 
 from dpaudit.attacks import StepScore
 
-SIGMA, CLIP, BATCH, WORLD = 1.0, 1.0, 32, 2
+SIGMA, CLIP, BATCH = 1.0, 1.0, 32
 
 
 class Keep(StepScore):

@@ -177,23 +177,23 @@ class AuditHook:
         self.optimizer = optimizer
         self.model = model
         self.max_grad_norm = float(optimizer.max_grad_norm)
-        self._select_parameters(model, optimizer, params, coordinates)
+        self._select_parameters(params, coordinates)
         self._set_canaries(canaries)
         self._set_scores(scores, keep_per_step, reference, sample_rate)
         self._set_trace(trace)
         self.keep_per_step = bool(keep_per_step)
         self.check_finite = bool(check_finite)
         self.input_pass = input_pass
-        self._set_passes(model, input_pass, seed)
+        self._set_passes(input_pass, seed)
         self._reset_records(noise_probes, check_clipping, seed)
 
-    def _select_parameters(self, model, optimizer, params, coordinates) -> None:
+    def _select_parameters(self, params, coordinates) -> None:
         """The parameters the canaries live in (all optimized by the DP optimizer) and the
         coordinate view the hook records."""
-        self.param_names = resolve_parameter_names(model, params)
-        named = dict(unwrap_model(model).named_parameters())
+        self.param_names = resolve_parameter_names(self.model, params)
+        named = dict(unwrap_model(self.model).named_parameters())
         self._params = [named[n] for n in self.param_names]
-        optimized = {id(p) for p in optimizer.params}
+        optimized = {id(p) for p in self.optimizer.params}
         missing = [
             n for n, p in zip(self.param_names, self._params, strict=True) if id(p) not in optimized
         ]
@@ -249,7 +249,7 @@ class AuditHook:
             )
         self.trace = trace
 
-    def _set_passes(self, model, input_pass, seed) -> None:
+    def _set_passes(self, input_pass, seed) -> None:
         """Where scores are computed (routed to the canaries' support when that is exact) and
         the input canaries' gradient pass."""
         # sparse gradient canaries only, scores that read the released gradient only through
@@ -268,7 +268,7 @@ class AuditHook:
             CoordinateView(self._params, self._insertion.support()) if self.routed else self.view
         )
         self._inputs = InputGradients(
-            model,
+            self.model,
             self.optimizer,
             [c for c in self.canaries if isinstance(c, InputCanaries)],
             self.reference,

@@ -74,6 +74,15 @@ def accuracy(model: nn.Module, data: Dataset, device: torch.device) -> float:
     return correct / len(data)
 
 
+@contextlib.contextmanager
+def _seeded(device: torch.device, seed: int):
+    """torch's generators forked and seeded with ``seed`` (the GPU's too when ``device`` is
+    CUDA): what a training draws inside never touches the caller's random streams."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
+
+
 def _make_private(model, train_set, dp: DPSettings, sample_rate: float, seed: int,
                   shuffled: bool):
     """Opacus' PrivacyEngine on ``model``: (engine, model, optimizer, loader), the loader
@@ -120,9 +129,7 @@ def train_plain(model: nn.Module, train_set: Dataset, dp: DPSettings, sample_rat
     device = next(model.parameters()).device
     steps = total_steps(dp, sample_rate)
     start = time.perf_counter()
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
+    with _seeded(device, seed):
         engine, model, opt, loader = _make_private(model, train_set, dp, sample_rate, seed,
                                                    False)
         bmm = _physical_batches(loader, dp, opt)
@@ -185,9 +192,7 @@ def train_audited(
     shuffled = sampling == "shuffle" or dp.bug == "shuffled_batches"
     steps = total_steps(dp, sample_rate)
     start = time.perf_counter()
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
+    with _seeded(device, seed):
         engine, model, opt, loader = _make_private(model, train_set, dp, sample_rate, seed,
                                                    shuffled)
         on_optimizer = dp.bug != "shuffled_batches"  # that one is the loader above
