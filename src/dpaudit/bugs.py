@@ -11,8 +11,11 @@ Classes:
 
 * noise of the wrong scale: ``halved_noise``, ``scaled_noise``;
 * noise missing on some steps: ``noise_skipped_steps``;
-* noise reused / correlated across steps: ``noise_reused``;
+* noise reused / correlated across steps: ``noise_reused``, ``antithetic_noise``;
 * noise missing on some parameter tensors: ``noise_partial_tensors``;
+* noise of the wrong law (the right variance): ``laplace_noise``, ``rounded_noise``;
+* noise shared within a step: ``broadcast_noise`` (between coordinates of a tensor),
+  ``noise_shared_tensors`` (between tensors, at a shifted alignment);
 * clipping broken: ``unclipped_example``, ``layer_clip_ignored`` (a layer left out of the
   per-example norm), ``microbatch_clipping`` (micro-batch sums clipped instead of examples);
 * wrong normalisation: ``realised_batch_size``;
@@ -130,6 +133,121 @@ def _noise_reused(opt: DPOptimizer, rho: float) -> Callable[[], None]:
             first.extend(f.clone() for f in fresh)
         keep = math.sqrt(max(0.0, 1.0 - rho * rho))
         _noise_per_param(opt, [], [rho * n0 + keep * f for n0, f in zip(first, fresh, strict=True)])
+
+    return _patch(opt, "add_noise", add_noise)
+
+
+def _every(t: int, fraction: float) -> bool:
+    """Whether step t is one of a fraction of the steps, evenly spread (1: every step)."""
+    return math.floor((t + 1) * fraction) > math.floor(t * fraction)
+
+
+def _law_noise(opt: DPOptimizer, fraction: float, draw) -> Callable[[], None]:
+    """Noise from ``draw(opt, std, reference)`` instead of Opacus' Gaussian on a fraction of
+    the steps (evenly spread); Opacus' own noise on the others."""
+    original = opt.add_noise
+    step = [0]
+
+    def add_noise() -> None:
+        t = step[0]
+        step[0] += 1
+        if not _every(t, fraction):
+            original()
+            return
+        std = opt.noise_multiplier * opt.max_grad_norm
+        _noise_per_param(opt, [], [draw(opt, std, p.summed_grad) for p in opt.params])
+
+    return _patch(opt, "add_noise", add_noise)
+
+
+def _laplace(opt: DPOptimizer, std: float, reference: torch.Tensor) -> torch.Tensor:
+    """Laplace noise of variance std^2 (scale std / sqrt 2), from the optimizer's generator."""
+    u = torch.rand(reference.shape, generator=opt.generator, device=reference.device,
+                   dtype=reference.dtype) - 0.5
+    return -(std / math.sqrt(2.0)) * torch.sign(u) * torch.log1p(-2.0 * u.abs())
+
+
+def _laplace_noise(opt: DPOptimizer, fraction: float) -> Callable[[], None]:
+    return _law_noise(opt, fraction, _laplace)
+
+
+def _rounded_noise(opt: DPOptimizer, grid: float) -> Callable[[], None]:
+    """Opacus' Gaussian noise rounded to multiples of grid x sigma C."""
+
+    def draw(o, std, reference):
+        n = _generate_noise(std=std, reference=reference, generator=o.generator,
+                            secure_mode=o.secure_mode)
+        step = grid * std
+        return torch.round(n / step) * step
+
+    return _law_noise(opt, 1.0, draw)
+
+
+def _broadcast_noise(opt: DPOptimizer, _severity: float) -> Callable[[], None]:
+    """Every tensor with two or more dimensions gets noise drawn for its first dimension only
+    and broadcast along the others (the right variance per coordinate, shared along rows)."""
+
+    def draw(o, std, reference):
+        if reference.dim() < 2:
+            return _generate_noise(std=std, reference=reference, generator=o.generator,
+                                   secure_mode=o.secure_mode)
+        rows = reference.new_empty((reference.shape[0],) + (1,) * (reference.dim() - 1))
+        n = _generate_noise(std=std, reference=rows, generator=o.generator,
+                            secure_mode=o.secure_mode)
+        return n.expand_as(reference).clone()
+
+    return _law_noise(opt, 1.0, draw)
+
+
+SHARED_SHIFT = 7  # the offset between the slices of the shared noise buffer
+
+
+def _noise_shared_tensors(opt: DPOptimizer, fraction: float) -> Callable[[], None]:
+    """The last tensors (``_last``) take their noise from the first tensor's noise buffer,
+    each at an offset of ``SHARED_SHIFT`` more coordinates (wrapping around): one buffer
+    sliced with overlapping offsets."""
+    hit = _last(opt, fraction)
+
+    def add_noise() -> None:
+        std = opt.noise_multiplier * opt.max_grad_norm
+        n = len(opt.params)
+        first = _generate_noise(std=std, reference=opt.params[0].summed_grad,
+                                generator=opt.generator, secure_mode=opt.secure_mode)
+        flat = first.reshape(-1)
+        noises = []
+        for i, p in enumerate(opt.params):
+            if i == 0:
+                noises.append(first)
+            elif i >= n - hit:
+                idx = (torch.arange(p.summed_grad.numel(), device=flat.device)
+                       + SHARED_SHIFT * i) % flat.numel()
+                noises.append(flat[idx].view_as(p.summed_grad).clone())
+            else:
+                noises.append(_generate_noise(std=std, reference=p.summed_grad,
+                                              generator=opt.generator,
+                                              secure_mode=opt.secure_mode))
+        _noise_per_param(opt, [], noises)
+
+    return _patch(opt, "add_noise", add_noise)
+
+
+def _antithetic_noise(opt: DPOptimizer, fraction: float) -> Callable[[], None]:
+    """Steps come in pairs (2k, 2k + 1); in a fraction of the pairs (evenly spread) the
+    second step's noise is minus the first's (antithetic draws, a sign-flipped buffer)."""
+    state: dict = {"t": 0, "last": None}
+
+    def add_noise() -> None:
+        t = state["t"]
+        state["t"] += 1
+        if t % 2 == 1 and state["last"] is not None and _every(t // 2, fraction):
+            _noise_per_param(opt, [], [-n for n in state["last"]])
+            state["last"] = None
+            return
+        std = opt.noise_multiplier * opt.max_grad_norm
+        noises = [_generate_noise(std=std, reference=p.summed_grad, generator=opt.generator,
+                                  secure_mode=opt.secure_mode) for p in opt.params]
+        state["last"] = [n.clone() for n in noises]
+        _noise_per_param(opt, [], noises)
 
     return _patch(opt, "add_noise", add_noise)
 
@@ -327,6 +445,44 @@ BUG_ZOO: dict[str, BugSpec] = {
             "state reused across virtual steps: Opacus PR #219)",
             "correlation rho of every step's noise with the first step's, in (0, 1] (1: the "
             "same tensor every step)", 1.0, 0.5, _noise_reused,
+        ),
+        BugSpec(
+            "antithetic_noise", "noise reused or correlated across steps",
+            "antithetic sampling borrowed from variance reduction, or a noise buffer reused "
+            "with its sign flipped: two releases whose noises cancel when added",
+            "fraction of the step pairs (2k, 2k + 1) whose second noise is minus the first's, "
+            "in (0, 1]", 1.0, 0.1, _antithetic_noise,
+        ),
+        BugSpec(
+            "laplace_noise", "noise of the wrong law",
+            "noise drawn from a Laplace law of the right variance (a generic 'add noise' "
+            "helper shared with a Laplace mechanism, a sampler swapped for a faster one): "
+            "heavier tails and a sharper centre than the Gaussian the accountant assumes",
+            "fraction of the steps with Laplace noise, in (0, 1]", 1.0, 0.1, _laplace_noise,
+        ),
+        BugSpec(
+            "rounded_noise", "noise of the wrong law",
+            "the noise (or the noisy update) quantised to a grid: fixed-point arithmetic, "
+            "compressed communication before an all-reduce or secure aggregation; a lattice "
+            "shows the clipped sum's residue (cf. floating-point attacks, Mironov 2012)",
+            "the grid step in units of sigma C, in (0, 1] (0.25: multiples of sigma C / 4)",
+            0.25, 0.05, _rounded_noise,
+        ),
+        BugSpec(
+            "broadcast_noise", "noise shared within a step",
+            "noise drawn with the shape of a weight's first dimension and broadcast over the "
+            "rest (a shape bug: summed_grad + noise of shape (out, 1)); every coordinate has "
+            "the right variance but the differences along a row are noiseless",
+            "none", 1.0, 1.0, _broadcast_noise, valid=lambda f: True,
+        ),
+        BugSpec(
+            "noise_shared_tensors", "noise shared within a step",
+            "one noise buffer sliced per parameter with overlapping offsets, or a generator "
+            "state restored before each tensor: a tensor's noise repeats another's at a "
+            "shifted alignment, and their difference is noiseless",
+            "fraction of the tensors after the first whose noise is the first tensor's, "
+            f"shifted by {SHARED_SHIFT} x their index (from the last; 1: all of them)",
+            1.0, 0.01, _noise_shared_tensors,
         ),
         BugSpec(
             "noise_partial_tensors", "noise missing on some parameter tensors",

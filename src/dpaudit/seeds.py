@@ -39,6 +39,9 @@ TIE_BREAK = 0x71E
 VIRTUAL_LABELS = 0x1AB
 # The hook's clipping check: which examples are probed and on which steps.
 CLIP_CHECK = 0xC11
+# The hook's noise sketch: which coordinates are sampled for the marginal law, which steps'
+# alignment is also tested alone.
+NOISE_SKETCH = 0x5EED
 
 
 def stream(seed, tag: int) -> np.random.Generator:

@@ -1,11 +1,13 @@
-"""The white-box checks in the audit: every bug of the zoo flagged by a tiny default-shaped audit
-(one seed each, the fast part of benchmarks/bug_zoo.py), what fired named in the verdict, the
-correct optimizer not flagged, and the deterministic bookkeeping check by hand."""
+"""The white-box checks in the audit: every bug of the zoo flagged at the PRIVACY BUG level by a
+tiny default-shaped audit (one seed each, the fast part of benchmarks/bug_zoo.py), what fired
+named in the verdict, the correct optimizer not flagged, evidence short of the bug level a
+warning, and the deterministic bookkeeping check by hand."""
 
 import numpy as np
 import pytest
 
 from dpaudit.bugs import BUG_ZOO
+from dpaudit.capture.records import StepRecord, WhiteBoxRecords
 from dpaudit.experiment import run_audit
 from dpaudit.experiment.judging.white_box import (
     bookkeeping_check,
@@ -30,11 +32,16 @@ def _audit(bug="none", factor=None, seed=1):
 
 # the statement(s) expected to fire for each bug at its catastrophic severity
 EXPECTED = {
-    "halved_noise": "noise_floor",
-    "scaled_noise": "noise_floor",
-    "noise_skipped_steps": "noise_floor",
-    "noise_reused": "noise_independence",
-    "noise_partial_tensors": "noise_floor",
+    "halved_noise": "noise_scale",
+    "scaled_noise": "noise_scale",
+    "noise_skipped_steps": "noise_scale",
+    "noise_reused": "noise_freshness",
+    "antithetic_noise": "noise_freshness",
+    "noise_partial_tensors": "noise_scale",
+    "laplace_noise": "noise_marginal",
+    "rounded_noise": "noise_marginal",
+    "broadcast_noise": "noise_alignment",
+    "noise_shared_tensors": "noise_alignment",
     "unclipped_example": "clipping",
     "layer_clip_ignored": "clipping",
     "microbatch_clipping": "clipping",
@@ -55,45 +62,72 @@ def test_every_bug_of_the_zoo_is_flagged_and_named(bug):
     v = _audit(bug)["verdict"]
     assert v["status"] == "privacy_bug", v["message"]
     assert EXPECTED[bug] in v["white_box_fired"], (v["white_box_fired"], v["message"])
-    assert EXPECTED[bug].split("_")[0] in v["message"].lower()
+    assert EXPECTED[bug].replace("_", " ") in v["message"].lower()
+    assert v["refutation_level"] == 1e-6 and "failure probability 1e-06" in v["message"]
 
 
 def test_correct_optimizer_passes_every_check():
     res = _audit()
     checks = res["white_box"]["checks"]
     assert set(checks) == {
-        "noise_floor", "noise_independence", "poisson_sampling", "clipping", "bookkeeping"
+        "noise_floor", "noise_scale", "noise_marginal", "noise_alignment", "noise_freshness",
+        "poisson_sampling", "clipping", "bookkeeping",
     }
     assert not any(c["rejected"] for c in checks.values())
     assert res["verdict"]["status"] != "privacy_bug"
-    assert res["white_box"]["statistical_tests"] == 3
-    # every check says what it examined
+    assert res["white_box"]["statistical_tests"] == 6
+    # every check says what it examined; every tensor is checked, none listed as not checked
     assert all(c["checked"] for c in checks.values())
-    # the final bias (10 coordinates) is too small for the floor to see missing noise
-    assert any("3.bias" in s for s in res["white_box"]["not_checked"])
+    assert res["white_box"]["not_checked"] == []
+    assert "3.bias (d=10) x 30 steps" in checks["noise_scale"]["checked"]
+    # each statistical check is judged at its share of 1e-6, warned at its share of 5%
+    per = res["refutation_per_statement"]
+    assert checks["noise_scale"]["level"] == pytest.approx(per) and per < 1e-6 / 6
+    assert checks["noise_scale"]["warning_level"] == pytest.approx(
+        1 - res["per_test_confidence"])
 
 
 def test_bookkeeping_by_hand():
     ok = bookkeeping_check([(6.0, 0.05, 100)], np.full(100, 6.0), 0.05, 100)
-    assert not ok["rejected"] and ok["witness"]["problems"] == []
+    assert not ok.rejected and ok.witness["problems"] == [] and ok.p_value == 1.0
     bad = bookkeeping_check([(6.0, 0.05, 60), (12.0, 0.05, 40)], np.full(100, 6.0), 0.05, 100)
-    assert bad["rejected"] and "noise multiplier 12 at step 60" in bad["witness"]["problems"][0]
+    assert bad.rejected and "noise multiplier 12 at step 60" in bad.witness["problems"][0]
+    assert bad.level is None and not bad.warning
     few = bookkeeping_check([(6.0, 0.05, 50)], np.full(100, 6.0), 0.05, 100)
-    assert "counted 50 steps" in few["witness"]["problems"][0]
+    assert "counted 50 steps" in few.witness["problems"][0]
     rate = bookkeeping_check([(6.0, 0.025, 100)], np.full(100, 6.0), 0.05, 100)
-    assert "sample rate 0.025" in rate["witness"]["problems"][0]
+    assert "sample rate 0.025" in rate.witness["problems"][0]
     assert describe(rate).startswith("bookkeeping: the accountant was told sample rate")
+
+
+def _records(steps=3, sq=1e4, sizes=None, **kw):
+    return WhiteBoxRecords(
+        names=["w"], dims=[100], max_grad_norm=1.0,
+        steps=tuple(StepRecord(step=t, noise_std=1.0, divisor=1.0,
+                               batch_size=None if sizes is None else sizes[t],
+                               released_sq=np.array([sq])) for t in range(steps)), **kw)
 
 
 def test_records_decide_which_tests_run():
     assert count_tests(None) == 0 and white_box_evidence(None, 0.01) == {}
-    assert "multi-run" in not_checked(None, True)[0]
-    records = {"released_sq": np.full((1, 3), 1e4), "dims": [100], "names": ["w"],
-               "noise_stds": np.ones(3), "max_grad_norm": 1.0, "steps": 3,
-               "batch_sizes": [None, None, None], "probe_noise": None, "clipping": None,
-               "accountant_history": None}
+    assert "multi-run" in not_checked(None, True, "a multi-run audit")[0]
+    records = _records()
     assert count_tests(records) == 1
     assert set(white_box_evidence(records, 0.01)) == {"noise_floor"}
     said = " ".join(not_checked(records, False))
-    for needle in ("noise independence", "Poisson sampling", "clipping", "bookkeeping"):
+    for needle in ("scale, law, alignment and freshness", "noise independence",
+                   "Poisson sampling", "clipping", "bookkeeping"):
         assert needle in said
+    # batch sizes known but no dataset size: named with the argument that gives it
+    said = " ".join(not_checked(_records(sizes=[3, 4, 5], sampling={"n": None, "q": 0.1}),
+                                True))
+    assert "dataset_size=" in said
+
+
+def test_evidence_between_the_levels_is_a_warning():
+    # a released floor far enough below the claim for 5% but not for 1e-6: a warning
+    evidence = white_box_evidence(_records(steps=1, sq=65.0), 1e-7, 0.05)
+    floor = evidence["noise_floor"]
+    assert 1e-7 < floor.p_value < 0.05
+    assert not floor.rejected and floor.warning
+    assert "noise floor" in describe(floor) and f"p = {floor.p_value:.2g}" in describe(floor)

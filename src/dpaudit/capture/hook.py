@@ -21,7 +21,11 @@ orchestrates four phases, each in its own module:
   cannot be folded);
 * score accumulation (``accumulate.ScoreAccumulator``): every ``StepScore`` streamed into
   per-canary accumulators (``aggregate`` ``"sum"`` or ``"max"``), optionally keeping the K x T
-  per-step values; optionally a ``Trace`` is written.
+  per-step values; optionally a ``Trace`` is written;
+* the white-box records (``recorder.WhiteBoxRecorder``): per step, the batch size and the
+  clipping probes before the noise, the noise the optimizer really added (release minus its
+  clipped sum, sketched: ``noise_record``) right after it, and every tensor's released sum
+  after the accountant; ``white_box_records()`` gives them typed, for the white-box checks.
 
 Coordinate view (``coordinates=``): an optional 1-D list of distinct indices into the flattened
 parameter selection. Everything recorded and scored then lives in those coordinates only — a
@@ -66,11 +70,11 @@ from dpaudit.attacks.mixture import MixtureLR
 from dpaudit.attacks.scalar import ScalarProduct
 from dpaudit.capture.accumulate import ScoreAccumulator
 from dpaudit.capture.canary_kinds import Canaries, InputCanaries, as_canary_list
-from dpaudit.capture.clip_check import ClippingCheck
-from dpaudit.capture.gradient_canaries import GradientCanaries
 from dpaudit.capture.input_grads import INPUT_PASSES, InputGradients, all_finite, check_reference
 from dpaudit.capture.insertion import GradientInsertion, check_gradient_canaries
 from dpaudit.capture.patching import InstancePatch
+from dpaudit.capture.recorder import WhiteBoxRecorder
+from dpaudit.capture.records import WhiteBoxRecords
 from dpaudit.capture.support import (
     check_input_canaries_supported,
     check_optimizer_supported,
@@ -137,14 +141,16 @@ class AuditHook:
     (e.g. the canaries' dropout masks; the training's own streams are never touched) and the
     clipping check's draws.
 
-    White-box records for the noise and clipping checks (``dpaudit.stats.noise``,
-    ``capture.clip_check``): every step the squared norm of each selected tensor's released
-    sum (``released_squared_norms``) and the claimed noise std (``noise_stds``).
-    ``noise_probes``: indices into the flattened selection of coordinates no example touches
-    (e.g. the Dirac canaries' coordinates on weights of always-blank pixels); every step the
-    released sum there, minus the canaries inserted there, is kept (``probe_noise``): under the
-    claim it is the noise itself. ``check_clipping``: probe the
-    optimizer's own clipping example by example (``clipping_check()``).
+    White-box records (``white_box_records()``; judged by ``audit_report`` and ``run_audit``
+    alike), on every tensor the optimizer releases: each step's released sum (squared norm),
+    the claimed noise std and the batch size; with ``record_noise`` (default) the noise the
+    optimizer really added (its release minus its clipped sum, read right after ``add_noise``;
+    under DPDDP summed over the ranks), sketched for the tests of its scale, law, alignment
+    and freshness (``stats.noise_law``); with ``check_clipping`` (default) the optimizer's own
+    clipping probed example by example. ``noise_probes``: indices into the flattened selection
+    of coordinates no example touches; every step the released sum there, minus the canaries
+    inserted there, is kept (``probe_noise``): the noise independence test of the released
+    gradient alone, for when the noise is not recorded.
 
     Sparse gradient canaries (``GradientCanaries.dirac`` / ``sparse``) cost O(K x |support|)
     per step: they are inserted at their support only, and when they are the only canaries,
@@ -171,7 +177,8 @@ class AuditHook:
         input_pass: str = "auto",
         seed: int = 0,
         noise_probes: Sequence[int] | np.ndarray | torch.Tensor | None = None,
-        check_clipping: bool = False,
+        check_clipping: bool = True,
+        record_noise: bool = True,
     ) -> None:
         _check_arguments(optimizer, model, seed)
         self.optimizer = optimizer
@@ -185,7 +192,7 @@ class AuditHook:
         self.check_finite = bool(check_finite)
         self.input_pass = input_pass
         self._set_passes(input_pass, seed)
-        self._reset_records(noise_probes, check_clipping, seed)
+        self._reset_records(noise_probes, check_clipping, record_noise, seed)
 
     def _select_parameters(self, params, coordinates) -> None:
         """The parameters the canaries live in (all optimized by the DP optimizer) and the
@@ -279,62 +286,19 @@ class AuditHook:
             seed=seed,
         )
 
-    def _reset_records(self, noise_probes, check_clipping, seed) -> None:
-        """Step counters and the white-box records (noise floor, probes, clipping, batch sizes)."""
+    def _reset_records(self, noise_probes, check_clipping, record_noise, seed) -> None:
+        """Step counters and the white-box phase (``recorder.WhiteBoxRecorder``)."""
         self._patches: list[InstancePatch] = []
         self._attached = False
         self._started = False
         self._steps = 0
         self._pending_inclusion: np.ndarray | None = None
         self._inclusions: list[np.ndarray] = []
-        # white-box records (noise floor, noise probes, clipping check, batch sizes)
-        self._released_sq: list[np.ndarray] = []
-        self._noise_stds: list[float] = []
-        self._batch_sizes: list[int | None] = []
-        self._pending_batch: int | None = None
-        self._probes = self._check_probes(noise_probes)
-        self._probe_values: list[np.ndarray] = []
-        self._clip_check = ClippingCheck(self.max_grad_norm, seed) if check_clipping else None
-
-    def _check_probes(self, probes) -> CoordinateView | None:
-        """The noise probes' view (indices into the full selection, whatever the hook's own
-        view) and the (K, n) canary values there (what an inclusion adds), or None."""
-        if probes is None:
-            return None
-        idx = check_coordinates(probes, self.full_dim)
-        if idx.numel() < 3:
-            raise ValueError(f"noise_probes: need at least 3 coordinates, got {idx.numel()}")
-        cols = idx.numpy()
-        pos = np.full(self.full_dim, -1, dtype=np.int64)  # full index -> probe column, or -1
-        pos[cols] = np.arange(cols.size)
-        full = (  # hook coordinate -> index into the full selection
-            np.arange(self.dim) if self.coordinates is None else self.coordinates.cpu().numpy()
+        self._white_box = WhiteBoxRecorder(
+            self.optimizer, self.model, self._params, self.full_dim, self.coordinates,
+            self.canaries, seed, noise_probes=noise_probes, check_clipping=check_clipping,
+            record_noise=record_noise, distributed=self.distributed,
         )
-        # what an inclusion adds at the probes, as nonzero entries (canary, probe, value): a
-        # Dirac canary touches one probe, and this is applied every step
-        ks, js, vs, first = [], [], [], 0
-        for c in self.canaries:
-            if isinstance(c, GradientCanaries):
-                if c.is_sparse:
-                    ind = full[c.indices.cpu().numpy().reshape(len(c), -1)]
-                    val = c.values.cpu().double().numpy().reshape(len(c), -1)
-                else:
-                    ind = np.broadcast_to(full, (len(c), full.size))
-                    val = c.vectors.cpu().double().numpy()
-                col = pos[ind]
-                k, j = np.nonzero((col >= 0) & (val != 0.0))
-                ks.append(first + k)
-                js.append(col[k, j])
-                vs.append(val[k, j])
-            first += len(c)
-        none = np.zeros(0, dtype=np.int64)
-        self._probe_canary_values = (
-            np.concatenate([none, *ks]),
-            np.concatenate([none, *js]),
-            np.concatenate([np.zeros(0), *vs]),
-            cols.size,
-        )
-        return CoordinateView(self._params, idx)
 
     # ------------------------------------------------------------------ attach / detach
     def attach(self) -> AuditHook:
@@ -405,8 +369,7 @@ class AuditHook:
         self._fixed_canary_grads = self._canary_grads([]) if not self._inputs.active else None
         self._inputs.start(self.view, self._dtype)
         self._accumulator.start(self.scored_dim, self._device)
-        if self._probes is not None:
-            self._probes.to(self._device)
+        self._white_box.start(self._device)
         if self.trace is not None:
             self.trace.start(
                 self.dim,
@@ -426,24 +389,14 @@ class AuditHook:
         if not self._started:
             self._start()
         opt = self.optimizer
-        self._pending_batch = self._batch_rows(opt)
-        if self._clip_check is not None:
-            self._clip_check.run(opt, self._steps)
+        self._white_box.before_noise(opt, self._steps)
         if self._insertion.active:
             row = self._insertion.draw()  # drawn on every rank: the same draws everywhere
             self._pending_inclusion = row
             if self.rank == 0:  # once in the applied gradient, like Opacus' noise
                 self._insertion.insert(row, self._steps)
         self._add_noise_patch.original()
-
-    @staticmethod
-    def _batch_rows(opt: DPOptimizer) -> int | None:
-        """Examples in this step's batch (None when unknown: no per-sample gradients, or a
-        logical batch spread over several physical ones by BatchMemoryManager)."""
-        gs = getattr(opt.params[0], "grad_sample", None)
-        if gs is None or getattr(opt, "_is_last_step_skipped", False):
-            return None
-        return int(sum(g.shape[0] for g in gs) if isinstance(gs, list) else gs.shape[0])
+        self._white_box.after_noise(opt)
 
     def _step_hook(self, opt: DPOptimizer) -> None:
         """Chained step hook: accountant first, then record this step."""
@@ -503,7 +456,8 @@ class AuditHook:
             reference_grads=ref,
         )
         self._accumulator.step(canary_grads, released, ctx)
-        self._record_white_box(ctx, divisor)
+        self._white_box.on_release(opt, t, ctx.noise_multiplier * ctx.max_grad_norm, divisor,
+                                   self._inclusions[-1])
         if self.trace is not None:
             context = {
                 k: getattr(ctx, k)
@@ -511,24 +465,6 @@ class AuditHook:
             }
             self.trace.write(released, canary_grads, context)
         self._steps += 1
-
-    @torch.no_grad()
-    def _record_white_box(self, ctx: StepContext, divisor: float) -> None:
-        """Per-tensor squared norms of the released sum, the claimed noise std, the batch size
-        and the noise probes of this step (float64, on the CPU)."""
-        sq = torch.stack(
-            [torch.linalg.vector_norm(p.grad, dtype=torch.float64) ** 2 for p in self._params]
-        )
-        self._released_sq.append(sq.cpu().numpy() * divisor * divisor)
-        self._noise_stds.append(ctx.noise_multiplier * ctx.max_grad_norm)
-        self._batch_sizes.append(self._pending_batch)
-        self._pending_batch = None
-        if self._probes is not None:
-            values = self._probes.released().double().cpu().numpy() * divisor
-            k, j, v, n = self._probe_canary_values
-            included = self._inclusions[-1].astype(np.float64)[k]
-            inserted = np.bincount(j, weights=included * v, minlength=n)
-            self._probe_values.append(values - inserted)
 
     # ------------------------------------------------------------------ results
     @property
@@ -568,44 +504,62 @@ class AuditHook:
         self._require_steps()
         return np.stack(self._inclusions, axis=1)
 
-    def released_squared_norms(self) -> np.ndarray:
-        """(J, T): squared norm of each selected tensor's released sum (the released gradient
-        times its divisor: noise + clipped sum + canaries) at each step, in float64."""
+    def white_box_records(self, *, sampling: dict | None = None,
+                          accountant_history=None) -> WhiteBoxRecords:
+        """The typed white-box records of the steps so far (``capture.records``), for
+        ``experiment.judging.white_box``.
+
+        Args:
+            sampling: {"n": dataset size, "q": sample rate[, "loader": "poisson"]} when
+                known: the Poisson sampling test needs them.
+            accountant_history: the accountant's ``history`` (the bookkeeping check).
+        """
         self._require_steps()
-        return np.stack(self._released_sq, axis=1)
+        return self._white_box.records(sampling=sampling, accountant_history=accountant_history,
+                                       distributed=self.distributed)
+
+    def released_squared_norms(self) -> np.ndarray:
+        """(J, T): squared norm of each optimizer tensor's released sum (the released
+        gradient times its divisor: noise + clipped sum + canaries) at each step."""
+        self._require_steps()
+        return np.stack([s.released_sq for s in self._white_box.steps], axis=1)
 
     @property
     def tensor_dims(self) -> list[int]:
-        """Number of coordinates of each selected tensor (``param_names`` order)."""
-        return [int(p.numel()) for p in self._params]
+        """Number of coordinates of each optimizer tensor (the white-box records' order)."""
+        return list(self._white_box.dims)
+
+    @property
+    def tensor_names(self) -> list[str]:
+        """Names of the optimizer's tensors (the white-box records' order)."""
+        return list(self._white_box.names)
 
     def noise_stds(self) -> np.ndarray:
         """(T,): the claimed noise std sigma C of each step (the optimizer's at that step)."""
         self._require_steps()
-        return np.asarray(self._noise_stds, dtype=np.float64)
+        return np.asarray([s.noise_std for s in self._white_box.steps], dtype=np.float64)
 
     def batch_sizes(self) -> list[int | None]:
-        """Examples in each step's batch (None where unknown, see ``_batch_rows``)."""
+        """Examples in each step's batch (None where unknown: BatchMemoryManager, ghost)."""
         self._require_steps()
-        return list(self._batch_sizes)
+        return [s.batch_size for s in self._white_box.steps]
 
     @property
     def has_noise_probes(self) -> bool:
         """Whether ``noise_probes`` were given (``probe_noise`` is recorded)."""
-        return self._probes is not None
+        return self._white_box.has_noise_probes
 
     def probe_noise(self) -> np.ndarray:
         """(n, T): the released sum at the ``noise_probes`` minus the canaries inserted there
         (under the claim, the noise itself); needs ``noise_probes``."""
-        if self._probes is None:
+        if not self.has_noise_probes:
             raise RuntimeError("no noise probes were recorded: pass noise_probes=")
         self._require_steps()
-        return np.stack(self._probe_values, axis=1)
+        return np.stack([s.probe_noise for s in self._white_box.steps], axis=1)
 
     def clipping_check(self) -> dict | None:
         """The clipping check's summary (``ClippingCheck.summary``), or None when off."""
-        return None if self._clip_check is None else self._clip_check.summary()
-
+        return self._white_box.clipping_summary()
 
 
 # torch warns "Full backward hook is firing when gradients are computed with respect to module

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpaudit.capture.records import WhiteBoxRecords
 from dpaudit.experiment.judging.evaluation import evaluate_scores, split_scores
 from dpaudit.experiment.judging.outputs import audit_mode, write_audit_report
 from dpaudit.experiment.settings import AuditSettings
@@ -24,6 +25,12 @@ from dpaudit.report.results import AuditResult
 from dpaudit.threat_model import ThreatModel
 
 __all__ = ["evaluate", "evaluate_audit", "run_audit", "write_report"]
+
+MULTI_RUN_NO_RECORDS = (
+    "a multi-run audit: its evidence is each canary's score across the runs, and the runs "
+    "keep no per-step records (audit one training with audit.mode=one_run for the white-box "
+    "checks)"
+)
 
 
 def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None) -> dict:
@@ -39,6 +46,8 @@ def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None)
         canary_info=run.canary_info,
         engine_accountants=run.engine_accountants,
         white_box=run.white_box,
+        white_box_reason=(MULTI_RUN_NO_RECORDS if settings.audit.mode == "multi_run"
+                          else None),
         per_step=run.per_step,
     )
     result = {
@@ -139,12 +148,13 @@ def evaluate_audit(
     *,
     canary_info: dict | None = None,
     engine_accountants: dict | None = None,
-    white_box: dict | None = None,
+    white_box: WhiteBoxRecords | None = None,
+    white_box_reason: str | None = None,
     per_step: dict | None = None,
 ) -> dict:
     """``evaluate_scores`` for an audit described by ``AuditSettings`` (methods, confidence,
-    independence of its canaries from the design and ``canary_info``; ``white_box``: the
-    run's per-step records)."""
+    the PRIVACY BUG level, independence of its canaries from the design and ``canary_info``;
+    ``white_box``: the run's records, or ``white_box_reason`` why there are none)."""
     split = split_scores({k: np.asarray(v) for k, v in scores.items()}, membership)
     steps_split = None if per_step is None else split_scores(per_step, membership)
     return evaluate_scores(
@@ -156,7 +166,9 @@ def evaluate_audit(
         training_accountants=engine_accountants,
         inclusion=settings.audit.inclusion,
         white_box=white_box,
+        white_box_reason=white_box_reason,
         per_step=steps_split,
+        refutation_level=settings.audit.refutation_level,
     )
 
 

@@ -317,6 +317,9 @@ class AuditGroupSettings:
         ],
     )
     confidence: float = _opt(0.95, "confidence of all statements together, in (0, 1)")
+    refutation_level: float = _opt(1e-6, "failure probability of a PRIVACY BUG verdict (the "
+                                   "refuting statements' own, far below 1 - confidence), in "
+                                   "(0, 1 - confidence]")
     inclusion: float = _opt(0.5, "probability that a canary (multi_run: a run) is a member")
     worker: int = _opt(0, "multi_run: this worker's index among `workers` sharing the "
                        "directory (where it starts claiming runs; no effect on results)")
@@ -342,6 +345,12 @@ class AuditGroupSettings:
             _choice("audit", "methods", m, methods)
         _unit("audit", "confidence", self.confidence)
         _unit("audit", "inclusion", self.inclusion)
+        if (isinstance(self.refutation_level, bool)
+                or not isinstance(self.refutation_level, (int, float))
+                or not 0.0 < self.refutation_level <= 1.0 - self.confidence + 1e-12):
+            _fail("audit", "refutation_level", "a number in (0, 1 - audit.confidence] (the "
+                  "PRIVACY BUG verdict's failure probability; default 1e-6)",
+                  self.refutation_level)
 
 
 @dataclass

@@ -13,8 +13,11 @@ from importlib import metadata
 from pathlib import Path
 
 # 3: results.json is AuditResult.to_dict() (docs/results.md): every field of a bound / claim
-# row and of the verdict written (None as null); the claim no longer repeated as upper_bound
-SCHEMA_VERSION = 3
+# row and of the verdict written (None as null); the claim no longer repeated as upper_bound.
+# 4: the PRIVACY BUG verdict's own failure probability: verdict.refutation_level, .warnings,
+# .white_box_warned; claim rows' refuted / refutation_level; white-box checks are CheckResults
+# (kind, level, warning_level, warning); refutation_per_statement
+SCHEMA_VERSION = 4
 _PACKAGES = ("dpaudit", "torch", "opacus", "numpy", "scipy", "hydra-core")
 
 

@@ -108,6 +108,8 @@ class ClaimRow(_Record):
     method: str | None = None
     applicable: bool | None = None
     error: str | None = None
+    refuted: bool | None = None
+    refutation_level: float | None = None
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -123,7 +125,10 @@ class Verdict(_Record):
     certified epsilon (``best_lower_bound``, 0 when none applies) and the best estimate next to
     ``claimed_epsilon``; the attacks whose certified claim test rejects the claim
     (``claim_rejected_by``), the white-box checks that fired, and the effective-noise bound
-    ``sigma_upper``. ``message`` says it in one paragraph."""
+    ``sigma_upper``. ``message`` says it in one paragraph. A PRIVACY BUG needs a refutation at
+    ``refutation_level`` (its failure probability, far below the bounds' 1 - ``confidence``);
+    evidence at the bounds' level only is listed in ``warnings`` (and the white-box checks
+    behind it in ``white_box_warned``)."""
 
     status: str
     privacy_bug: bool
@@ -150,6 +155,9 @@ class Verdict(_Record):
     sigma_upper_certified: bool
     noise_multiplier: float
     training_data_note: str = ""
+    refutation_level: float | None = None  # schema 4; None: read from an older file
+    warnings: list = field(default_factory=list)
+    white_box_warned: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -157,8 +165,9 @@ class Verdict(_Record):
         if schema_version <= 2 and isinstance(d, dict):  # 0.1.0: "upper_bound" = the claim
             d = {k: v for k, v in d.items() if k != "upper_bound"}
         known, extra = _typed(cls, d, "the verdict")
-        required = tuple(f.name for f in fields(cls) if f.name not in ("extra",
-                                                                       "training_data_note"))
+        optional = ("extra", "training_data_note", "refutation_level", "warnings",
+                    "white_box_warned")
+        required = tuple(f.name for f in fields(cls) if f.name not in optional)
         _require(known, required, "the verdict")
         if known["status"] not in STATUSES:
             raise ValueError(f"verdict status must be one of {STATUSES}, got "
@@ -194,6 +203,7 @@ class AuditResult(_Record):
     sample_rate: float | None = None
     test_accuracy: float | None = None
     per_test_confidence: float | None = None
+    refutation_per_statement: float | None = None
     independent_canaries: bool | None = None
     canary_info: dict | None = None
     engine_accountants: dict | None = None

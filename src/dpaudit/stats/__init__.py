@@ -15,7 +15,7 @@ from dpaudit.stats.gdp import (
 )
 from dpaudit.stats.histogram import histograms
 from dpaudit.stats.noise import (
-    NoiseTest,
+    CheckResult,
     noise_floor_test,
     noise_independence_test,
     poisson_sampling_test,
@@ -49,12 +49,12 @@ __all__ = [
     "METHODS",
     "METHOD_REGISTRY",
     "Bonferroni",
+    "CheckResult",
     "EpsilonBound",
     "FixedThreshold",
     "GaussianAssumptionWarning",
     "MethodSpec",
     "Naive",
-    "NoiseTest",
     "OrientationWarning",
     "RateBounds",
     "Split",

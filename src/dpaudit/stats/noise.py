@@ -22,45 +22,20 @@ no assumption on the data:
   largest |cosine| over every pair of steps, Bonferroni over the pairs, and the per-step
   floor ||z_t||^2 / (sigma C)^2 >= chi2_n.
 
-Each test returns a ``NoiseTest`` whose ``rejected`` holds at the given level; the audit
-splits its failure probability over these tests and its other statements (Bonferroni).
+Each test returns a ``stats.checks.CheckResult`` whose ``rejected`` holds at the given level;
+the audit splits its failure probability over these tests and its other statements
+(Bonferroni). The tests of the noise's law on what the optimizer really added (its marginal,
+alignments within a step, freshness across steps) are in ``stats.noise_law``.
 """
 
 from __future__ import annotations
-
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import numpy as np
 from scipy.special import betainc
 from scipy.stats import chi2
 
-from dpaudit._jsonable import to_jsonable
 from dpaudit._validate import check_open_unit, check_real_array
-
-
-@dataclass(frozen=True)
-class NoiseTest:
-    """Outcome of one certified noise test at ``level`` (its share of the audit's error).
-
-    ``rejected``: the claimed noise is refuted. ``p_value``: the smallest (Bonferroni-
-    adjusted) p-value found, compared with ``level``. ``witness``: where it was found (a step,
-    a tensor, a pair of steps). ``checked`` / ``unchecked``: what the test could and could
-    not examine, in words.
-    """
-
-    name: str
-    rejected: bool
-    p_value: float
-    level: float
-    statement: str
-    witness: dict[str, Any] = field(default_factory=dict)
-    checked: list[str] = field(default_factory=list)
-    unchecked: list[str] = field(default_factory=list)
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return to_jsonable(asdict(self))
+from dpaudit.stats.checks import STATISTICAL, CheckResult
 
 
 def _check_stds(noise_std, steps: int) -> np.ndarray:
@@ -78,6 +53,12 @@ def _log_chi2_cdf(x: np.ndarray, df: np.ndarray) -> np.ndarray:
         return chi2.logcdf(x, df)
 
 
+FLOOR_STATEMENT = (
+    "every parameter tensor carries at least the claimed noise N(0, (sigma C)^2) per "
+    "coordinate at every step (chi-square floor of the released gradient's norm)"
+)
+
+
 def noise_floor_test(
     squared_norms,
     dims,
@@ -85,7 +66,7 @@ def noise_floor_test(
     *,
     level: float,
     names=None,
-) -> NoiseTest:
+) -> CheckResult:
     """Is there as much noise as claimed on every tensor, at every step? (module doc)
 
     Args:
@@ -99,10 +80,20 @@ def noise_floor_test(
         names: optional J tensor names for the report.
 
     Returns:
-        A ``NoiseTest``: rejected when some cell's chi-square lower-tail p-value, times the
+        A ``CheckResult``: rejected when some cell's chi-square lower-tail p-value, times the
         number of cells, is below ``level``; ``witness`` names the tensor and step (or
         "all steps") and the ratio observed / expected (noise std relative to the claim).
     """
+    return chi2_floor(squared_norms, dims, noise_std, level=level, names=names,
+                      name="noise_floor", statement=FLOOR_STATEMENT)
+
+
+def chi2_floor(squared_norms, dims, noise_std, *, level: float, names, name: str,
+               statement: str) -> CheckResult:
+    """The chi-square floor of per-tensor, per-step squared norms (``noise_floor_test``'s
+    arguments), as the check ``name`` stating ``statement``: each (tensor, step) cell and each
+    tensor's sum over the run against chi2 of d (d T) degrees of freedom, Bonferroni over the
+    J T + J cells."""
     x = check_real_array(squared_norms, "squared_norms")
     if x.ndim != 2 or x.size == 0 or np.any(x < 0):
         raise ValueError(f"squared_norms must be a non-empty (J, T) array >= 0, got {x.shape}")
@@ -144,15 +135,13 @@ def noise_floor_test(
         }
         for j in range(j_n)
     }
-    return NoiseTest(
-        name="noise_floor",
+    return CheckResult(
+        name=name,
+        kind=STATISTICAL,
         rejected=bool(np.log(level) > log_p + log_adj),
         p_value=p,
         level=level,
-        statement=(
-            "every parameter tensor carries at least the claimed noise N(0, (sigma C)^2) per "
-            "coordinate at every step (chi-square floor of the released gradient's norm)"
-        ),
+        statement=statement,
         witness=witness,
         checked=[f"{n} (d={int(dd)}) x {t_n} steps" for n, dd in zip(names, d, strict=True)],
         details={
@@ -177,7 +166,7 @@ def noise_independence_test(
     *,
     level: float,
     where: str = "dead coordinates",
-) -> NoiseTest:
+) -> CheckResult:
     """Is the noise at coordinates no example touches fresh at every step? (module doc)
 
     Args:
@@ -189,7 +178,7 @@ def noise_independence_test(
         where: what the coordinates are, for the report.
 
     Returns:
-        A ``NoiseTest``; ``witness`` is the pair of steps with the largest |cosine| (or the
+        A ``CheckResult``; ``witness`` is the pair of steps with the largest |cosine| (or the
         step with too little noise) and ``details`` the largest |cosine| between distinct
         steps and its null standard deviation 1 / sqrt(n).
     """
@@ -224,8 +213,9 @@ def noise_independence_test(
             "cosine": float(cos[k]),
         }
     log_adj = np.log(tests)
-    return NoiseTest(
+    return CheckResult(
         name="noise_independence",
+        kind=STATISTICAL,
         rejected=bool(np.log(level) > log_p + log_adj),
         p_value=float(min(1.0, np.exp(log_p + log_adj))),
         level=level,
@@ -257,7 +247,7 @@ def _log_mgf_sq_dev(lam: np.ndarray, n: int, q: float) -> np.ndarray:
     return top + np.log(np.exp(a - top[:, None]).sum(axis=1))
 
 
-def poisson_sampling_test(batch_sizes, n: int, q: float, *, level: float) -> NoiseTest:
+def poisson_sampling_test(batch_sizes, n: int, q: float, *, level: float) -> CheckResult:
     """Were the batches drawn by Poisson sampling at rate ``q`` from ``n`` examples?
 
     Under the claim the batch sizes B_t are i.i.d. Binomial(n, q). Two exact tests, each at
@@ -293,8 +283,9 @@ def poisson_sampling_test(batch_sizes, n: int, q: float, *, level: float) -> Noi
     p_reg = float(min(1.0, np.exp(log_p_reg)))
     p = min(1.0, 2.0 * min(p_sum, p_reg))
     which = "rate" if p_sum <= p_reg else "regularity"
-    return NoiseTest(
+    return CheckResult(
         name="poisson_sampling",
+        kind=STATISTICAL,
         rejected=bool(p < level),
         p_value=p,
         level=level,

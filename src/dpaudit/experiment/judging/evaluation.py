@@ -10,9 +10,18 @@ Two kinds of evidence, never mixed up:
   accountant's epsilon at sigma_upper for the subsampled case).
 
 All certified statements of an audit hold *simultaneously*: the failure probability
-1 - confidence is split evenly (Bonferroni) over every (attack, method) pair and every
-attack's claim test, so the verdict's confidence is the stated one. Estimates are computed at
-the same per-test confidence so they can be compared.
+1 - confidence is split evenly (Bonferroni) over every (attack, method) pair, every attack's
+claim test and the white-box tests, so the bounds' confidence is the stated one. Estimates are
+computed at the same per-test confidence so they can be compared.
+
+A PRIVACY BUG must be beyond doubt: a gate that fails one correct run in twenty is switched
+off, while real bugs leave p-values many orders smaller. So the statements that can refute the
+claim (each attack's claim test, the one-run claim tests, the white-box checks) are also judged
+at their own, much smaller failure probability ``refutation_level`` (1e-6 by default), split
+evenly over them. Only a refutation at that level makes the verdict ``privacy_bug``; evidence
+at the bounds' level but not at the refutation level (a claim test or a white-box check
+rejecting at 95% only, a certified epsilon above the claim) is a warning in the verdict
+(``warnings``), named with its p-value or level.
 
 The threshold-based certified methods and the claim test need each canary's (score,
 membership) to be an independent draw of the one-canary experiment; when the audit's design
@@ -35,11 +44,13 @@ import warnings
 
 import numpy as np
 
+from dpaudit.capture.records import WhiteBoxRecords
 from dpaudit.experiment.judging.white_box import (
     count_tests,
     describe,
     fired,
     not_checked,
+    warned,
     white_box_evidence,
 )
 from dpaudit.report.results import CONSISTENT, ESTIMATE_ABOVE_CLAIM, PRIVACY_BUG
@@ -57,6 +68,7 @@ from dpaudit.stats.roc import SUMMARY_FPRS, roc_summary
 from dpaudit.threat_model import ThreatModel
 
 DEFAULT_METHODS = ("clopper_pearson", "one_run", "fdp_one_run_certified", "gdp", "gaussian")
+REFUTATION_LEVEL = 1e-6  # the PRIVACY BUG verdict's failure probability (module doc)
 INDEPENDENCE = (
     "canaries' scores independent of each other (one training run whose canaries can "
     "influence each other's scores; only the one_run method covers that dependence)"
@@ -149,12 +161,18 @@ SIGMA_UPPER_FLOOR = 0.5  # effective noise multiplier below which sigma_upper is
 
 
 def claim_evidence(
-    s_in, s_out, threat: ThreatModel, confidence: float, *, certified: bool = True
+    s_in, s_out, threat: ThreatModel, confidence: float, *, certified: bool = True,
+    refutation: float | None = None,
 ) -> dict:
-    """Claim test, mu_lower and sigma_upper of one attack (certified when ``certified``)."""
+    """Claim test, mu_lower and sigma_upper of one attack (certified when ``certified``) at
+    ``confidence``; ``refuted``: the test also rejects at ``1 - refutation`` (this
+    statement's share of the PRIVACY BUG level; checked only when it rejects at
+    ``confidence``, as a smaller error probability can only widen the bounds)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         test = claim_test(s_in, s_out, threat.tradeoff, confidence=confidence)
+        refuted = bool(test.rejected and refutation is not None and claim_test(
+            s_in, s_out, threat.tradeoff, confidence=1.0 - refutation).rejected)
     rows = test.rows
     mu_lb = mu_lower_bound(rows) if test.note == "" else 0.0
     if test.note:
@@ -173,6 +191,8 @@ def claim_evidence(
     return {
         "test": test.to_dict(),
         "rejected": test.rejected,
+        "refuted": refuted,
+        "refutation_level": refutation,
         "certified": certified,
         "mu_lower": mu_lb,
         "sigma_upper": sigma_ub,
@@ -193,12 +213,14 @@ ONE_RUN_CLAIM_METHOD = (
 
 
 def one_run_claim_evidence(
-    s_in, s_out, threat: ThreatModel, confidence: float, *, inclusion: float = 0.5
+    s_in, s_out, threat: ThreatModel, confidence: float, *, inclusion: float = 0.5,
+    refutation: float | None = None,
 ) -> dict:
     """Certified claim test, mu_lower and sigma_upper of one attack for canaries trained
-    together (``stats.one_run_claim``), at ``confidence``; the same keys as
-    ``claim_evidence`` plus ``applicable`` (False, with ``error``, when the design is not
-    the fair-coin one the theorem needs or there are too few canaries)."""
+    together (``stats.one_run_claim``), at ``confidence`` (``refuted``: also at
+    ``1 - refutation``); the same keys as ``claim_evidence`` plus ``applicable`` (False, with
+    ``error``, when the design is not the fair-coin one the theorem needs or there are too
+    few canaries)."""
     base = {
         "certified": True,
         "method": ONE_RUN_CLAIM_METHOD,
@@ -209,8 +231,11 @@ def one_run_claim_evidence(
         table = guess_table(s_in, s_out, method="the one-run claim test", inclusion=inclusion)
     except ValueError as err:
         return {**base, "applicable": False, "error": str(err), "rejected": False,
+                "refuted": False, "refutation_level": refutation,
                 "mu_lower": 0.0, "sigma_upper": float("inf"), "epsilon_at_sigma_upper": None}
     test = claim_test_on_table(table, threat.roc_inverse, confidence)
+    refuted = bool(test.rejected and refutation is not None and claim_test_on_table(
+        table, threat.roc_inverse, 1.0 - refutation).rejected)
     mu_lb = one_run_mu_lower(table, confidence)
     if mu_lb <= 0:
         sigma_ub = float("inf")
@@ -230,6 +255,8 @@ def one_run_claim_evidence(
         "error": test.note or None,
         "test": test.to_dict(),
         "rejected": test.rejected,
+        "refuted": refuted,
+        "refutation_level": refutation,
         "mu_lower": mu_lb,
         "sigma_upper": sigma_ub,
         "epsilon_at_sigma_upper": _epsilon_at(threat, sigma_ub),
@@ -340,8 +367,10 @@ def evaluate_scores(
     independent: bool = True,
     training_accountants: dict | None = None,
     inclusion: float = 0.5,
-    white_box: dict | None = None,
+    white_box: WhiteBoxRecords | None = None,
+    white_box_reason: str | None = None,
     per_step: dict | None = None,
+    refutation_level: float = REFUTATION_LEVEL,
 ) -> dict:
     """Attack summaries, claim evidence, bounds, theory, white-box checks and the verdict.
 
@@ -349,27 +378,34 @@ def evaluate_scores(
         split: attack name -> (member scores, non-member scores).
         threat: the audit's ``ThreatModel`` (the claim under test).
         methods: names of ``epsilon_lower_bound`` methods to report.
-        confidence: the verdict's confidence; split over every statement (module doc).
+        confidence: the bounds' confidence; split over every statement (module doc).
         independent: whether canaries' scores are independent one-canary experiments.
         training_accountants: Opacus' epsilons for the training data (reported beside).
         inclusion: the probability with which each canary was made a member (the one-run
             methods' design; see ``bound_rows``).
-        white_box: the run's per-step records (``TrainingOutcome.white_box``) for the
-            white-box checks (``experiment.judging.white_box``); None: not run, and said so.
+        white_box: the run's ``WhiteBoxRecords`` for the white-box checks
+            (``experiment.judging.white_box``); None: not run, and ``white_box_reason`` says
+            why in the report.
         per_step: attack name -> (members' (K_in, T), non-members' (K_out, T)) per-step
             scores, for the per-step histogram PLD estimate (``pld_rows``).
+        refutation_level: the PRIVACY BUG verdict's failure probability, split over the
+            statements that can refute the claim (module doc); in (0, 1 - confidence].
     """
     check_split(split)
+    refutation_level = check_refutation_level(refutation_level, confidence)
     methods = list(methods)
     n_white = count_tests(white_box)
     n_one_run = 0 if independent else len(split)  # the one-run claim test, one per attack
     per = per_test_confidence(confidence, len(split), len(methods), n_white + n_one_run)
+    refute_each = refutation_level / max(1, len(split) + n_one_run + n_white)
     claims = {
-        name: claim_evidence(s_in, s_out, threat, per, certified=independent)
+        name: claim_evidence(s_in, s_out, threat, per, certified=independent,
+                             refutation=refute_each)
         for name, (s_in, s_out) in split.items()
     }
     one_run_claims = {
-        name: one_run_claim_evidence(s_in, s_out, threat, per, inclusion=inclusion)
+        name: one_run_claim_evidence(s_in, s_out, threat, per, inclusion=inclusion,
+                                     refutation=refute_each)
         for name, (s_in, s_out) in split.items()
         if not independent
     }
@@ -379,7 +415,7 @@ def evaluate_scores(
 
     theory = theory_summary(threat, training_accountants)
     theory["histogram_pld"] = pld_estimates(per_step, threat.delta)
-    checks = white_box_evidence(white_box, level=1.0 - per)
+    checks = white_box_evidence(white_box, level=refute_each, warning_level=1.0 - per)
     return {
         "attacks": attack_summaries(split),
         "claim": claims,
@@ -387,17 +423,31 @@ def evaluate_scores(
         "bounds": bounds,
         "theory": theory,
         "white_box": {
-            "checks": checks,
+            "checks": {k: c.to_dict() for k, c in checks.items()},
             "statistical_tests": n_white,
-            "not_checked": not_checked(white_box, independent),
+            "not_checked": not_checked(white_box, independent, white_box_reason),
         },
         "per_test_confidence": per,
+        "refutation_per_statement": refute_each,
         "independent_canaries": independent,
         "verdict": verdict(
             bounds, claims, threat, confidence, theory.get("training_data"), checks,
-            one_run_claims,
+            one_run_claims, refutation_level=refutation_level,
         ),
     }
+
+
+def check_refutation_level(level: float, confidence: float) -> float:
+    """The PRIVACY BUG level: a number in (0, 1 - confidence] (it may not be weaker than the
+    bounds' own failure probability), else a ValueError naming it."""
+    if (isinstance(level, bool) or not isinstance(level, (int, float))
+            or not 0.0 < float(level) <= 1.0 - confidence + 1e-12):
+        raise ValueError(
+            "refutation_level (audit.refutation_level) is the PRIVACY BUG verdict's failure "
+            f"probability: a number in (0, 1 - confidence] = (0, {1.0 - confidence:.3g}], "
+            f"got {level!r}"
+        )
+    return float(level)
 
 
 def _best(rows: list[dict], kind: str) -> dict | None:
@@ -413,21 +463,26 @@ def verdict(
     training: dict | None = None,
     white_box: dict | None = None,
     one_run_claims: dict | None = None,
+    *,
+    refutation_level: float = REFUTATION_LEVEL,
 ) -> dict:
     """Three states (module doc), naming the threat model and the accountant compared with.
 
-    ``white_box``: the white-box checks (``experiment.judging.white_box``); any that rejects is
-    certified evidence and makes the verdict a privacy bug, named in the message.
-    ``one_run_claims``: attack -> ``one_run_claim_evidence`` (canaries trained together),
-    named "<attack> (one-run)" in the verdict. sigma_upper is the smallest certified one when
-    any is finite, else the smallest estimate."""
+    ``white_box``: name -> ``CheckResult`` (``experiment.judging.white_box``); one that
+    refutes the claim at its share of ``refutation_level`` is certified evidence and makes the
+    verdict a privacy bug, named in the message; one whose evidence only reaches the bounds'
+    level is a warning. ``one_run_claims``: attack -> ``one_run_claim_evidence`` (canaries
+    trained together), named "<attack> (one-run)" in the verdict. sigma_upper is the smallest
+    certified one when any is finite, else the smallest estimate."""
     claimed = threat.claimed_epsilon()
     cert, est = _best(bounds, "certified"), _best(bounds, "estimate")
     cert_eps = cert["epsilon"] if cert else 0.0
     est_eps = est["epsilon"] if est else 0.0
     evidence = dict(claims)
     evidence.update({f"{a} (one-run)": c for a, c in (one_run_claims or {}).items()})
-    rejected_by = [a for a, c in evidence.items() if c["rejected"] and c["certified"]]
+    refuted_by = [a for a, c in evidence.items() if c.get("refuted") and c["certified"]]
+    rejected_only = [a for a, c in evidence.items()
+                     if c["rejected"] and c["certified"] and not c.get("refuted")]
     est_rejected = [a for a, c in evidence.items() if c["rejected"] and not c["certified"]]
     sigma_ubs = {a: c["sigma_upper"] for a, c in evidence.items()}
     certified_sigmas = {
@@ -437,13 +492,27 @@ def verdict(
     best_sigma_attack = min(pool, key=pool.get) if pool else None
     sigma_ub = sigma_ubs[best_sigma_attack] if best_sigma_attack else float("inf")
     sigma_certified = bool(best_sigma_attack and evidence[best_sigma_attack]["certified"])
-    white_fired = fired(white_box or {})
-    if rejected_by or cert_eps > claimed or white_fired:
+    white_box = white_box or {}
+    white_fired, white_warned = fired(white_box), warned(white_box)
+    if refuted_by or white_fired:
         status = PRIVACY_BUG
     elif est_eps > claimed or est_rejected:
         status = ESTIMATE_ABOVE_CLAIM
     else:
         status = CONSISTENT
+    level_words = f"PRIVACY BUG level {refutation_level:.2g}"
+    warnings_ = [describe(white_box[k]) for k in white_warned]
+    warnings_ += [
+        f"the {a} attack's claim test rejects the claimed curve at {confidence:.0%} but not "
+        f"at the {level_words}" for a in rejected_only
+    ]
+    if cert_eps > claimed:
+        warnings_.append(
+            f"certified epsilon >= {cert_eps:.3f} ({cert['attack']}/{cert['method']}) exceeds "
+            f"the claimed {claimed:.3f} at {confidence:.0%}"
+            + ("" if status == PRIVACY_BUG else f"; no statement refutes the claim at the "
+               f"{level_words}")
+        )
     where = f"{threat.describe()}; claim: {threat.accountant_name}, epsilon {claimed:.3f}"
     noise = (
         f"effective noise multiplier <= {sigma_ub:.4g} (configured {threat.noise_multiplier:g}"
@@ -453,18 +522,14 @@ def verdict(
     )
     if status == PRIVACY_BUG:
         reasons = [describe(white_box[k]) for k in white_fired]
-        if rejected_by:
+        if refuted_by:
             reasons.append(
-                f"the {', '.join(rejected_by)} attack's error rates fall below the claimed "
+                f"the {', '.join(refuted_by)} attack's error rates fall below the claimed "
                 "trade-off curve"
             )
-        if cert_eps > claimed:
-            reasons.append(
-                f"certified epsilon >= {cert_eps:.3f} ({cert['attack']}/{cert['method']}) "
-                f"exceeds the claimed {claimed:.3f}"
-            )
         why = "; ".join(reasons)
-        message = f"PRIVACY BUG at {confidence:.0%} confidence: {why}; {noise}. [{where}]"
+        message = (f"PRIVACY BUG (failure probability {refutation_level:.2g}): {why}; "
+                   f"{noise}. [{where}]")
     elif status == ESTIMATE_ABOVE_CLAIM:
         what = (
             f"estimate {est_eps:.3f} ({est['attack']}/{est['method']}, assumes "
@@ -485,15 +550,18 @@ def verdict(
             "methods)"
         )
         message = (
-            f"consistent: no certified evidence against the claim at {confidence:.0%} "
-            f"({certified}, best estimate {est_eps:.3f} vs claimed "
+            f"consistent: no certified evidence refutes the claim at the {level_words} "
+            f"({certified} at {confidence:.0%}, best estimate {est_eps:.3f} vs claimed "
             f"{claimed:.3f}); {noise}. [{where}]"
         )
+    if warnings_ and status != PRIVACY_BUG:
+        message += " WARNING (evidence short of a PRIVACY BUG): " + "; ".join(warnings_) + "."
     return {
         "status": status,
         "privacy_bug": status == PRIVACY_BUG,
         "message": message,
         "confidence": confidence,
+        "refutation_level": refutation_level,
         "threat_model": threat.describe(),
         "accountant": threat.accountant_name,
         "claimed_epsilon": claimed,
@@ -507,8 +575,10 @@ def verdict(
         "estimate_method": est["method"] if est else None,
         "estimate_assumption": est["assumption"] if est else None,
         "estimate_ratio": est_eps / claimed if claimed > 0 else float("nan"),
-        "claim_rejected_by": rejected_by,
+        "claim_rejected_by": refuted_by,
         "white_box_fired": white_fired,
+        "white_box_warned": white_warned,
+        "warnings": warnings_,
         "claim_rejected_uncertified": est_rejected,
         "sigma_upper": sigma_ub,
         "sigma_upper_attack": best_sigma_attack,
@@ -516,4 +586,3 @@ def verdict(
         "noise_multiplier": threat.noise_multiplier,
         "training_data_note": (training or {}).get("note", ""),
     }
-

@@ -2,8 +2,12 @@
 
 After training with an ``AuditHook`` (or with any per-canary scores and membership), and
 given the ``PrivacyEngine`` (or a ``ThreatModel``), ``audit_report`` returns the same result
-dictionary the ``dpaudit`` CLI produces (claim evidence, bounds by kind, theory, verdict) and,
-with ``output_dir``, writes the same results.json, plots and console table.
+dictionary the ``dpaudit`` CLI produces (claim evidence, bounds by kind, theory, white-box
+checks, verdict) and, with ``output_dir``, writes the same results.json, plots and console
+table. With a hook, every white-box check its records allow runs by default, with the same
+rules as ``run_audit``: the noise's scale, law, alignment and freshness, the released noise
+floor, the clipping probes, the accountant's bookkeeping (with ``privacy_engine``) and Poisson
+sampling (with ``dataset_size``).
 """
 
 from __future__ import annotations
@@ -13,7 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from dpaudit.experiment.judging.evaluation import DEFAULT_METHODS, evaluate_scores, split_scores
+from dpaudit.experiment.judging.evaluation import (
+    DEFAULT_METHODS,
+    REFUTATION_LEVEL,
+    evaluate_scores,
+    split_scores,
+)
 from dpaudit.experiment.judging.outputs import audit_mode, write_audit_report
 from dpaudit.forecast import certifiable_ceiling
 from dpaudit.stats.inclusion import check_inclusion
@@ -61,6 +70,25 @@ def threat_model_from_hook(
     return ThreatModel(sample_rate=rate, canary_kind="gradient", canary_norm=norm, **common)
 
 
+def loop_records(hook, privacy_engine=None, dataset_size: int | None = None):
+    """The hook's ``WhiteBoxRecords`` with what the own loop knows besides: the sample rate
+    (the hook's), the dataset size when given, the accountant's history when the engine is."""
+    if dataset_size is not None and (isinstance(dataset_size, bool) or not isinstance(
+            dataset_size, (int, np.integer)) or dataset_size < 1):
+        raise ValueError(f"dataset_size must be a positive integer (len(train_set)), got "
+                         f"{dataset_size!r}")
+    history = None if privacy_engine is None else privacy_engine.accountant.history
+    sizes = [b for b in hook.batch_sizes() if b is not None]
+    if dataset_size is not None and sizes and dataset_size < max(sizes):
+        raise ValueError(f"dataset_size must be at least the largest batch ({max(sizes)}), got "
+                         f"{dataset_size}: pass len(train_set)")
+    return hook.white_box_records(
+        sampling={"n": None if dataset_size is None else int(dataset_size),
+                  "q": float(hook.sample_rate), "loader": "poisson"},
+        accountant_history=history,
+    )
+
+
 def audit_report(
     hook=None,
     *,
@@ -74,6 +102,9 @@ def audit_report(
     confidence: float = 0.95,
     independent_canaries: bool = False,
     inclusion: float = 0.5,
+    dataset_size: int | None = None,
+    refutation_level: float = REFUTATION_LEVEL,
+    white_box: bool = True,
     output_dir: str | Path | None = None,
     quiet: bool = False,
 ) -> dict:
@@ -93,7 +124,7 @@ def audit_report(
         canaries: index of the hook's canary set to audit (needed when it has several).
         delta: the delta of the threat model and of every epsilon.
         methods: ``epsilon_lower_bound`` methods to report.
-        confidence: confidence of all certified statements together.
+        confidence: confidence of all certified bounds together.
         independent_canaries: True when every canary's (score, membership) is an independent
             one-canary experiment (e.g. Dirac gradient canaries on coordinates no data
             gradient reaches, or one canary per training run). Otherwise only the one_run
@@ -102,6 +133,14 @@ def audit_report(
             (default 1/2). The one-run methods' theorems assume this random design; a
             membership split implausible under it (e.g. members chosen by a fixed rule such as
             "every other canary" with unequal counts) makes their rows "not applicable".
+        dataset_size: the number of training examples the loader samples from (e.g.
+            ``len(train_set)``): the Poisson sampling check needs it; None: that check is
+            listed as not run.
+        refutation_level: the PRIVACY BUG verdict's failure probability (default 1e-6),
+            split over the statements that can refute the claim; evidence at ``confidence``
+            only is a warning.
+        white_box: run the white-box checks on the hook's records (default); False leaves
+            them out of the report, which says so.
         output_dir: where to write results.json, plots and print the table (optional).
         quiet: do not print the table when writing.
     """
@@ -135,6 +174,11 @@ def audit_report(
             raise ValueError(
                 f"scores[{name!r}] has {arr.size} entries but membership has {member.size}"
             )
+    records, reason = None, "scores passed without a hook: no per-step records"
+    if hook is not None and not white_box:
+        reason = "white-box checks turned off (audit_report(..., white_box=False))"
+    elif hook is not None:
+        records = loop_records(hook, privacy_engine, dataset_size)
     training = None
     if privacy_engine is not None:
         from dpaudit.accounting import engine_epsilons
@@ -154,6 +198,9 @@ def audit_report(
             independent=independent_canaries,
             training_accountants=training,
             inclusion=inclusion,
+            white_box=records,
+            white_box_reason=reason,
+            refutation_level=refutation_level,
         ),
         "engine_accountants": training,
     }

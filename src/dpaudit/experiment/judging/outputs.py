@@ -42,7 +42,7 @@ def console_table(result: dict) -> str:
     claim_rows = [
         {
             "attack": name,
-            "claim rejected": "YES" if c["rejected"] else "no",
+            "claim rejected": _rejected_word(c),
             "kind": "certified" if c["certified"] else "estimate",
             "mu_lower": c["mu_lower"],
             "sigma_upper": _fmt(c["sigma_upper"]),
@@ -54,7 +54,7 @@ def console_table(result: dict) -> str:
         {
             "attack": f"{name} (one-run)",
             "claim rejected": (
-                "YES" if c["rejected"] else ("no" if c.get("applicable", True) else "n/a")
+                _rejected_word(c) if c.get("applicable", True) else "n/a"
             ),
             "kind": "certified" if c.get("applicable", True) else "not applicable",
             "mu_lower": c["mu_lower"],
@@ -82,7 +82,9 @@ def console_table(result: dict) -> str:
         + (f" (RDP {th['accountants']['rdp']['epsilon']:.3f}, "
            f"PRV {th['accountants']['prv']['epsilon']:.3f})"),
         f"confidence {v['confidence']:.0%} for all statements together"
-        + (f" (each at {per:.4g}, Bonferroni)" if per else ""),
+        + (f" (each at {per:.4g}, Bonferroni)" if per else "")
+        + (f"; a PRIVACY BUG needs a refutation at failure probability "
+           f"{v['refutation_level']:.2g}" if v.get("refutation_level") else ""),
         "",
         "claim test (certified unless marked):",
         format_table(claim_rows),
@@ -124,6 +126,13 @@ def console_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _rejected_word(claim: dict) -> str:
+    """REFUTED (at the PRIVACY BUG level), "at conf. only" (a warning), or no."""
+    if claim.get("refuted"):
+        return "REFUTED"
+    return "yes, short of bug level" if claim["rejected"] else "no"
+
+
 def white_box_lines(white_box: dict | None) -> list[str]:
     """The white-box checks as a table, then what they could not examine."""
     if not white_box:
@@ -134,14 +143,16 @@ def white_box_lines(white_box: dict | None) -> list[str]:
         rows.append(
             {
                 "check": name,
-                "claim refuted": "YES" if c["rejected"] else "no",
+                "claim refuted": "YES" if c["rejected"] else (
+                    "warning" if c.get("warning") else "no"),
                 "kind": "statistical" if stat else "deterministic",
                 "p": _fmt(c.get("p_value")) if stat else "-",
                 "checked": _short("; ".join(c.get("checked") or []), 60),
             }
         )
-    lines = ["", "white-box checks of the mechanism (certified; statistical ones at each "
-             "statement's level):", format_table(rows) if rows else "(none)"]
+    lines = ["", "white-box checks of the mechanism (certified; a statistical one refutes the "
+             "claim at its share of the PRIVACY BUG level, warns at its share of the bounds'):",
+             format_table(rows) if rows else "(none)"]
     missing = white_box.get("not_checked") or []
     if missing:
         lines += ["not checked: " + "; ".join(missing)]
@@ -209,16 +220,18 @@ def _verdict_line(v: dict) -> str:
         decided.append(f"white-box check refuted the claim: {', '.join(fired)}")
     if v.get("claim_rejected_by"):
         decided.append(f"claim test rejected the claimed curve ({noise or 'certified'})")
-    if v["status"] == "privacy_bug" and v.get("best_lower_bound", 0) > v.get(
-            "claimed_epsilon", float("inf")):
-        decided.append(f"certified eps >= {cert} > claimed {claimed}")
     if v["status"] == "estimate_above_claim":
         decided.append(f"estimate {est} > claimed {claimed} (not certified)")
+    if v["status"] != "privacy_bug" and v.get("warnings"):
+        decided.append(f"{len(v['warnings'])} warning(s) short of a PRIVACY BUG")
     lead = "; ".join(decided)
     nums = f"certified eps >= {cert}, estimate {est}, claimed {claimed}"
     if not lead and noise:
         nums = f"{nums}; {noise}"
-    return f"{word} at {v['confidence']:.0%}: " + (f"{lead} | {nums}" if lead else nums)
+    level = v.get("refutation_level")
+    head = (f"{word} (failure probability {level:.2g})" if v["status"] == "privacy_bug"
+            and level is not None else f"{word} at {v['confidence']:.0%}")
+    return f"{head}: " + (f"{lead} | {nums}" if lead else nums)
 
 
 def _figure_title(result: dict, threat: ThreatModel, split: dict) -> str:

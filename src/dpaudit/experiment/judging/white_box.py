@@ -1,60 +1,102 @@
 """Per-step white-box evidence of an audit (DESIGN 4.5, "What the audit can see").
 
 A summed score per canary only sees bugs that keep DP-SGD's structure. The audit hook sees
-every step, so five checks test the mechanism itself, each certified on its own terms:
+every step, the optimizer's clipped sum and what it releases (``capture.records``), so these
+checks test the mechanism itself, each certified on its own terms:
 
-* ``noise_floor`` (statistical, exact null): every parameter tensor carries at least the
-  claimed noise at every step (``stats.noise.noise_floor_test``). Catches noise missing on
-  some steps or some tensors and noise of the wrong scale, wherever the tensor is big enough
-  for the noise to dominate what the data could contribute.
-* ``noise_independence`` (statistical, exact null): at the coordinates no example touches
-  (the Dirac canaries on always-blank pixels), the noise is fresh at every step
-  (``stats.noise.noise_independence_test``). Catches noise reused or correlated across steps.
-* ``poisson_sampling`` (statistical, exact null): the realised batch sizes are those of
-  Poisson sampling at the claimed rate (``stats.noise.poisson_sampling_test``). Catches
-  fixed-size shuffled batches accounted as Poisson and a wrong sample rate.
-* ``clipping`` (deterministic): no example changed the optimizer's clipped sum by more than C
-  (``capture.clip_check``). Catches an unclipped example, a layer left out of the norm,
-  micro-batches clipped as one example.
+* ``noise_scale`` (statistical): the noise the optimizer added (release minus clipped sum) has
+  at least the claimed scale on every tensor at every step (``stats.noise_law``).
+* ``noise_marginal`` (statistical): that noise has the claimed Gaussian law: not bounded,
+  heavy-tailed or discretised.
+* ``noise_alignment`` (statistical): within a step, the noise of no coordinate or tensor
+  repeats or cancels another's at any offset (broadcast noise, reused buffers or generator
+  states).
+* ``noise_freshness`` (statistical): the noise of every step is independent of every other
+  step's (reused at any period, negated, correlated).
+* ``noise_floor`` (statistical): every tensor's released sum carries at least the claimed
+  noise (``stats.noise``): what the step released after ``add_noise``, so it also catches a sum
+  rescaled after the noise (divided by the realised batch size).
+* ``noise_independence`` (statistical): only where the noise was not recorded: at coordinates
+  no example touches, the released noise is fresh at every step.
+* ``poisson_sampling`` (statistical): the batch sizes are Poisson sampling's at the claimed rate.
+* ``clipping`` (deterministic): no probed example changed the optimizer's clipped sum by more
+  than C (``capture.clip_check``).
 * ``bookkeeping`` (deterministic): the accountant was told at least the steps, at most the
   noise multiplier and at least the sample rate that training used.
 
-The statistical ones share the audit's failure probability with its other statements
-(Bonferroni: ``count_tests`` says how many there are); the deterministic ones are facts about
-what the optimizer did. Each check says what it examined and what it could not.
+Every check is a ``stats.checks.CheckResult``. A statistical one is judged at two levels: its
+share of the PRIVACY BUG verdict's failure probability (``rejected``) and its share of the
+bounds' (``warning``); ``count_tests`` says how many share them. Each check says what it
+examined; ``not_checked`` says, with the true reason, what none could.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
+from dpaudit.capture.records import WhiteBoxRecords
+from dpaudit.stats.checks import CheckResult, deterministic
 from dpaudit.stats.noise import (
     noise_floor_test,
     noise_independence_test,
     poisson_sampling_test,
 )
+from dpaudit.stats.noise_law import (
+    noise_alignment_test,
+    noise_freshness_test,
+    noise_marginal_test,
+    noise_scale_test,
+)
 
-STATISTICAL = ("noise_floor", "noise_independence", "poisson_sampling")
 _REL = 1e-9  # float rounding of recorded rates and multipliers
+NOISE_LAW = ("noise_scale", "noise_marginal", "noise_alignment", "noise_freshness")
 
 
-def _sampling_known(records: dict) -> bool:
-    s = records.get("sampling") or {}
-    sizes = records.get("batch_sizes") or []
+def _noised(records: WhiteBoxRecords) -> list[int]:
+    """Indices of the steps that claim some noise (sigma C > 0)."""
+    return [i for i, s in enumerate(records.steps) if s.noise_std > 0]
+
+
+def _noise_steps(records: WhiteBoxRecords):
+    return [s for s in records.steps if s.noise is not None]
+
+
+def _sampling_known(records: WhiteBoxRecords) -> bool:
+    s = records.sampling or {}
+    sizes = records.batch_sizes
     return bool(s.get("n")) and len(sizes) >= 2 and all(b is not None for b in sizes)
 
 
-def count_tests(records: dict | None) -> int:
+def statistical_tests(records: WhiteBoxRecords | None) -> list[str]:
+    """The statistical checks ``white_box_evidence`` will run on ``records``, by name."""
+    if records is None or not records.steps:
+        return []
+    out = []
+    noised = _noised(records)
+    if noised:
+        out.append("noise_floor")
+    steps = _noise_steps(records)
+    if records.noise is not None and steps:
+        out += ["noise_scale", "noise_marginal"]
+        if records.noise.lags:
+            out.append("noise_alignment")
+        if len(steps) >= 2:
+            out.append("noise_freshness")
+    elif records.probe_noise is not None and len(noised) >= 2:
+        out.append("noise_independence")
+    if _sampling_known(records):
+        out.append("poisson_sampling")
+    return out
+
+
+def count_tests(records: WhiteBoxRecords | None) -> int:
     """How many statistical white-box tests ``white_box_evidence`` will run on ``records``."""
-    if not records:
-        return 0
-    n = 1 if records.get("released_sq") is not None else 0
-    n += 1 if records.get("probe_noise") is not None else 0
-    n += 1 if _sampling_known(records) else 0
-    return n
+    return len(statistical_tests(records))
 
 
-def bookkeeping_check(history, noise_multipliers, sample_rate: float, steps: int) -> dict:
+def bookkeeping_check(history, noise_multipliers, sample_rate: float, steps: int) -> CheckResult:
     """The accountant's history against what training did (deterministic).
 
     Args:
@@ -85,147 +127,231 @@ def bookkeeping_check(history, noise_multipliers, sample_rate: float, steps: int
             f"the accountant was told sample rate {min(low):.6g}, the data were drawn at "
             f"{sample_rate:.6g}"
         )
-    return {
-        "name": "bookkeeping",
-        "kind": "certified (deterministic)",
-        "rejected": bool(problems),
-        "statement": (
-            "the accountant was told at least the steps, at most the noise multiplier and at "
-            "least the sample rate that training used"
-        ),
-        "witness": {"problems": problems},
-        "checked": [f"{len(hist)} accountant history entries against {steps} steps"],
-        "unchecked": [],
-        "history": [list(h) for h in hist],
-    }
+    return deterministic(
+        "bookkeeping", bool(problems),
+        "the accountant was told at least the steps, at most the noise multiplier and at "
+        "least the sample rate that training used",
+        witness={"problems": problems},
+        checked=[f"{len(hist)} accountant history entries against {steps} steps"],
+        details={"history": [list(h) for h in hist]},
+    )
 
 
-def clipping_verdict(summary: dict) -> dict:
+def clipping_verdict(summary: dict) -> CheckResult:
     """The clipping check's summary as a check (deterministic)."""
-    worst = summary.get("worst")
-    unchecked = [summary["unchecked"]] if summary.get("unchecked") else []
-    return {
-        "name": "clipping",
-        "kind": "certified (deterministic)",
-        "rejected": bool(summary.get("violations")),
-        "statement": (
-            "no probed example changed the optimizer's clipped sum by more than C (its own "
-            "clipping, run on the example alone and on the batch without it)"
-        ),
-        "witness": worst or {},
-        "checked": [
+    return deterministic(
+        "clipping", bool(summary.get("violations")),
+        "no probed example changed the optimizer's clipped sum by more than C (its own "
+        "clipping, run on the example alone and on the batch without it)",
+        witness=summary.get("worst") or {},
+        checked=[
             f"{summary.get('probes', 0)} probes on {summary.get('steps_checked', 0)} of "
             f"{summary.get('steps_seen', 0)} steps ({summary.get('leave_one_out_steps', 0)} "
             "with leave-one-out; the first step and a seeded random share of the others)"
         ],
-        "unchecked": unchecked,
-        "details": summary,
-    }
+        unchecked=[summary["unchecked"]] if summary.get("unchecked") else [],
+        details=summary,
+    )
 
 
-def white_box_evidence(records: dict | None, level: float) -> dict[str, dict]:
-    """Every white-box check the records allow, as plain dicts (module doc).
+def _lag_words(noise):
+    """(vector, lag) -> what the lag joins, for the report."""
 
-    ``records`` (``TrainingOutcome.white_box``): ``released_sq`` (J, T), ``dims``, ``names``,
-    ``noise_stds`` (T,), ``probe_noise`` (n, T) or None, ``batch_sizes``, ``sampling``
-    ({"n", "q"}), ``clipping`` (the clipping check's summary) or None, ``accountant_history``,
-    ``max_grad_norm`` and ``steps``. ``level``: each statistical test's share of the audit's
-    failure probability.
+    def words(vector: str, lag: int) -> str:
+        if vector != "heads":
+            return (f"coordinates {lag} apart in the flattened noise"
+                    + ("" if noise.fold == sum(noise.dims) else f" (modulo {noise.fold})"))
+        pairs = []
+        for a, (na, sa, la) in enumerate(noise.heads):
+            for nb, sb, lb in noise.heads[a:]:
+                shift = lag - (sb - sa)  # position i of a's head meets i + shift of b's
+                if -la < shift < lb and (nb != na or shift != 0):
+                    pairs.append((abs(shift), na, nb, shift))
+        if not pairs:
+            return f"lag {lag} in the heads"
+        _, na, nb, shift = min(pairs)
+        if na == nb:
+            return f"coordinates {shift} apart within the head of {na}"
+        return (f"the head of {na} against the head of {nb}"
+                + ("" if shift == 0 else f" shifted by {shift}"))
+
+    return words
+
+
+def _noise_law(records: WhiteBoxRecords, level: float) -> dict[str, CheckResult]:
+    """The four tests of the recovered noise (``stats.noise_law``)."""
+    noise = records.noise
+    steps = _noise_steps(records)
+    out: dict[str, CheckResult] = {}
+    rounding = np.array([s.noise.rounding for s in steps])
+    sq = np.stack([s.noise.sq for s in steps], axis=1)
+    out["noise_scale"] = noise_scale_test(sq, noise.dims, 1.0, rounding, level=level,
+                                          names=noise.names)
+    out["noise_marginal"] = noise_marginal_test(
+        np.stack([s.noise.counts for s in steps]), noise.tensor_counts, rounding,
+        level=level, names=noise.names)
+    if noise.lags:
+        out["noise_alignment"] = noise_alignment_test(
+            {v: [(s.step, s.noise.lag_z[v], s.noise.lag_at[v]) for s in steps
+                 if v in s.noise.lag_z] for v in noise.lags},
+            noise.run_z, noise.lags, level=level, where=noise.vectors,
+            describe_lag=_lag_words(noise))
+    if len(steps) >= 2:
+        out["noise_freshness"] = noise_freshness_test(
+            np.stack([s.noise.sketch for s in steps]),
+            np.array([s.noise.sketch_error for s in steps]), noise.segments, level=level)
+    return {name: replace(res, checked=[*res.checked, f"noise read as the {noise.source}"])
+            for name, res in out.items()}
+
+
+def white_box_evidence(
+    records: WhiteBoxRecords | None, level: float, warning_level: float | None = None
+) -> dict[str, CheckResult]:
+    """Every white-box check the records allow (module doc).
+
+    Args:
+        records: the training's ``WhiteBoxRecords`` (None: none kept).
+        level: each statistical check's share of the PRIVACY BUG verdict's failure
+            probability (``rejected``).
+        warning_level: each one's share of the bounds' failure probability (``warning``);
+            defaults to ``level``.
     """
-    if not records:
+    if records is None or not records.steps:
         return {}
-    out: dict[str, dict] = {}
-    stds = np.asarray(records["noise_stds"], dtype=np.float64)
-    if records.get("released_sq") is not None:
-        t = noise_floor_test(
-            records["released_sq"], records["dims"], stds, level=level, names=records["names"]
-        )
-        out["noise_floor"] = {**t.to_dict(), "kind": "certified (statistical)"}
-    if records.get("probe_noise") is not None:
-        t = noise_independence_test(records["probe_noise"], stds, level=level)
-        out["noise_independence"] = {**t.to_dict(), "kind": "certified (statistical)"}
-    sampling = records.get("sampling") or {}
-    if _sampling_known(records):
-        t = poisson_sampling_test(
-            records["batch_sizes"], int(sampling["n"]), float(sampling["q"]), level=level
-        )
-        out["poisson_sampling"] = {**t.to_dict(), "kind": "certified (statistical)"}
-    if records.get("clipping") is not None:
-        out["clipping"] = clipping_verdict(records["clipping"])
-    if records.get("accountant_history") is not None and sampling.get("q"):
+    warning_level = level if warning_level is None else warning_level
+    run = set(statistical_tests(records))
+    out: dict[str, CheckResult] = {}
+    noised = _noised(records)
+    stds = records.noise_stds
+    if "noise_floor" in run:
+        out["noise_floor"] = noise_floor_test(
+            records.released_sq[:, noised], records.dims, stds[noised], level=level,
+            names=records.names)
+    if records.noise is not None and "noise_scale" in run:
+        out.update(_noise_law(records, level))
+    if "noise_independence" in run:
+        out["noise_independence"] = noise_independence_test(
+            records.probe_noise[:, noised], stds[noised], level=level)
+    sampling = records.sampling or {}
+    if "poisson_sampling" in run:
+        out["poisson_sampling"] = poisson_sampling_test(
+            records.batch_sizes, int(sampling["n"]), float(sampling["q"]), level=level)
+    out = {k: v.at_levels(level, warning_level) for k, v in out.items()}
+    if records.clipping is not None:
+        out["clipping"] = clipping_verdict(records.clipping)
+    if records.accountant_history is not None and sampling.get("q"):
         out["bookkeeping"] = bookkeeping_check(
-            records["accountant_history"],
-            stds / float(records["max_grad_norm"]),
-            float(sampling["q"]),
-            int(records["steps"]),
-        )
+            records.accountant_history, stds / float(records.max_grad_norm),
+            float(sampling["q"]), records.num_steps)
     return out
 
 
-def not_checked(records: dict | None, independent: bool) -> list[str]:
-    """What the white-box checks could not examine in this audit, in words."""
-    if not records:
-        return ["no per-step records (multi-run audit, or scores passed without a hook)"]
+def not_checked(records: WhiteBoxRecords | None, independent: bool,
+                reason: str | None = None) -> list[str]:
+    """What the white-box checks could not examine in this audit, in words (each with the
+    true reason; a check that ran is never listed here).
+
+    Args:
+        records: the training's records, or None.
+        independent: whether the canaries are independent experiments (the probes' reason).
+        reason: why there are no records, when ``records`` is None.
+    """
+    if records is None or not records.steps:
+        return [reason or "no per-step records were kept"]
     out = []
-    if records.get("probe_noise") is None:
+    run = set(statistical_tests(records))
+    if len(_noised(records)) < records.num_steps:
+        out.append(f"{records.num_steps - len(_noised(records))} steps claim no noise "
+                   "(noise multiplier 0): their noise is not tested")
+    if records.noise is None:
         out.append(
-            "noise independence across steps: no coordinates known to be untouched by the "
-            "data (needs Dirac gradient canaries on dead coordinates"
-            + ("" if independent else "; these canaries share live coordinates")
-            + ")"
+            "the noise's scale, law, alignment and freshness: the noise the optimizer added "
+            "was not recorded (AuditHook(record_noise=False))"
         )
-    if not _sampling_known(records):
-        out.append("Poisson sampling: batch sizes or the dataset size unknown")
-    if records.get("clipping") is None:
-        out.append("clipping: not probed")
-    if records.get("accountant_history") is None:
-        out.append("bookkeeping: no accountant history")
-    small = [
-        f"{n} (d={d})"
-        for n, d in zip(records.get("names", []), records.get("dims", []), strict=True)
-        if d < _SMALL_TENSOR
-    ]
-    if small:
-        out.append(
-            "noise floor on small tensors: a tensor of d coordinates shows missing noise only "
-            f"when the data's clipped sum there is small next to d (sigma C)^2: {', '.join(small)}"
-        )
+        if "noise_independence" not in run:
+            out.append(
+                "noise independence across steps: no coordinates known to be untouched by the "
+                "data (needs Dirac gradient canaries on dead coordinates"
+                + ("" if independent else "; these canaries share live coordinates")
+                + ")"
+            )
+    elif "noise_freshness" not in run:
+        out.append("noise freshness across steps: a single step")
+    sampling = records.sampling or {}
+    if "poisson_sampling" not in run:
+        sizes = records.batch_sizes
+        if any(b is None for b in sizes):
+            out.append("Poisson sampling: the batch sizes are unknown (BatchMemoryManager "
+                       "or ghost clipping keep no per-step batch)")
+        elif not sampling.get("n"):
+            out.append("Poisson sampling: the dataset size is unknown (audit_report(..., "
+                       "dataset_size=len(train_set)))")
+        else:
+            out.append("Poisson sampling: a single step")
+    if records.clipping is None:
+        out.append("clipping: not probed (AuditHook(check_clipping=False))")
+    if records.accountant_history is None:
+        out.append("bookkeeping: no accountant history (audit_report(..., "
+                   "privacy_engine=engine))")
+    elif not sampling.get("q"):
+        out.append("bookkeeping: the sample rate is unknown")
     return out
 
 
-_SMALL_TENSOR = 64
+def fired(evidence: dict[str, CheckResult]) -> list[str]:
+    """Names of the checks that refuted the claim (at the PRIVACY BUG level)."""
+    return [k for k, v in evidence.items() if v.rejected]
 
 
-def fired(evidence: dict[str, dict]) -> list[str]:
-    """Names of the checks that rejected the claim."""
-    return [k for k, v in evidence.items() if v.get("rejected")]
+def warned(evidence: dict[str, CheckResult]) -> list[str]:
+    """Names of the checks whose evidence is a warning (below the bounds' level only)."""
+    return [k for k, v in evidence.items() if v.warning]
 
 
-def describe(check: dict) -> str:
-    """One line for the verdict: which check fired and where."""
-    w = check.get("witness") or {}
-    name = check["name"]
-    if name == "noise_floor":
+def describe(check: CheckResult) -> str:
+    """One line for the verdict: which check fired (or warned) and where."""
+    w = check.witness or {}
+    name = check.name
+    p = f"p = {check.p_value:.2g}"
+    if name in ("noise_floor", "noise_scale"):
+        what = "released" if name == "noise_floor" else "added noise of"
         return (
-            f"noise floor: tensor {w.get('tensor')} at step {w.get('step')} released "
-            f"{w.get('noise_ratio', float('nan')):.3g} x the claimed noise std "
-            f"(p = {check['p_value']:.2g})"
+            f"{name.replace('_', ' ')}: tensor {w.get('tensor')} at step {w.get('step')} "
+            f"{what} {w.get('noise_ratio', float('nan')):.3g} x the claimed noise std ({p})"
         )
+    if name == "noise_marginal":
+        where = (f"tensor {w['tensor']}" if "tensor" in w else
+                 "the run" if w.get("step") == "all" else f"step {w.get('step')}")
+        lo, hi = w.get("bin", [float("nan")] * 2)
+        return (f"noise marginal: in {where}, {w.get('observed')} noise values in "
+                f"[{lo:.3g}, {hi:.3g}) sigma C against {w.get('expected', 0):.1f} expected of "
+                f"a Gaussian ({p})")
+    if name == "noise_alignment":
+        when = "over the run" if w.get("step") == "all" else f"at step {w.get('step')}"
+        return (f"noise alignment: {w.get('joins', 'lag ' + str(w.get('lag')))} carry "
+                f"matching noise {when} (Hoeffding z = {w.get('z', 0):.3g}, {p})")
+    if name == "noise_freshness":
+        if "steps" in w:
+            t, s = w["steps"]
+            return (f"noise freshness: the noise of steps {t} and {s} ({w.get('tensors')}) "
+                    f"has correlation {w.get('correlation', 0):.3g} ({p})")
+        return (f"noise freshness: steps {w.get('lag')} apart ({w.get('tensors')}) have mean "
+                f"correlation {w.get('correlation', 0):.3g} ({p})")
     if name == "noise_independence":
         if "cosine" in w:
             return (
                 f"noise independence: the noise of steps {w['steps'][0]} and {w['steps'][1]} "
-                f"has cosine {w['cosine']:.3g} (p = {check['p_value']:.2g})"
+                f"has cosine {w['cosine']:.3g} ({p})"
             )
         return (
             f"noise independence: step {w.get('step')} carries {w.get('noise_ratio', 0):.3g} x "
-            f"the claimed noise at untouched coordinates (p = {check['p_value']:.2g})"
+            f"the claimed noise at untouched coordinates ({p})"
         )
     if name == "poisson_sampling":
         return (
             f"Poisson sampling: batch sizes {w.get('mean_batch', 0):.1f} +- "
             f"{w.get('batch_sd', 0):.2f} against Binomial {w.get('expected_mean', 0):.1f} +- "
-            f"{w.get('expected_sd', 0):.2f} ({w.get('failed')}, p = {check['p_value']:.2g})"
+            f"{w.get('expected_sd', 0):.2f} ({w.get('failed')}, {p})"
         )
     if name == "clipping":
         if not w:
@@ -237,4 +363,3 @@ def describe(check: dict) -> str:
     if name == "bookkeeping":
         return "bookkeeping: " + "; ".join(w.get("problems", []))
     return name
-

@@ -88,7 +88,7 @@ def fingerprint(settings: AuditSettings) -> str:
     d.pop("progress", None)
     d.pop("device", None)
     # evaluation choices, how many runs to make, and which worker makes them
-    skip = ("methods", "confidence", "runs", "worker", "workers")
+    skip = ("methods", "confidence", "refutation_level", "runs", "worker", "workers")
     d["audit"] = {k: v for k, v in d["audit"].items() if k not in skip}
     if not d["canary"].get("options"):  # empty: as before canary.options existed
         d["canary"].pop("options", None)

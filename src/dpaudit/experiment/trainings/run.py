@@ -22,6 +22,7 @@ from torch.utils.data import Dataset
 from dpaudit import seeds
 from dpaudit.attacks import StepScore
 from dpaudit.canaries import predicted_leakage
+from dpaudit.capture.records import WhiteBoxRecords
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.trainings.canary_setup import CanarySetup, draw_membership, setup_canaries
 from dpaudit.experiment.trainings.scores import build_scores
@@ -179,7 +180,7 @@ class RunRecord:
     bit: int | None = None
     fingerprint: str | None = None
     runs: list[int] | None = None  # pooled record: the run numbers it holds
-    white_box: dict | None = None  # per-step records of the white-box checks (not saved)
+    white_box: WhiteBoxRecords | None = None  # the white-box checks' records (not saved)
     per_step: dict | None = None  # score name -> (K, T) per-step values (not saved)
 
     def to_dict(self) -> dict:

@@ -27,6 +27,7 @@ from dpaudit.accounting import AccountantEpsilon, engine_epsilons
 from dpaudit.attacks import StepScore
 from dpaudit.bugs import plant_bug
 from dpaudit.capture import AuditHook
+from dpaudit.capture.records import WhiteBoxRecords
 from dpaudit.experiment.settings import DPSettings
 from dpaudit.models import LOSS
 
@@ -44,7 +45,7 @@ class TrainingOutcome:
     accountants: dict[str, AccountantEpsilon]
     test_accuracy: float
     seconds: float
-    white_box: dict | None = None  # per-step records for ``experiment.judging.white_box``
+    white_box: WhiteBoxRecords | None = None  # for ``experiment.judging.white_box``
     per_step: dict[str, np.ndarray] | None = None  # score name -> (K, T) per-step values
 
 
@@ -238,25 +239,10 @@ def train_audited(
         accountants=engine_epsilons(engine, dp.delta),
         test_accuracy=acc,
         seconds=time.perf_counter() - start,
-        white_box=white_box_records(hook, engine, len(train_set), sample_rate, shuffled)
-        if white_box
-        else None,
+        white_box=hook.white_box_records(
+            sampling={"n": len(train_set), "q": sample_rate,
+                      "loader": "shuffled" if shuffled else "poisson"},
+            accountant_history=engine.accountant.history,
+        ) if white_box else None,
         per_step=hook.per_step() if white_box else None,
     )
-
-
-def white_box_records(hook: AuditHook, engine, n: int, sample_rate: float, shuffled: bool) -> dict:
-    """The per-step records the white-box checks read (``experiment.judging.white_box``)."""
-    return {
-        "released_sq": hook.released_squared_norms(),
-        "dims": hook.tensor_dims,
-        "names": list(hook.param_names),
-        "noise_stds": hook.noise_stds(),
-        "max_grad_norm": hook.max_grad_norm,
-        "steps": hook.steps,
-        "batch_sizes": hook.batch_sizes(),
-        "sampling": {"n": n, "q": sample_rate, "loader": "shuffled" if shuffled else "poisson"},
-        "probe_noise": hook.probe_noise() if hook.has_noise_probes else None,
-        "clipping": hook.clipping_check(),
-        "accountant_history": [list(h) for h in engine.accountant.history],
-    }

@@ -1,0 +1,198 @@
+"""The hook's white-box phase: what each step tells about the mechanism itself.
+
+``WhiteBoxRecorder`` is called by ``AuditHook`` at three moments of every real optimizer step
+and keeps, per step, a ``records.StepRecord``:
+
+* ``before_noise`` (in the wrapped ``add_noise``, before anything is added): the batch's size
+  and the clipping probes (``clip_check.ClippingCheck``, the optimizer's own clipping run on
+  single examples and leave-one-out sub-batches);
+* ``after_noise`` (right after the optimizer's ``add_noise``): the noise it really added,
+  ``p.grad - p.summed_grad`` on every tensor, sketched by ``noise_record.NoiseRecorder``;
+* ``on_release`` (after the accountant, or after DPDDP's all-reduce): every tensor's released
+  sum (squared norm), and the released sum at the noise probes (coordinates no example
+  touches) minus the canaries inserted there.
+
+It records every tensor the optimizer releases, whatever ``params`` the hook's canaries and
+scores use: the checks are about the mechanism. ``records()`` gives the typed
+``WhiteBoxRecords`` that ``run_audit``, the CLI and ``audit_report`` judge alike.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from opacus.optimizers import DPOptimizer
+
+from dpaudit.capture.clip_check import ClippingCheck
+from dpaudit.capture.gradient_canaries import GradientCanaries
+from dpaudit.capture.noise_record import NoiseRecorder
+from dpaudit.capture.records import StepRecord, WhiteBoxRecords
+from dpaudit.capture.view import CoordinateView, check_coordinates
+
+
+def optimizer_tensor_names(model, optimizer: DPOptimizer) -> list[str]:
+    """The names of the optimizer's parameters in its order (``param i`` for one the model
+    does not name)."""
+    from dpaudit.gradients.persample import unwrap_model
+
+    by_id = {id(p): n for n, p in unwrap_model(model).named_parameters()}
+    return [by_id.get(id(p), f"param {i}") for i, p in enumerate(optimizer.params)]
+
+
+class WhiteBoxRecorder:
+    """Per-step white-box records of one training (module doc).
+
+    Args:
+        optimizer: the DP optimizer.
+        model: the model (names its tensors).
+        params / full_dim / coordinates: the hook's parameter selection, its size and its
+            coordinate view (the probes index the selection; the canaries' values there are
+            subtracted).
+        canaries: the hook's canary sets.
+        seed: seeds the clipping probes and the noise sample.
+        noise_probes: indices into the flattened selection no example touches, or None.
+        check_clipping: run the clipping probes.
+        record_noise: recover and sketch the noise the optimizer added.
+        distributed: Opacus' DPDDP (the noise is summed over the ranks).
+    """
+
+    def __init__(self, optimizer: DPOptimizer, model, params, full_dim: int, coordinates,
+                 canaries, seed: int, *, noise_probes=None, check_clipping: bool = False,
+                 record_noise: bool = True, distributed: bool = False) -> None:
+        self.optimizer = optimizer
+        self.max_grad_norm = float(optimizer.max_grad_norm)
+        self.names = optimizer_tensor_names(model, optimizer)
+        self.dims = [int(p.numel()) for p in optimizer.params]
+        self._selection = list(params)
+        self._full_dim = int(full_dim)
+        self._coordinates = coordinates
+        self._probes = self._check_probes(noise_probes, canaries)
+        self._clip = ClippingCheck(self.max_grad_norm, seed) if check_clipping else None
+        self._noise = (NoiseRecorder(list(optimizer.params), self.names, seed, distributed)
+                       if record_noise else None)
+        self._steps: list[StepRecord] = []
+        self._pending_batch: int | None = None
+
+    @property
+    def has_noise_probes(self) -> bool:
+        return self._probes is not None
+
+    @property
+    def records_noise(self) -> bool:
+        return self._noise is not None
+
+    def _check_probes(self, probes, canaries) -> CoordinateView | None:
+        """The noise probes' view (indices into the full selection, whatever the hook's own
+        view) and the canary values there (what an inclusion adds), or None."""
+        if probes is None:
+            return None
+        idx = check_coordinates(probes, self._full_dim)
+        if idx.numel() < 3:
+            raise ValueError(f"noise_probes: need at least 3 coordinates, got {idx.numel()}")
+        cols = idx.numpy()
+        pos = np.full(self._full_dim, -1, dtype=np.int64)  # full index -> probe column, or -1
+        pos[cols] = np.arange(cols.size)
+        dim = self._full_dim if self._coordinates is None else self._coordinates.numel()
+        full = (  # hook coordinate -> index into the full selection
+            np.arange(dim) if self._coordinates is None else self._coordinates.cpu().numpy()
+        )
+        # what an inclusion adds at the probes, as nonzero entries (canary, probe, value): a
+        # Dirac canary touches one probe, and this is applied every step
+        ks, js, vs, first = [], [], [], 0
+        for c in canaries:
+            if isinstance(c, GradientCanaries):
+                if c.is_sparse:
+                    ind = full[c.indices.cpu().numpy().reshape(len(c), -1)]
+                    val = c.values.cpu().double().numpy().reshape(len(c), -1)
+                else:
+                    ind = np.broadcast_to(full, (len(c), full.size))
+                    val = c.vectors.cpu().double().numpy()
+                col = pos[ind]
+                k, j = np.nonzero((col >= 0) & (val != 0.0))
+                ks.append(first + k)
+                js.append(col[k, j])
+                vs.append(val[k, j])
+            first += len(c)
+        none = np.zeros(0, dtype=np.int64)
+        self._probe_canary_values = (
+            np.concatenate([none, *ks]),
+            np.concatenate([none, *js]),
+            np.concatenate([np.zeros(0), *vs]),
+            cols.size,
+        )
+        return CoordinateView(self._selection, idx)
+
+    def start(self, device: torch.device) -> None:
+        if self._probes is not None:
+            self._probes.to(device)
+
+    # ------------------------------------------------------------------ the three moments
+    def before_noise(self, opt: DPOptimizer, step: int) -> None:
+        """Before anything is added to the clipped sum: the batch size, the clipping probes."""
+        self._pending_batch = _batch_rows(opt)
+        if self._clip is not None:
+            self._clip.run(opt, step)
+
+    def after_noise(self, opt: DPOptimizer) -> None:
+        """Right after ``add_noise``: the noise it added."""
+        if self._noise is not None:
+            self._noise.record(opt, float(opt.noise_multiplier) * self.max_grad_norm)
+
+    @torch.no_grad()
+    def on_release(self, opt: DPOptimizer, step: int, noise_std: float, divisor: float,
+                   inclusion: np.ndarray) -> None:
+        """The released gradient of this step (after the accountant or the all-reduce)."""
+        sq = torch.stack([torch.linalg.vector_norm(p.grad, dtype=torch.float64) ** 2
+                          for p in opt.params])
+        probe = None
+        if self._probes is not None:
+            values = self._probes.released().double().cpu().numpy() * divisor
+            k, j, v, n = self._probe_canary_values
+            included = inclusion.astype(np.float64)[k]
+            probe = values - np.bincount(j, weights=included * v, minlength=n)
+        self._steps.append(StepRecord(
+            step=step, noise_std=float(noise_std), divisor=float(divisor),
+            batch_size=self._pending_batch, released_sq=sq.cpu().numpy() * divisor * divisor,
+            probe_noise=probe,
+        ))
+        self._pending_batch = None
+
+    # ------------------------------------------------------------------ results
+    @property
+    def steps(self) -> list[StepRecord]:
+        return self._steps
+
+    def clipping_summary(self) -> dict | None:
+        return None if self._clip is None else self._clip.summary()
+
+    def records(self, *, sampling: dict | None = None, accountant_history=None,
+                distributed: bool = False) -> WhiteBoxRecords:
+        """The typed records of the steps so far (``WhiteBoxRecords``)."""
+        steps = tuple(self._steps)
+        noise = None
+        if self._noise is not None:
+            sketches = self._noise.noise_steps()[: len(steps)]
+            steps = tuple(
+                StepRecord(**{**s.__dict__, "noise": n}) for s, n in
+                zip(steps, sketches + [None] * (len(steps) - len(sketches)), strict=True)
+            )
+            noise = self._noise.run(
+                "release minus the optimizer's clipped sum, read right after add_noise"
+                + (", summed over the ranks (the all-reduced release)" if distributed else "")
+            )
+        return WhiteBoxRecords(
+            names=list(self.names), dims=list(self.dims), max_grad_norm=self.max_grad_norm,
+            steps=steps, noise=noise, clipping=self.clipping_summary(),
+            sampling=None if sampling is None else dict(sampling),
+            accountant_history=(None if accountant_history is None
+                                else [list(h) for h in accountant_history]),
+        )
+
+
+def _batch_rows(opt: DPOptimizer) -> int | None:
+    """Examples in this step's batch (None when unknown: no per-sample gradients, or a
+    logical batch spread over several physical ones by BatchMemoryManager)."""
+    gs = getattr(opt.params[0], "grad_sample", None)
+    if gs is None or getattr(opt, "_is_last_step_skipped", False):
+        return None
+    return int(sum(g.shape[0] for g in gs) if isinstance(gs, list) else gs.shape[0])

@@ -1,0 +1,223 @@
+"""Seventeen small models over Opacus' layer families, trained in an ordinary Opacus loop with
+an ``AuditHook`` and judged by ``audit_report`` (the own-loop path; no tests here).
+
+Each family is (model factory, synthetic data, make_private options). ``own_loop_audit`` trains
+one with Dirac gradient canaries on its largest tensor, optionally with a planted zoo bug (or
+the data-loader bug: fixed-size shuffled batches accounted as Poisson), and returns
+``audit_report(hook, privacy_engine=..., dataset_size=...)``. ``BUG_CLASSES`` names one bug per
+class of the zoo and the white-box statement that must refute the claim for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from opacus import PrivacyEngine
+from opacus.layers import DPGRU, DPLSTM, DPRNN, DPMultiheadAttention
+from opacus.utils.batch_memory_manager import BatchMemoryManager
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from dpaudit.bugs import plant_bug
+from dpaudit.capture import AuditHook, GradientCanaries
+from dpaudit.experiment import audit_report
+
+warnings.filterwarnings("ignore", module="opacus")
+
+N = 640  # examples
+BATCH = 32  # expected batch (sample rate 1/20)
+STEPS = 30
+CLASSES = 4
+VOCAB, SEQ = 24, 6
+
+
+class Pool(nn.Module):
+    """Mean over a dimension (token positions, sequence steps)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x):
+        return x.mean(self.dim)
+
+
+class Recurrent(nn.Module):
+    """Embedding -> an Opacus recurrent layer -> its last output -> Linear."""
+
+    def __init__(self, cell) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 16)
+        self.rnn = cell(16, 24, batch_first=True)
+        self.head = nn.Linear(24, CLASSES)
+
+    def forward(self, x):
+        out, _ = self.rnn(self.emb(x))
+        return self.head(out[:, -1])
+
+
+class Attention(nn.Module):
+    """Embedding -> DPMultiheadAttention (self-attention) -> mean -> Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 16)
+        self.att = DPMultiheadAttention(16, 2, batch_first=True)
+        self.head = nn.Linear(16, CLASSES)
+
+    def forward(self, x):
+        h = self.emb(x)
+        out, _ = self.att(h, h, h)
+        return self.head(out.mean(1))
+
+
+class Bag(nn.Module):
+    """EmbeddingBag (mean of each row's tokens) -> Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bag = nn.EmbeddingBag(VOCAB, 32, mode="mean")
+        self.head = nn.Linear(32, CLASSES)
+
+    def forward(self, x):
+        return self.head(self.bag(x))
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, CLASSES))
+
+
+def _frozen_first() -> nn.Module:
+    model = nn.Sequential(nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 32), nn.ReLU(),
+                          nn.Linear(32, CLASSES))
+    for p in model[0].parameters():
+        p.requires_grad_(False)
+    return model
+
+
+FAMILIES_MODELS = {
+    "linear": _mlp,
+    "conv1d": lambda: nn.Sequential(nn.Conv1d(4, 16, 3), nn.ReLU(), nn.Flatten(),
+                                    nn.Linear(16 * 14, CLASSES)),
+    "conv2d_groupnorm": lambda: nn.Sequential(nn.Conv2d(2, 16, 3), nn.GroupNorm(4, 16),
+                                              nn.ReLU(), nn.Flatten(),
+                                              nn.Linear(16 * 36, CLASSES)),
+    "conv3d": lambda: nn.Sequential(nn.Conv3d(1, 8, 2), nn.ReLU(), nn.Flatten(),
+                                    nn.Linear(8 * 27, CLASSES)),
+    "layernorm": lambda: nn.Sequential(nn.Linear(64, 48), nn.LayerNorm(48), nn.ReLU(),
+                                       nn.Linear(48, CLASSES)),
+    "instancenorm": lambda: nn.Sequential(nn.Conv1d(4, 16, 3), nn.InstanceNorm1d(16, affine=True),
+                                          nn.ReLU(), nn.Flatten(), nn.Linear(16 * 14, CLASSES)),
+    "rmsnorm": lambda: nn.Sequential(nn.Linear(64, 48), nn.RMSNorm(48), nn.ReLU(),
+                                     nn.Linear(48, CLASSES)),
+    "embedding": lambda: nn.Sequential(nn.Embedding(VOCAB, 32), Pool(1),
+                                       nn.Linear(32, CLASSES)),
+    "embeddingbag": Bag,
+    "dplstm": lambda: Recurrent(DPLSTM),
+    "dpgru": lambda: Recurrent(DPGRU),
+    "dprnn": lambda: Recurrent(DPRNN),
+    "attention": Attention,
+    "frozen_first_layer": _frozen_first,
+    "functorch": _mlp,
+    "ew": _mlp,
+    "batch_memory_manager": _mlp,
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one model family is built, fed and made private."""
+
+    model: str
+    inputs: str  # "features", "conv1d", "conv2d", "conv3d", "tokens"
+    grad_sample_mode: str = "hooks"
+    physical_batch: int | None = None
+    extra: dict = field(default_factory=dict)
+
+
+INPUTS = {"linear": "features", "conv1d": "conv1d", "conv2d_groupnorm": "conv2d",
+          "conv3d": "conv3d", "layernorm": "features", "instancenorm": "conv1d",
+          "rmsnorm": "features", "embedding": "tokens", "embeddingbag": "tokens",
+          "dplstm": "tokens", "dpgru": "tokens", "dprnn": "tokens", "attention": "tokens",
+          "frozen_first_layer": "features", "functorch": "features", "ew": "features",
+          "batch_memory_manager": "features"}
+
+FAMILIES = {
+    name: Family(name, INPUTS[name],
+                 grad_sample_mode={"functorch": "functorch", "ew": "ew"}.get(name, "hooks"),
+                 physical_batch=8 if name == "batch_memory_manager" else None)
+    for name in FAMILIES_MODELS
+}
+
+# one bug per class of the zoo, and the white-box statement that must refute the claim for it
+BUG_CLASSES = {
+    "noise of the wrong scale": ("halved_noise", "noise_scale"),
+    "noise missing on some steps": ("noise_skipped_steps", "noise_scale"),
+    "noise reused or correlated across steps": ("noise_reused", "noise_freshness"),
+    "noise missing on some parameter tensors": ("noise_partial_tensors", "noise_scale"),
+    "noise of the wrong law": ("laplace_noise", "noise_marginal"),
+    "noise shared within a step": ("broadcast_noise", "noise_alignment"),
+    "clipping broken": ("unclipped_example", "clipping"),
+    "wrong normalisation": ("realised_batch_size", "noise_floor"),
+    "sampling that is not Poisson": ("shuffled_batches", "poisson_sampling"),
+    "the accountant told less than training did": ("accountant_sigma", "bookkeeping"),
+}
+
+
+def data(inputs: str, seed: int = 0) -> TensorDataset:
+    """Synthetic examples of the family's input kind, with labels."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"features": (64,), "conv1d": (4, 16), "conv2d": (2, 8, 8), "conv3d": (1, 4, 4, 4)}
+    if inputs == "tokens":
+        x = torch.randint(0, VOCAB, (N, SEQ), generator=g)
+    else:
+        x = torch.randn((N, *shapes[inputs]), generator=g)
+    y = torch.randint(0, CLASSES, (N,), generator=g)
+    return TensorDataset(x, y)
+
+
+def own_loop_audit(family: str, bug: str = "none", seed: int = 0, sigma: float = 2.0,
+                   canaries: int = 24, **report) -> dict:
+    """Train ``family`` in an ordinary Opacus loop with an ``AuditHook`` (and ``bug``
+    planted) for ``STEPS`` steps and return ``audit_report``'s result."""
+    fam = FAMILIES[family]
+    torch.manual_seed(seed)
+    model = FAMILIES_MODELS[family]()
+    train = data(fam.inputs, seed)
+    shuffled = bug == "shuffled_batches"
+    loader = DataLoader(train, batch_size=BATCH, shuffle=shuffled,
+                        generator=torch.Generator().manual_seed(seed))
+    engine = PrivacyEngine()
+    model, opt, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(
+            [p for p in model.parameters() if p.requires_grad], lr=0.05),
+        data_loader=loader, noise_multiplier=sigma, max_grad_norm=1.0,
+        poisson_sampling=not shuffled, grad_sample_mode=fam.grad_sample_mode)
+    if bug not in ("none", "shuffled_batches"):
+        plant_bug(opt, bug)
+    dim = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    members = np.random.default_rng(seed).random(canaries) < 0.5
+    policy = ["every_step" if m else "never" for m in members]
+    coords = np.random.default_rng(seed + 1).choice(dim, canaries, replace=False)
+    can = GradientCanaries.dirac(coords.tolist(), norm=1.0, dim=dim, policy=policy)
+    # with shuffled batches Opacus' accountant still says q = BATCH / N: the claim is Poisson
+    hook = AuditHook(opt, model, [can], seed=seed)
+    loss_fn = nn.CrossEntropyLoss()
+    with hook:
+        batches = (BatchMemoryManager(data_loader=loader, max_physical_batch_size=
+                                      fam.physical_batch, optimizer=opt)
+                   if fam.physical_batch else contextlib.nullcontext(loader))
+        with batches as it:
+            while hook.steps < STEPS:
+                for x, y in it:
+                    opt.zero_grad()
+                    loss_fn(model(x), y).backward()
+                    opt.step()
+                    if hook.steps >= STEPS:
+                        break
+    return audit_report(hook, privacy_engine=engine, dataset_size=N, independent_canaries=False,
+                        **report)
