@@ -20,7 +20,9 @@ Passing batch-shaped ``position_ids`` in the forward fixes it for every grad_sam
 nothing needs to be frozen. ``TinyBertClassifier`` does that and returns the logits.
 
 Run: ``python experiments/hf_audit.py`` (about a minute on one CPU core; ``--help`` for
-options). Prints the audit report of the gradient canaries (and of the input canaries).
+options). Prints the audit report of the gradient canaries (and of the input canaries), with
+the white-box checks of the noise, the clipping, the sampling and the accountant that
+``audit_report`` runs on the hook's records.
 """
 
 from __future__ import annotations
@@ -209,6 +211,7 @@ def run(
         model=model,
         engine=engine,
         hook=hook,
+        dataset_size=len(ids),
         applied=torch.stack(applied),
         params=torch.cat([p.detach().reshape(-1) for p in params]),
         dead=dead,
@@ -242,6 +245,7 @@ def main(argv: list[str] | None = None) -> dict:
             r.hook,
             canaries=0,
             privacy_engine=r.engine,
+            dataset_size=r.dataset_size,
             independent_canaries=True,
             output_dir=None if args.output_dir is None else f"{args.output_dir}/gradient",
         )
@@ -253,6 +257,7 @@ def main(argv: list[str] | None = None) -> dict:
             canaries=1,
             membership=r.input_member,
             privacy_engine=r.engine,
+            dataset_size=r.dataset_size,
             output_dir=None if args.output_dir is None else f"{args.output_dir}/input",
         )
         print("input canaries:", out["input"]["verdict"]["message"])

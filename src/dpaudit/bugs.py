@@ -162,9 +162,13 @@ def _law_noise(opt: DPOptimizer, fraction: float, draw) -> Callable[[], None]:
 
 def _laplace(opt: DPOptimizer, std: float, reference: torch.Tensor) -> torch.Tensor:
     """Laplace noise of variance std^2 (scale std / sqrt 2), from the optimizer's generator."""
-    u = torch.rand(reference.shape, generator=opt.generator, device=reference.device,
-                   dtype=reference.dtype) - 0.5
-    return -(std / math.sqrt(2.0)) * torch.sign(u) * torch.log1p(-2.0 * u.abs())
+    def uniform():  # in [0, 1): 1 - u > 0, so the exponential below is finite
+        return torch.rand(reference.shape, generator=opt.generator, device=reference.device,
+                          dtype=reference.dtype)
+
+    exponential = -torch.log1p(-uniform())
+    sign = torch.where(uniform() < 0.5, -1.0, 1.0).to(reference.dtype)
+    return (std / math.sqrt(2.0)) * sign * exponential
 
 
 def _laplace_noise(opt: DPOptimizer, fraction: float) -> Callable[[], None]:

@@ -7,7 +7,9 @@ optimizer Opacus wraps, recording the gradient really applied (after the all-red
 parameters it is applied to. Checked: canaries enter the applied gradient exactly once
 (C / (B_exp x world size) per inclusion, not once per rank), every rank scores the applied
 gradient, inclusions and scores agree across ranks, input canaries leave training unchanged and
-their gradients equal a per-example autograd reference clipped at C.
+their gradients equal a per-example autograd reference clipped at C. The noise the hook
+records is the released one, summed over the ranks after the all-reduce: the same on every
+rank, the claimed scale for Opacus' own noise, and nothing where two ranks' noises cancel.
 """
 
 from __future__ import annotations
@@ -38,7 +40,25 @@ class Keep(StepScore):
         return canary_grads @ released
 
 
-def _run(rank, data, hook_fn, ghost=False):
+def _cancel_noise(opt, rank):
+    """A DDP bug: rank 1 adds minus the noise rank 0 adds (one shared seed, the sign flipped
+    for 'antithetic' ranks): every rank's update looks noisy, the all-reduced one is not."""
+    from opacus.optimizers import DPOptimizer
+
+    from dpaudit.capture.patching import InstancePatch
+
+    def add_noise():
+        if rank == 0:
+            DPOptimizer.add_noise(opt)
+            return
+        DPOptimizer.add_noise(opt)  # the same generator state as rank 0: the same noise
+        for p in opt.params:
+            p.grad = (2 * p.summed_grad - p.grad.view_as(p.summed_grad)).view_as(p)
+
+    InstancePatch(opt, "add_noise", add_noise, owner="test").apply()
+
+
+def _run(rank, data, hook_fn, ghost=False, cancel=False):
     from opacus import PrivacyEngine
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
     from torch.utils.data import DataLoader
@@ -68,6 +88,8 @@ def _run(rank, data, hook_fn, ghost=False):
         params.append([p.detach().clone() for p in ps])
 
     opt.original_optimizer.register_step_pre_hook(pre)
+    if cancel:
+        _cancel_noise(opt, rank)
     hook = hook_fn(opt, model) if hook_fn else None
     if hook:
         hook.attach()
@@ -90,6 +112,15 @@ def _run(rank, data, hook_fn, ghost=False):
             scores=hook.scores()["keep"],
             folded=hook.folded_steps,
         )
+        from dpaudit.experiment.judging.white_box import not_checked, white_box_evidence
+
+        rec = hook.white_box_records()
+        out["white_box"] = {k: (c.rejected, c.p_value) for k, c in
+                            white_box_evidence(rec, 1e-7, 0.05).items()}
+        out["noise_sq"] = np.stack([s.sq for s in rec.noise_steps])
+        out["noise_dims"] = rec.noise.dims
+        out["noise_source"] = rec.noise.source
+        out["not_checked"] = not_checked(rec, True)
     return out
 
 
@@ -149,6 +180,8 @@ def ddp_results(rank: int) -> dict:
             ),
         ),
     }
+    results["cancel"] = _run(rank, data, lambda o, m: AuditHook(o, m, grad, scores=(Keep(),)),
+                             cancel=True)
     results["coords"], results["x"], results["y"] = coords[:k], x[:3], y[:3]
     results["refusal"] = _refusal(data, grad)
     return results
@@ -231,3 +264,26 @@ def test_a_plain_dp_optimizer_in_a_two_process_group_is_refused(ranks):
         msg = r["refusal"]
         assert msg is not None and msg.startswith("DPOptimizer:"), msg
         assert "2 processes" in msg and "DifferentiallyPrivateDistributedDataParallel" in msg
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ddp")
+@pytest.mark.parametrize("key", ["grad", "ghost"])
+def test_the_noise_is_read_after_the_all_reduce_on_every_rank(ranks, key):
+    runs = [r[key] for r in ranks]
+    for r in runs:
+        assert "summed over the ranks" in r["noise_source"]
+        # Opacus adds the noise on rank 0 only: the released noise has the claimed scale
+        ratio = r["noise_sq"] / np.asarray(r["noise_dims"])[None, :]
+        assert np.median(ratio[:, 0]) == pytest.approx(1.0, abs=0.15)
+        assert not any(rejected for rejected, _ in r["white_box"].values()), r["white_box"]
+        assert any("DPDDP" in s for s in r["not_checked"])  # normalisation, said why
+    np.testing.assert_allclose(runs[0]["noise_sq"], runs[1]["noise_sq"], rtol=1e-10)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ddp")
+def test_noise_that_cancels_between_ranks_is_refuted(ranks):
+    for r in ranks:
+        assert r["cancel"]["white_box"]["noise_scale"][0]
+        assert r["cancel"]["white_box"]["noise_scale"][1] < 1e-12

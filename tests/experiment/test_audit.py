@@ -46,7 +46,7 @@ def test_one_run_audit_report(tmp_path):
     assert wb["statistical_tests"] == 6
     assert set(wb["checks"]) == {
         "noise_floor", "noise_scale", "noise_marginal", "noise_alignment", "noise_freshness",
-        "poisson_sampling", "clipping", "bookkeeping",
+        "poisson_sampling", "clipping", "bookkeeping", "normalisation",
     }
     assert not any(c["rejected"] for c in wb["checks"].values())
     assert all(b["confidence"] == pytest.approx(1 - 0.05 / 16) for b in res["bounds"])

@@ -45,7 +45,7 @@ EXPECTED = {
     "unclipped_example": "clipping",
     "layer_clip_ignored": "clipping",
     "microbatch_clipping": "clipping",
-    "realised_batch_size": "noise_floor",
+    "realised_batch_size": "normalisation",
     "shuffled_batches": "bookkeeping",
     "accountant_sigma": "bookkeeping",
     "accountant_sample_rate": "bookkeeping",
@@ -71,7 +71,7 @@ def test_correct_optimizer_passes_every_check():
     checks = res["white_box"]["checks"]
     assert set(checks) == {
         "noise_floor", "noise_scale", "noise_marginal", "noise_alignment", "noise_freshness",
-        "poisson_sampling", "clipping", "bookkeeping",
+        "poisson_sampling", "clipping", "bookkeeping", "normalisation",
     }
     assert not any(c["rejected"] for c in checks.values())
     assert res["verdict"]["status"] != "privacy_bug"
@@ -131,3 +131,21 @@ def test_evidence_between_the_levels_is_a_warning():
     assert 1e-7 < floor.p_value < 0.05
     assert not floor.rejected and floor.warning
     assert "noise floor" in describe(floor) and f"p = {floor.p_value:.2g}" in describe(floor)
+
+
+def test_normalisation_by_hand():
+    # the release over the noised sum: a constant factor passes (a learning rate), a divisor
+    # that changes from step to step (the realised batch size) is refuted, naming the steps
+    def records(ratios, sizes):
+        return WhiteBoxRecords(
+            names=["w"], dims=[100], max_grad_norm=1.0,
+            steps=tuple(StepRecord(step=t, noise_std=1.0, divisor=64.0, batch_size=b,
+                                   released_sq=np.array([400.0 * r * r]), noised_sq=400.0)
+                        for t, (r, b) in enumerate(zip(ratios, sizes, strict=True))))
+
+    const = white_box_evidence(records([0.5, 0.5, 0.5 * (1 + 1e-6)], [60, 70, 64]), 1e-7, 0.05)
+    assert not const["normalisation"].rejected
+    real = white_box_evidence(records([64 / 60, 1.0, 64 / 70], [60, 64, 70]), 1e-7, 0.05)
+    check = real["normalisation"]
+    assert check.rejected and check.witness["steps"] == [2, 0]
+    assert "batches of 70 and 60 examples" in describe(check)

@@ -109,3 +109,12 @@ def test_poisson_sampling_test_level_and_power():
     assert fixed.rejected and fixed.witness["failed"] == "regularity"
     slow = poisson_sampling_test(rng.binomial(n, 0.9 * q, 100), n, q, level=0.01)
     assert slow.rejected and slow.witness["failed"] == "rate"
+
+
+def test_poisson_sampling_sees_fixed_size_batches_with_a_short_epoch_end():
+    # 100 steps of shuffled batches of 64 from 1437 examples (22 full batches and one of 29
+    # per epoch): the short batches swamp the variance, the count at the expected size does not
+    sizes = ([64] * 22 + [29]) * 4 + [64] * 8
+    res = poisson_sampling_test(sizes, 1437, 64 / 1437, level=1e-6)
+    assert res.rejected and res.witness["failed"] == "expected size"
+    assert res.details["steps_at_expected_size"] == 96 and res.p_value < 1e-30

@@ -163,3 +163,38 @@ def test_scale_test_by_hand_and_rounding_upper_bound():
     bound = (math.sqrt(2.0) + math.sqrt(10) * 0.01) ** 2
     assert loose.p_value == pytest.approx(2 * chi2.cdf(bound, 10), rel=1e-10)
     assert res.name == "noise_scale" and res.kind == "certified (statistical)"
+
+
+def test_truncated_moment_is_exact_and_its_test_keeps_its_level():
+    from dpaudit.stats.noise_law import truncated_moment
+
+    mean, var = truncated_moment()
+    z = np.random.default_rng(8).normal(size=4_000_000)
+    x = np.minimum(z * z, 9.0) ** 2
+    assert mean == pytest.approx(x.mean(), abs=4 * math.sqrt(var / x.size))
+    assert var == pytest.approx(x.var(), rel=0.01)
+    # torch's generator, 300 runs of 10 steps x 2 tensors of 3000 and 40 coordinates
+    gen = torch.Generator().manual_seed(9)
+    rej = []
+    for _ in range(300):
+        m = np.array([[float((torch.normal(0.0, 1.0, (d,), generator=gen) ** 2)
+                             .clamp(max=9.0).pow(2).sum()) for d in (3000, 40)]
+                      for _ in range(10)])
+        st = np.stack([_counts(torch.normal(0.0, 1.0, (200,), generator=gen).numpy())
+                       for _ in range(10)])  # the sampled values: Gaussian too
+        rej.append(noise_marginal_test(st, st.sum(axis=0, keepdims=True), np.zeros(10),
+                                       level=0.05, moments=m, dims=[3000, 40]).rejected)
+    assert np.mean(rej) <= _limit(0.05, 300)
+
+
+@pytest.mark.parametrize("law", ["laplace", "uniform", "student"])
+def test_truncated_moment_sees_one_step_of_the_wrong_law(law):
+    # one step of 30000 coordinates among 20 Gaussian ones: p far below 1e-6 from it alone
+    rng = np.random.default_rng(10)
+    steps = [rng.normal(size=30000) for _ in range(20)]
+    steps[7] = _law(law, rng, 30000)
+    m = np.array([[(np.minimum(z * z, 9.0) ** 2).sum()] for z in steps])
+    st = np.stack([_counts(rng.normal(size=200)) for _ in range(20)])  # a Gaussian sample
+    res = noise_marginal_test(st, st.sum(axis=0, keepdims=True), np.zeros(20),
+                              level=1e-6, moments=m, dims=[30000])
+    assert res.rejected and res.p_value < 1e-10 and res.witness["step"] == 7, res.witness

@@ -83,8 +83,9 @@ class Bag(nn.Module):
         self.bag = nn.EmbeddingBag(VOCAB, 32, mode="mean")
         self.head = nn.Linear(32, CLASSES)
 
-    def forward(self, x):
-        return self.head(self.bag(x))
+    def forward(self, x):  # Opacus' grad sampler needs the (flat input, offsets) form
+        offsets = torch.arange(0, x.numel(), x.shape[1], device=x.device)
+        return self.head(self.bag(x.reshape(-1), offsets))
 
 
 def _mlp() -> nn.Module:
@@ -162,7 +163,7 @@ BUG_CLASSES = {
     "noise of the wrong law": ("laplace_noise", "noise_marginal"),
     "noise shared within a step": ("broadcast_noise", "noise_alignment"),
     "clipping broken": ("unclipped_example", "clipping"),
-    "wrong normalisation": ("realised_batch_size", "noise_floor"),
+    "wrong normalisation": ("realised_batch_size", "normalisation"),
     "sampling that is not Poisson": ("shuffled_batches", "poisson_sampling"),
     "the accountant told less than training did": ("accountant_sigma", "bookkeeping"),
 }
@@ -181,9 +182,10 @@ def data(inputs: str, seed: int = 0) -> TensorDataset:
 
 
 def own_loop_audit(family: str, bug: str = "none", seed: int = 0, sigma: float = 2.0,
-                   canaries: int = 24, **report) -> dict:
+                   canaries: int = 24, planted=None, **report) -> dict:
     """Train ``family`` in an ordinary Opacus loop with an ``AuditHook`` (and ``bug``
-    planted) for ``STEPS`` steps and return ``audit_report``'s result."""
+    planted, or ``planted(optimizer)`` called to patch it) for ``STEPS`` steps and return
+    ``audit_report``'s result."""
     fam = FAMILIES[family]
     torch.manual_seed(seed)
     model = FAMILIES_MODELS[family]()
@@ -199,13 +201,17 @@ def own_loop_audit(family: str, bug: str = "none", seed: int = 0, sigma: float =
         poisson_sampling=not shuffled, grad_sample_mode=fam.grad_sample_mode)
     if bug not in ("none", "shuffled_batches"):
         plant_bug(opt, bug)
+    if planted is not None:
+        planted(opt)
     dim = sum(p.numel() for p in model.parameters() if p.requires_grad)
     members = np.random.default_rng(seed).random(canaries) < 0.5
     policy = ["every_step" if m else "never" for m in members]
     coords = np.random.default_rng(seed + 1).choice(dim, canaries, replace=False)
     can = GradientCanaries.dirac(coords.tolist(), norm=1.0, dim=dim, policy=policy)
-    # with shuffled batches Opacus' accountant still says q = BATCH / N: the claim is Poisson
-    hook = AuditHook(opt, model, [can], seed=seed)
+    # with shuffled batches Opacus' accountant still says q = BATCH / N: the claim is Poisson;
+    # a bug that wraps the accountant's hook hides its rate: the loop states it
+    rate = BATCH / N if bug.startswith("accountant") else None
+    hook = AuditHook(opt, model, [can], seed=seed, sample_rate=rate)
     loss_fn = nn.CrossEntropyLoss()
     with hook:
         batches = (BatchMemoryManager(data_loader=loader, max_physical_batch_size=

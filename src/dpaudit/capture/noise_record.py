@@ -8,7 +8,7 @@ the buffers of all ranks are summed: the noise of the step as released after the
 divides by the claimed sigma C and keeps, per step, what ``stats.noise_law`` tests, never the
 vector:
 
-* per tensor, ||z||^2 (the scale);
+* per tensor, ||z||^2 (the scale) and sum min(z^2, 9)^2 (a tail moment: the law);
 * counts of a sample of coordinates (every tensor's block at a seeded offset, about 1024 per
   step) in the marginal bins, per step and per tensor over the run (the law);
 * the Hoeffding statistic of the products z_i z_{i+L} at every lag L of two vectors: the
@@ -38,7 +38,7 @@ import torch
 
 from dpaudit import seeds
 from dpaudit.capture.records import NoiseRun, NoiseStep
-from dpaudit.stats.noise_law import marginal_bins, marginal_edges
+from dpaudit.stats.noise_law import TRUNCATE, marginal_bins, marginal_edges
 
 FOLD = 1024  # the whole noise folded to at most this many buckets (alignment test)
 HEAD_TOTAL = 1024  # coordinates of the concatenated tensor heads (alignment test)
@@ -49,7 +49,7 @@ STEP_SHARE = 0.25  # share of the steps whose alignment is also tested on its ow
 CHUNK = 32  # steps whose small vectors are tested together (amortises the per-call cost)
 SKETCH_PER_TENSOR = 256  # buckets per tensor in the step sketch (a power of two)
 SKETCH_BUDGET = 1 << 22  # stored sketch entries (steps x columns) before folding them again
-MIN_OVERLAP = 32  # a lag is examined when it pairs at least this many coordinates
+FFT_ERROR = 32 * 2.0**-52  # x log2(size) x sum of squares: a bound on an FFT correlation's error
 MIN_SEGMENT = 64  # sketch columns a tensor needs to be tested on its own across steps
 
 
@@ -85,22 +85,29 @@ def _spectra(vectors: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
 
 
 def lags_from_spectra(power: np.ndarray, n: int, slack) -> np.ndarray:
-    """The Hoeffding statistic max(|Q_L| - slack, 0) / sqrt(V_L) at lags L = 1..n -
-    MIN_OVERLAP, from (sums of) ``_spectra`` of vectors of length n, (..., 2, f) -> (...,
-    lags); ``slack`` (broadcast over the leading dimensions) bounds how far the recovered Q is
-    from the true one (V is already an upper bound for the true entries)."""
+    """The Hoeffding statistic max(|Q_L| - slack_Q, 0) / sqrt(V_L + slack_V) at every lag
+    L = 1..n - 1, from (sums of) ``_spectra`` of vectors of length n, (..., 2, f) -> (...,
+    lags); ``slack`` (..., 2) (``lag_slack``) bounds how far the computed Q and V can be from
+    the true vector's (so the statistic is a lower bound on the true one)."""
     size = 2 * (power.shape[-1] - 1)
-    qv = scipy.fft.irfft(power, size, axis=-1, workers=1)[..., 1 : n - MIN_OVERLAP + 1]
+    qv = scipy.fft.irfft(power, size, axis=-1, workers=1)[..., 1:n]
     q, v = qv[..., 0, :], qv[..., 1, :]
-    slack = np.asarray(slack, dtype=np.float64)[..., None]
-    return np.maximum(np.abs(q) - slack, 0.0) / np.sqrt(np.maximum(v, 1e-300))
+    slack = np.asarray(slack, dtype=np.float64)
+    sq, sv = slack[..., 0, None], slack[..., 1, None]
+    return np.maximum(np.abs(q) - sq, 0.0) / np.sqrt(np.maximum(v + sv, 1e-300))
 
 
 def lag_slack(x: np.ndarray, err) -> np.ndarray:
-    """How far Q_L of each row of ``x`` (P, n) can be from the true vector's when every entry
-    is within ``err`` (P,) of it: |Q_L - true Q_L| <= 2 err ||x||_1 + n err^2, at every lag."""
+    """(P, 2): how far Q_L and V_L of each row of ``x`` (P, n), at any lag, can be from the
+    true vector's when every entry is within ``err`` (P,) of it, FFT rounding included:
+    |Q_L - true Q_L| <= 2 err ||x||_1 + n err^2 + the FFT's error on sum x^2, and the V of
+    ``_spectra`` (already built on |x| + err) within the FFT's error on sum (|x| + err)^4."""
     err = np.asarray(err, dtype=np.float64)
-    return 2.0 * err * np.abs(x).sum(axis=-1) + x.shape[-1] * err * err
+    fft = FFT_ERROR * (2 * x.shape[-1]).bit_length()
+    a = (np.abs(x) + err[..., None]) ** 2
+    q = (2.0 * err * np.abs(x).sum(axis=-1) + x.shape[-1] * err * err
+         + fft * (x * x).sum(axis=-1))
+    return np.stack([q, fft * (a * a).sum(axis=-1)], axis=-1)
 
 
 class NoiseRecorder:
@@ -136,7 +143,7 @@ class NoiseRecorder:
         self._rng = seeds.stream(seed, seeds.NOISE_SKETCH)
         self._buf: torch.Tensor | None = None
         self._sample_ids = np.repeat(np.arange(j_n), self.sample_len)
-        self._cuts = np.cumsum([j_n, sum(self.sample_len), self.fold,
+        self._cuts = np.cumsum([j_n, j_n, sum(self.sample_len), self.fold,
                                 sum(self.head_len) if "heads" in self.vector_names else 0])
         self._sketch_factor = max(math.ceil(d / k) for d, k in zip(self.dims, self.sketch_len,
                                                                    strict=True))
@@ -198,12 +205,15 @@ class NoiseRecorder:
                   for d, m in zip(self.dims, self.sample_len, strict=True)]
         parts = [h[o : o + d] for o, d in zip(offs, self.dims, strict=False)]
         sq = [(x @ x).reshape(1) / noise_std for x in parts]
+        cap = (TRUNCATE * noise_std) ** 2  # min(z^2, 9)^2: a tail moment with a bounded term
+        m4 = [(lambda m: (m @ m).reshape(1))((x * x).clip(max=cap)) / noise_std**3
+              for x in parts]
         sample = [h[o + s : o + s + m] for o, s, m in
                   zip(offs, starts, self.sample_len, strict=False)]
         heads = ([h[o : o + n] for o, n in zip(offs, self.head_len, strict=False)]
                  if "heads" in self.vector_names else [])
         sketch = [_fold(x, k) for x, k in zip(parts, self.sketch_len, strict=True)]
-        small = xp.concatenate([*sq, *sample, _fold(h, self.fold), *heads, *sketch])
+        small = xp.concatenate([*sq, *m4, *sample, _fold(h, self.fold), *heads, *sketch])
         if not self._numpy:
             small = small.cpu().numpy()
         # a release rounded to the dtype (eps / 2 of it), then a float64 subtraction
@@ -234,7 +244,7 @@ class NoiseRecorder:
         index, smalls, rs, alone = zip(*self._pending, strict=True)
         self._pending = []
         rs, alone = np.asarray(rs), np.asarray(alone)
-        sq, sample, folded, heads, sketch = np.split(np.stack(smalls), self._cuts, axis=1)
+        sq, m4, sample, folded, heads, sketch = np.split(np.stack(smalls), self._cuts, axis=1)
         j_n, b_n = self._tensor_counts.shape
         rows = np.arange(len(index))[:, None] * j_n + self._sample_ids[None, :]
         counts = np.bincount((rows * b_n + marginal_bins(sample)).ravel(),
@@ -243,7 +253,7 @@ class NoiseRecorder:
         vectors = {"folded": (folded, math.ceil(self.total / self.fold) * rs)}
         if "heads" in self.vector_names:
             vectors["heads"] = (heads, rs)
-        vectors = {k: v for k, v in vectors.items() if v[0].shape[1] > MIN_OVERLAP}
+        vectors = {k: v for k, v in vectors.items() if v[0].shape[1] > 1}
         lag_z: list[dict] = [{} for _ in index]
         lag_at: list[dict] = [{} for _ in index]
         spectra = _spectra(list(vectors.values())) if vectors else []
@@ -251,7 +261,7 @@ class NoiseRecorder:
             slack = lag_slack(x, e)
             acc = self._run.setdefault(name, [0.0, 0.0, x.shape[1]])
             acc[0] = acc[0] + power.sum(axis=0)
-            acc[1] += float(slack.sum())
+            acc[1] = acc[1] + slack.sum(axis=0)
             picked = np.flatnonzero(alone)
             if picked.size:
                 z = lags_from_spectra(power[picked], x.shape[1], slack[picked])
@@ -261,7 +271,8 @@ class NoiseRecorder:
         factor = self._sketch_factor * (1 << self._folds)
         for i, t in enumerate(index):
             self.steps[t] = {
-                "sq": sq[i], "counts": counts[i].sum(axis=0), "rounding": float(rs[i]),
+                "sq": sq[i], "m4": m4[i], "counts": counts[i].sum(axis=0),
+                "rounding": float(rs[i]),
                 "lag_z": lag_z[i], "lag_at": lag_at[i], "sketch": sketch[i],
                 "sketch_error": factor * float(rs[i]),
             }
@@ -290,7 +301,7 @@ class NoiseRecorder:
         """Each step's ``NoiseStep`` (None for a step with no claimed noise)."""
         self._flush()
         return [
-            NoiseStep(sq=s["sq"], counts=s["counts"], rounding=s["rounding"],
+            NoiseStep(sq=s["sq"], m4=s["m4"], counts=s["counts"], rounding=s["rounding"],
                       lag_z=dict(s["lag_z"]), lag_at=dict(s["lag_at"]), sketch=s["sketch"],
                       sketch_error=s["sketch_error"]) if s else None
             for s in self.steps
@@ -318,7 +329,7 @@ class NoiseRecorder:
                 "heads": f"the first {max(self.head_len)} coordinates (or all) of each of "
                          f"{len(self.dims)} tensors, concatenated ({sum(self.head_len)})",
             }.items() if k in self._run},
-            lags={k: n - MIN_OVERLAP for k, n in
+            lags={k: n - 1 for k, n in
                   (("folded", self.fold), ("heads", sum(self.head_len))) if k in self._run},
             run_z=run_z, heads=heads, fold=self.fold,
             tensor_counts=self._tensor_counts.copy(), segments=segments,

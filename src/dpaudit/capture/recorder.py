@@ -7,7 +7,8 @@ and keeps, per step, a ``records.StepRecord``:
   and the clipping probes (``clip_check.ClippingCheck``, the optimizer's own clipping run on
   single examples and leave-one-out sub-batches);
 * ``after_noise`` (right after the optimizer's ``add_noise``): the noise it really added,
-  ``p.grad - p.summed_grad`` on every tensor, sketched by ``noise_record.NoiseRecorder``;
+  ``p.grad - p.summed_grad`` on every tensor, sketched by ``noise_record.NoiseRecorder``, and
+  the squared norm of the noised sum itself (what the release must be, over the divisor);
 * ``on_release`` (after the accountant, or after DPDDP's all-reduce): every tensor's released
   sum (squared norm), and the released sum at the noise probes (coordinates no example
   touches) minus the canaries inserted there.
@@ -72,6 +73,8 @@ class WhiteBoxRecorder:
                        if record_noise else None)
         self._steps: list[StepRecord] = []
         self._pending_batch: int | None = None
+        self._pending_noised: float | None = None
+        self._distributed = bool(distributed)
 
     @property
     def has_noise_probes(self) -> bool:
@@ -133,8 +136,14 @@ class WhiteBoxRecorder:
         if self._clip is not None:
             self._clip.run(opt, step)
 
+    @torch.no_grad()
     def after_noise(self, opt: DPOptimizer) -> None:
-        """Right after ``add_noise``: the noise it added."""
+        """Right after ``add_noise``: the noise it added, and the noised sum's squared norm
+        (not under DPDDP, whose release is the ranks' sum: the normalisation check is off)."""
+        if not self._distributed:
+            self._pending_noised = float(sum(
+                torch.linalg.vector_norm(p.grad, dtype=torch.float64) ** 2
+                for p in opt.params))
         if self._noise is not None:
             self._noise.record(opt, float(opt.noise_multiplier) * self.max_grad_norm)
 
@@ -153,9 +162,10 @@ class WhiteBoxRecorder:
         self._steps.append(StepRecord(
             step=step, noise_std=float(noise_std), divisor=float(divisor),
             batch_size=self._pending_batch, released_sq=sq.cpu().numpy() * divisor * divisor,
-            probe_noise=probe,
+            probe_noise=probe, noised_sq=self._pending_noised,
+            dtype_eps=float(torch.finfo(opt.params[0].dtype).eps),
         ))
-        self._pending_batch = None
+        self._pending_batch = self._pending_noised = None
 
     # ------------------------------------------------------------------ results
     @property

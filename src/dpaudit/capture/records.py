@@ -22,6 +22,8 @@ class NoiseStep:
 
     Attributes:
         sq: (J,) ||z_j||^2 per tensor.
+        m4: (J,) sum over each tensor's coordinates of min(z^2, 9)^2 (a truncated fourth
+            moment: every term is bounded, so its sum has an exact Bernstein tail).
         counts: (B,) counts of the step's sampled coordinates in
             ``stats.noise_law.marginal_edges()``'s bins, pooled over tensors (``NoiseRun``
             keeps them per tensor, summed over the steps).
@@ -36,6 +38,7 @@ class NoiseStep:
     """
 
     sq: np.ndarray
+    m4: np.ndarray
     counts: np.ndarray
     rounding: float
     lag_z: dict[str, float]
@@ -84,6 +87,9 @@ class StepRecord:
         probe_noise: (n,) the released sum at the noise probes minus the canaries inserted
             there, or None.
         noise: the sketch of the noise the optimizer added, or None when not recorded.
+        noised_sq: the squared norm of the noised clipped sum right after ``add_noise`` (all
+            tensors; the release times the divisor must equal it), or None (DPDDP).
+        dtype_eps: the parameters' machine epsilon (the release's rounding).
     """
 
     step: int
@@ -93,6 +99,8 @@ class StepRecord:
     released_sq: np.ndarray
     probe_noise: np.ndarray | None = None
     noise: NoiseStep | None = None
+    noised_sq: float | None = None
+    dtype_eps: float = float(np.finfo(np.float32).eps)
 
 
 @dataclass(frozen=True)

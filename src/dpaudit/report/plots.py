@@ -302,52 +302,90 @@ def plot_score_histograms(
 
 def white_box_figure(checks: Mapping[str, dict], title: str = "", note: str = "",
                      status: str | None = None):
-    """The per-step white-box evidence: the released noise per tensor and step against the
-    claim (noise floor), and the correlation of consecutive steps' noise at the coordinates no
-    example touches (noise independence). A matplotlib Figure, not saved."""
+    """The per-step white-box evidence: the noise per tensor and step against the claim (the
+    noise the optimizer added when it was recorded, else the released noise floor), the
+    noise's marginal law against the Gaussian (bin by bin), and the correlation of the noise
+    across steps (the sketches' mean correlation by lag, or consecutive steps at the
+    coordinates no example touches). A matplotlib Figure, not saved."""
     plt = pyplot()
-    floor = checks.get("noise_floor") or {}
-    indep = checks.get("noise_independence") or {}
-    ratios = (floor.get("details") or {}).get("ratio_per_step")
-    cosines = (indep.get("details") or {}).get("cosine_lag1")
-    k = int(ratios is not None) + int(cosines is not None)
-    if k == 0:
+    scale = checks.get("noise_scale") or checks.get("noise_floor") or {}
+    ratios = (scale.get("details") or {}).get("ratio_per_step")
+    marginal = checks.get("noise_marginal") or {}
+    counts = (marginal.get("details") or {}).get("run_counts")
+    fresh = checks.get("noise_freshness") or checks.get("noise_independence") or {}
+    lags = (fresh.get("details") or {}).get("mean_correlation_by_lag") or (
+        fresh.get("details") or {}).get("cosine_lag1")
+    panels_wanted = [x for x in (ratios, counts, lags) if x is not None]
+    if not panels_wanted:
         return None
-    width = 6.0 * k
+    width = 5.5 * len(panels_wanted)
     header = 1.0 + 0.17 * len(_wrap(title, width)) if title else 0.6
-    fig, axes = plt.subplots(1, k, figsize=(width, 3.8 + header), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels_wanted), figsize=(width, 3.8 + header),
+                             squeeze=False)
     panels = iter(axes[0])
+
+    def verdict(check):
+        word = "REFUTED" if check.get("rejected") else (
+            "warning" if check.get("warning") else "passed")
+        return f"{word}, p = {check.get('p_value', 1):.2g}"
+
     if ratios is not None:
         ax = next(panels)
-        names = list((floor.get("details") or {}).get("tensors", {}))
+        names = list((scale.get("details") or {}).get("tensors", {}))
         r = np.asarray(ratios, dtype=float)
         for j in range(r.shape[0]):
             label = names[j] if j < len(names) else f"tensor {j}"
             ax.plot(np.arange(r.shape[1]), r[j], lw=1, label=label)
         ax.axhline(1.0, color="k", ls="--", lw=1, label="claimed noise (sigma C)")
-        verdict = "REJECTED" if floor.get("rejected") else "passed"
-        ax.set_title(f"noise floor ({verdict}, p = {floor.get('p_value', 1):.2g})", fontsize=10)
+        what = "added" if scale.get("name") == "noise_scale" else "released"
+        ax.set_title(f"noise {what}, per tensor ({scale.get('name')}: {verdict(scale)})",
+                     fontsize=9)
         ax.set_xlabel("optimizer step")
-        ax.set_ylabel("released noise / claimed, per tensor\n(sqrt(||sum||^2 / d) / sigma C)")
+        ax.set_ylabel(f"{what} noise / claimed\n(sqrt(||noise||^2 / d) / sigma C)")
         positive = r[r > 0]
         if positive.size and positive.max() / positive.min() > 10:
             ax.set_yscale("log")
         ax.legend(fontsize=7, loc="best")
-    if cosines is not None:
+    if counts is not None:
+        from dpaudit.stats.noise_law import marginal_edges, marginal_null
+
         ax = next(panels)
-        c = np.asarray(cosines, dtype=float)
-        sd = float((indep.get("details") or {}).get("null_sd", 0.0))
-        ax.plot(np.arange(1, c.size + 1), c, lw=1, color="C3", label="cos(noise_t, noise_t+1)")
-        if sd > 0:
-            ax.axhspan(-3 * sd, 3 * sd, color="0.85", label="+-3 sd of independent noise")
+        c = np.asarray(counts, dtype=float)
+        p, _, _ = marginal_null()
+        expected = c.sum() * p
+        e = marginal_edges()
+        centre = np.concatenate([[e[0] - 0.25], (e[1:] + e[:-1]) / 2, [e[-1] + 0.25]])
+        ax.plot(centre, c / np.maximum(expected, 1e-12), ".", ms=3, color="C0",
+                label="observed / Gaussian expected, per bin")
+        sd = 3.0 / np.sqrt(np.maximum(expected, 1e-12))
+        inner = expected >= 5
+        ax.fill_between(centre[inner], 1 - sd[inner], 1 + sd[inner], color="0.85",
+                        label="+-3 sd of a Gaussian's counts")
+        ax.axhline(1.0, color="k", ls="--", lw=1)
+        ax.set_yscale("symlog", linthresh=1.0)  # empty bins (0) and far tails (x 100) alike
+        ax.set_xlim(-5.5, 5.5)
+        ax.set_title(f"noise marginal law ({verdict(marginal)})", fontsize=9)
+        ax.set_xlabel("noise / sigma C (bin centre)")
+        ax.set_ylabel("count / expected count")
+        ax.legend(fontsize=7, loc="best")
+    if lags is not None:
+        ax = next(panels)
+        c = np.asarray(lags, dtype=float)
+        if fresh.get("name") == "noise_freshness":
+            ax.plot(np.arange(1, c.size + 1), c, "o-", lw=1, color="C3",
+                    label="mean correlation of steps this many apart")
+            ax.set_xlabel("steps apart")
+        else:
+            sd = float((fresh.get("details") or {}).get("null_sd", 0.0))
+            ax.plot(np.arange(1, c.size + 1), c, lw=1, color="C3",
+                    label="cos(noise_t, noise_t+1) at untouched coordinates")
+            if sd > 0:
+                ax.axhspan(-3 * sd, 3 * sd, color="0.85", label="+-3 sd of independent noise")
+            ax.set_xlabel("optimizer step")
+        ax.axhline(0.0, color="k", ls="--", lw=1)
         ax.set_ylim(-1.05, 1.05)
-        verdict = "REJECTED" if indep.get("rejected") else "passed"
-        ax.set_title(
-            f"noise independence at untouched coordinates ({verdict}, "
-            f"p = {indep.get('p_value', 1):.2g})", fontsize=10,
-        )
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel("cosine between consecutive steps' noise")
+        ax.set_title(f"noise across steps ({fresh.get('name')}: {verdict(fresh)})", fontsize=9)
+        ax.set_ylabel("correlation")
         ax.legend(fontsize=7, loc="best")
     fig.tight_layout(rect=(0, 0, 1, add_header(fig, title, note, status)))
     return fig

@@ -60,7 +60,7 @@ class CheckResult:
     @property
     def warning(self) -> bool:
         """Evidence against the claim at the bounds' level, short of the PRIVACY BUG level."""
-        return (
+        return bool(
             not self.rejected
             and self.warning_level is not None
             and self.p_value < self.warning_level

@@ -250,13 +250,16 @@ def _log_mgf_sq_dev(lam: np.ndarray, n: int, q: float) -> np.ndarray:
 def poisson_sampling_test(batch_sizes, n: int, q: float, *, level: float) -> CheckResult:
     """Were the batches drawn by Poisson sampling at rate ``q`` from ``n`` examples?
 
-    Under the claim the batch sizes B_t are i.i.d. Binomial(n, q). Two exact tests, each at
-    ``level`` / 2:
+    Under the claim the batch sizes B_t are i.i.d. Binomial(n, q). Three exact tests, each at
+    ``level`` / 3:
 
     * the total sum_t B_t ~ Binomial(n T, q), two-sided (a wrong rate);
     * too regular: V = sum_t (B_t - n q)^2 far below its law, as fixed-size shuffled batches
       give. Chernoff's bound P(V <= v) <= min_lam e^(lam v) E[e^(-lam (B - n q)^2)]^T (every
-      lam > 0 gives a valid bound; the smallest over a fixed grid is taken) is a valid p-value.
+      lam > 0 gives a valid bound; the smallest over a fixed grid is taken) is a valid p-value;
+    * too many steps at the expected size: the count of |B_t - n q| <= 1 is Binomial(T, p1)
+      with p1 = P(|B - n q| <= 1), upper tail (fixed-size batches whose epoch ends in a
+      smaller one: the few short batches swamp V, not this count).
 
     Args:
         batch_sizes: the T realised batch sizes (integers >= 0).
@@ -281,8 +284,14 @@ def poisson_sampling_test(batch_sizes, n: int, q: float, *, level: float) -> Che
     lam = np.geomspace(1e-4, 1e2, 121) / max(var, 1e-12)
     log_p_reg = float(np.min(lam * v + t_n * _log_mgf_sq_dev(lam, n, q)))
     p_reg = float(min(1.0, np.exp(log_p_reg)))
-    p = min(1.0, 2.0 * min(p_sum, p_reg))
-    which = "rate" if p_sum <= p_reg else "regularity"
+    k = np.arange(n + 1)
+    near = np.abs(k - n * q) <= 1.0
+    p_near_one = float(np.exp(binom.logpmf(k[near], n, q)).sum()) if near.any() else 0.0
+    hits = int((np.abs(b - n * q) <= 1.0).sum())
+    p_close = float(binom.sf(hits - 1, t_n, min(1.0, p_near_one))) if hits else 1.0
+    p = min(1.0, 3.0 * min(p_sum, p_reg, p_close))
+    which = min((("rate", p_sum), ("regularity", p_reg), ("expected size", p_close)),
+                key=lambda x: x[1])[0]
     return CheckResult(
         name="poisson_sampling",
         kind=STATISTICAL,
@@ -301,5 +310,6 @@ def poisson_sampling_test(batch_sizes, n: int, q: float, *, level: float) -> Che
             "expected_sd": float(np.sqrt(var)),
         },
         checked=[f"{t_n} realised batch sizes"],
-        details={"p_rate": float(p_sum), "p_regularity": p_reg},
+        details={"p_rate": float(p_sum), "p_regularity": p_reg,
+                 "p_expected_size": p_close, "steps_at_expected_size": hits},
     )

@@ -60,6 +60,40 @@ GENERATOR_TOLERANCE = 1e-3  # relative: a bin's probability under the generator 
 TAIL_TOLERANCE = 0.05  # relative, for the bins in [4, 5) (24-bit uniforms in Box-Muller)
 FAR_TAIL = 5.0  # beyond: tested for excess only, against FAR_TAIL_FACTOR x the Gaussian's
 FAR_TAIL_FACTOR = 2.0  # torch's CPU normals stop at 5.77: a deficit there is no bug
+TRUNCATE = 3.0  # the truncated fourth moment: X = min(z^2, TRUNCATE^2)^2, X in [0, 81]
+MOMENT_TOLERANCE = 1e-3  # relative, on its mean and variance under the generator
+
+
+@functools.lru_cache(maxsize=1)
+def truncated_moment() -> tuple[float, float]:
+    """(mean, variance) of X = min(z^2, 9)^2 for z ~ N(0, 1), exactly (closed forms of the
+    truncated Gaussian moments: E[z^4; |z| < c] and E[z^8; |z| < c])."""
+    c = TRUNCATE
+    tail = 2.0 * float(ndtr(-c))
+    phi = math.exp(-c * c / 2) / math.sqrt(2 * math.pi)
+    # E[z^{2k}; |z| < c] by the recursion m_k = (2k - 1) m_{k-1} - 2 c^{2k-1} phi(c)
+    m = [1.0 - tail]
+    for k in range(1, 5):
+        m.append((2 * k - 1) * m[-1] - 2 * c ** (2 * k - 1) * phi)
+    cap = c**4
+    mean = m[2] + cap * tail
+    second = m[4] + cap * cap * tail
+    return mean, second - mean * mean
+
+
+def _moment_log_p(sums: np.ndarray, n: np.ndarray, rounding: np.ndarray) -> np.ndarray:
+    """log p (two-sided, Bernstein) that n i.i.d. X = min(z^2, 9)^2 of Gaussian z sum to
+    ``sums``: every X lies in [0, 81], its mean and variance are ``truncated_moment()``
+    within ``MOMENT_TOLERANCE``, and a coordinate known to within ``rounding`` moves X by at
+    most 4 x 27 x rounding."""
+    mean, var = truncated_moment()
+    shift = n * 4 * TRUNCATE**3 * rounding
+    dev = np.maximum.reduce([sums - n * mean * (1 + MOMENT_TOLERANCE) - shift,
+                             n * mean * (1 - MOMENT_TOLERANCE) - sums - shift,
+                             np.zeros_like(sums)])
+    bound = TRUNCATE**4
+    denom = 2.0 * (n * var * (1 + MOMENT_TOLERANCE) + bound * dev / 3.0)
+    return np.minimum(math.log(2.0) - dev * dev / np.maximum(denom, 1e-300), 0.0)
 
 
 @functools.lru_cache(maxsize=1)
@@ -144,6 +178,8 @@ def noise_marginal_test(
     *,
     level: float,
     names=None,
+    moments=None,
+    dims=None,
 ) -> CheckResult:
     """Is the noise's marginal law the claimed Gaussian? (module doc)
 
@@ -154,8 +190,13 @@ def noise_marginal_test(
         step_rounding: (T,) the largest recovery error of a sampled coordinate at each step,
             in units of sigma C (0 for exact recovery).
         level: the test's error probability; split over the T + J + 1 cells (steps, tensors,
-            the run) and the B bins of each.
+            the run) and the B bins of each, and the moment cells.
         names: J tensor names for the report.
+        moments: optional (T, J) sums of min(z^2, 9)^2 over every coordinate of each tensor
+            at each step (all coordinates, not the sample): each (tensor, step), each tensor
+            over the run and the whole run are tested against the Gaussian's truncated fourth
+            moment (Bernstein; power against heavy or light tails on every coordinate).
+        dims: (J,) coordinates per tensor (with ``moments``).
     """
     st = np.asarray(check_real_array(step_counts, "step_counts"), dtype=np.float64)
     te = np.asarray(check_real_array(tensor_counts, "tensor_counts"), dtype=np.float64)
@@ -179,7 +220,43 @@ def noise_marginal_test(
     tests = cells.shape[0] * b_n
     c, b = np.unravel_index(int(np.argmin(log_p)), log_p.shape)
     e = np.concatenate([[-np.inf], marginal_edges(), [np.inf]])
-    log_adj = float(log_p[c, b]) + math.log(max(tests, 1))
+    best = float(log_p[c, b])
+    witness = {
+        **labels[c],
+        "bin": [float(e[b]), float(e[b + 1])],
+        "observed": int(cells[c, b]),
+        "expected": float(expected[c, b]),
+        "sampled": int(cells[c].sum()),
+    }
+    moment_note = []
+    if moments is not None:
+        m = np.asarray(check_real_array(moments, "moments"), dtype=np.float64)
+        d = np.asarray(check_real_array(dims, "dims"), dtype=np.float64).reshape(-1)
+        if m.shape != (st.shape[0], d.size):
+            raise ValueError(f"moments must be (T, J) = ({st.shape[0]}, {d.size}), got "
+                             f"{m.shape}")
+        n_cell = np.broadcast_to(d, m.shape)
+        r_cell = np.broadcast_to(r[:, None], m.shape)
+        sums = np.concatenate([m.ravel(), m.sum(axis=0), [m.sum()]])
+        ns = np.concatenate([n_cell.ravel(), d * m.shape[0], [d.sum() * m.shape[0]]])
+        rs = np.concatenate([r_cell.ravel(), np.full(d.size + 1, worst)])
+        lp = _moment_log_p(sums, ns, rs)
+        tests += lp.size
+        k = int(np.argmin(lp))
+        moment_note = [f"the truncated fourth moment of every coordinate: {m.size} "
+                       "(tensor, step) cells, each tensor and the run"]
+        if lp[k] < best:
+            best = float(lp[k])
+            if k < m.size:
+                t, j = np.unravel_index(k, m.shape)
+                where = {"tensor": names[j], "step": int(t)}
+            elif k < m.size + d.size:
+                where = {"tensor": names[k - m.size], "step": "all"}
+            else:
+                where = {"step": "all"}
+            witness = {**where, "fourth_moment": float(sums[k] / ns[k]),
+                       "expected_moment": truncated_moment()[0], "values": int(ns[k])}
+    log_adj = best + math.log(max(tests, 1))
     p_value = float(min(1.0, math.exp(log_adj)))
     run_counts = cells[-1] if labels and labels[-1] == {"step": "all"} else st.sum(axis=0)
     return CheckResult(
@@ -193,15 +270,9 @@ def noise_marginal_test(
             "neither bounded, nor heavy-tailed, nor discretised (exact binomial counts in "
             f"{b_n} bins per step, per tensor and over the run)"
         ),
-        witness={
-            **labels[c],
-            "bin": [float(e[b]), float(e[b + 1])],
-            "observed": int(cells[c, b]),
-            "expected": float(expected[c, b]),
-            "sampled": int(cells[c].sum()),
-        },
+        witness=witness,
         checked=[f"{int(st.sum())} noise values sampled over {st.shape[0]} steps and "
-                 f"{te.shape[0]} tensors, in {b_n} bins"],
+                 f"{te.shape[0]} tensors, in {b_n} bins", *moment_note],
         details={
             "tests": int(tests),
             "bins": b_n,

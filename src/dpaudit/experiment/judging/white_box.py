@@ -23,6 +23,10 @@ checks test the mechanism itself, each certified on its own terms:
   than C (``capture.clip_check``).
 * ``bookkeeping`` (deterministic): the accountant was told at least the steps, at most the
   noise multiplier and at least the sample rate that training used.
+* ``normalisation`` (deterministic): the release is the noised sum divided by the claimed
+  divisor (expected batch size x accumulated iterations), up to one factor constant over the
+  run: a divisor that changes from step to step (the realised batch size) is not the
+  mechanism the accountant accounted, and reveals what it depends on.
 
 Every check is a ``stats.checks.CheckResult``. A statistical one is judged at two levels: its
 share of the PRIVACY BUG verdict's failure probability (``rejected``) and its share of the
@@ -154,6 +158,37 @@ def clipping_verdict(summary: dict) -> CheckResult:
     )
 
 
+NORMALISATION_TOLERANCE = 1e-4  # relative, plus 64 machine epsilons of the parameters' dtype
+
+
+def normalisation_check(records: WhiteBoxRecords) -> CheckResult | None:
+    """The release against the noised sum (deterministic): r_t = ||release_t x divisor_t|| /
+    ||noised sum_t|| must be one constant over the run (a constant != 1 is a learning rate;
+    varying, the divisor depends on the step). None when the noised sums were not recorded."""
+    steps = [s for s in records.steps if s.noised_sq is not None and s.noised_sq > 0]
+    if len(steps) < 2:
+        return None
+    ratio = np.sqrt(np.array([float(s.released_sq.sum()) for s in steps])
+                    / np.array([s.noised_sq for s in steps]))
+    tol = NORMALISATION_TOLERANCE + 64 * max(s.dtype_eps for s in steps)
+    lo, hi = int(np.argmin(ratio)), int(np.argmax(ratio))
+    spread = float(ratio[hi] / ratio[lo] - 1.0)
+    witness = {}
+    if spread > tol:
+        witness = {"steps": [steps[lo].step, steps[hi].step],
+                   "ratios": [float(ratio[lo]), float(ratio[hi])],
+                   "batch_sizes": [steps[lo].batch_size, steps[hi].batch_size]}
+    return deterministic(
+        "normalisation", spread > tol,
+        "every step releases the noised clipped sum divided by the claimed divisor (the "
+        "expected batch size x accumulated iterations), up to one factor for the whole run",
+        witness=witness,
+        checked=[f"the release against the noised sum at {len(steps)} steps (spread "
+                 f"{spread:.2g}, tolerance {tol:.2g})"],
+        details={"spread": spread, "tolerance": tol, "median_ratio": float(np.median(ratio))},
+    )
+
+
 def _lag_words(noise):
     """(vector, lag) -> what the lag joins, for the report."""
 
@@ -189,7 +224,8 @@ def _noise_law(records: WhiteBoxRecords, level: float) -> dict[str, CheckResult]
                                           names=noise.names)
     out["noise_marginal"] = noise_marginal_test(
         np.stack([s.noise.counts for s in steps]), noise.tensor_counts, rounding,
-        level=level, names=noise.names)
+        level=level, names=noise.names, moments=np.stack([s.noise.m4 for s in steps]),
+        dims=noise.dims)
     if noise.lags:
         out["noise_alignment"] = noise_alignment_test(
             {v: [(s.step, s.noise.lag_z[v], s.noise.lag_at[v]) for s in steps
@@ -243,6 +279,9 @@ def white_box_evidence(
         out["bookkeeping"] = bookkeeping_check(
             records.accountant_history, stds / float(records.max_grad_norm),
             float(sampling["q"]), records.num_steps)
+    norm = normalisation_check(records)
+    if norm is not None:
+        out["normalisation"] = norm
     return out
 
 
@@ -295,6 +334,11 @@ def not_checked(records: WhiteBoxRecords | None, independent: bool,
                    "privacy_engine=engine))")
     elif not sampling.get("q"):
         out.append("bookkeeping: the sample rate is unknown")
+    if not any(s.noised_sq is not None for s in records.steps):
+        out.append("normalisation: under DPDDP the release is the ranks' all-reduced sum; "
+                   "the release is checked against the claimed noise floor only")
+    elif normalisation_check(records) is None:
+        out.append("normalisation: a single step")
     return out
 
 
@@ -322,6 +366,11 @@ def describe(check: CheckResult) -> str:
     if name == "noise_marginal":
         where = (f"tensor {w['tensor']}" if "tensor" in w else
                  "the run" if w.get("step") == "all" else f"step {w.get('step')}")
+        if "fourth_moment" in w:
+            when = "" if w.get("step") in ("all", None) else f" at step {w['step']}"
+            return (f"noise marginal: in {where}{when}, the noise's truncated fourth moment "
+                    f"(mean of min(z^2, 9)^2) is {w['fourth_moment']:.3g} against "
+                    f"{w['expected_moment']:.3g} for a Gaussian ({p})")
         lo, hi = w.get("bin", [float("nan")] * 2)
         return (f"noise marginal: in {where}, {w.get('observed')} noise values in "
                 f"[{lo:.3g}, {hi:.3g}) sigma C against {w.get('expected', 0):.1f} expected of "
@@ -362,4 +411,10 @@ def describe(check: CheckResult) -> str:
         )
     if name == "bookkeeping":
         return "bookkeeping: " + "; ".join(w.get("problems", []))
+    if name == "normalisation":
+        (t, s), (a, b) = w.get("steps", [0, 0]), w.get("ratios", [1.0, 1.0])
+        sizes = w.get("batch_sizes") or [None, None]
+        return (f"normalisation: the release is the noised sum divided by a divisor that "
+                f"changed between steps {t} and {s} (release / claimed {a:.4g} and {b:.4g}; "
+                f"batches of {sizes[0]} and {sizes[1]} examples)")
     return name
