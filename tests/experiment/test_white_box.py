@@ -83,8 +83,7 @@ def test_correct_optimizer_passes_every_check():
     # each statistical check is judged at its share of 1e-6, warned at its share of 5%
     per = res["refutation_per_statement"]
     assert checks["noise_scale"]["level"] == pytest.approx(per) and per < 1e-6 / 6
-    assert checks["noise_scale"]["warning_level"] == pytest.approx(
-        1 - res["per_test_confidence"])
+    assert checks["noise_scale"]["warning_level"] == pytest.approx(0.05 / 6)
 
 
 def test_bookkeeping_by_hand():

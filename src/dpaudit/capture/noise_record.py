@@ -158,7 +158,10 @@ class NoiseRecorder:
     def _start(self, device: torch.device) -> None:
         # on the CPU the O(d) part runs in numpy on zero-copy views (a fraction of torch's
         # per-call cost on small tensors); on an accelerator, and under DPDDP, in torch
-        self._numpy = device.type == "cpu" and not self.distributed
+        self._numpy = device.type == "cpu" and not self.distributed and all(
+            p.dtype in (torch.float32, torch.float64) for p in self.params)  # numpy's dtypes
+        # the release is rounded to its dtype (and the sum was, too): the coarsest one bounds
+        self._eps = max(float(torch.finfo(p.dtype).eps) for p in self.params)
         self._buf = (np.empty(self.total) if self._numpy
                      else torch.empty(self.total, dtype=torch.float64, device=device))
 
@@ -184,21 +187,23 @@ class NoiseRecorder:
         heads, sketch]; and the largest recovery error of one coordinate (same units)."""
         xp = np if self._numpy else torch
         h = self._buf
-        worst, eps = 0.0, 0.0
+        tops = []
         for (g, c), o, d in zip(self._tensors(), self.offsets, self.dims, strict=False):
             if self._numpy:  # both read as float64 (exact), subtracted in one pass
                 np.subtract(g, c, out=h[o : o + d], dtype=np.float64)
             else:
                 h[o : o + d] = g  # exact: float32 (or 16) into float64
                 h[o : o + d] -= c
-            worst = max(worst, float(abs(g).max()))
-            eps = max(eps, float(np.finfo(str(g.dtype).replace("torch.", "")).eps))
+            tops.append(abs(g).max())
         world = 1
-        if self.distributed:  # the released noise is the ranks' sum
-            world = torch.distributed.get_world_size()
-            torch.distributed.all_reduce(h)
-            top = torch.tensor(worst, dtype=torch.float64, device=h.device)
-            torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX)
+        if self._numpy:
+            worst = float(max(tops))
+        else:  # one synchronisation, not one per tensor
+            top = torch.stack(tops).max().double()
+            if self.distributed:  # the released noise is the ranks' sum
+                world = torch.distributed.get_world_size()
+                torch.distributed.all_reduce(h)
+                torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX)
             worst = float(top)
         offs = self.offsets
         starts = [int(self._rng.integers(0, d - m + 1))
@@ -217,7 +222,7 @@ class NoiseRecorder:
         if not self._numpy:
             small = small.cpu().numpy()
         # a release rounded to the dtype (eps / 2 of it), then a float64 subtraction
-        err = world * (eps / 2.0 + 2.0**-52) * worst / noise_std
+        err = world * (self._eps / 2.0 + 2.0**-52) * worst / noise_std
         return small / noise_std, err
 
     def record(self, opt, noise_std: float) -> None:
