@@ -24,8 +24,10 @@ Run (the numbers in docs/evidence.md and the closing note):
 
     OMP_NUM_THREADS=1 python benchmarks/false_alarms.py --seeds 170 --jobs 2 --json fa.json
 
-``--seeds N`` audits per configuration, seeds 0..N-1 (``default`` seeds 0-49 are the CLI's
-``dpaudit seed=S`` for S = 0..49).
+``--seeds N`` audits per configuration: configuration i (in the order above) uses seeds
+1000 i, ..., 1000 i + N - 1, so that no two configurations share their noise draws (the
+noise's white-box statistics are scale-free: the same seed would repeat them); ``default``
+seeds 0-49 are the CLI's ``dpaudit seed=S`` for S = 0..49.
 """
 
 from __future__ import annotations
@@ -146,7 +148,8 @@ def main() -> None:
         p.error(f"--configs: unknown {unknown}; expected names from {list(CONFIGS)}")
     Path(args.scratch).mkdir(parents=True, exist_ok=True)
     seeds = range(args.first_seed, args.first_seed + args.seeds)
-    tasks = [(n, s, args.scratch) for n in names for s in seeds]
+    offset = {n: 1000 * list(CONFIGS).index(n) for n in names}
+    tasks = [(n, offset[n] + s, args.scratch) for n in names for s in seeds]
     t0 = time.perf_counter()
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as pool:
@@ -154,7 +157,8 @@ def main() -> None:
     else:
         rows = [one(t) for t in tasks]
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    print(f"correct optimizers, seeds {seeds.start}-{seeds.stop - 1}, {len(rows)} audits in "
+    print(f"correct optimizers, seeds {seeds.start}-{seeds.stop - 1} (+ 1000 x the "
+          f"configuration's index), {len(rows)} audits in "
           f"{time.perf_counter() - t0:.0f} s wall, {args.jobs} job(s), 1 thread each, "
           f"{platform.machine()}, load {load}")
     print("\n".join(table(rows)))

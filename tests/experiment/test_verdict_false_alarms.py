@@ -1,8 +1,10 @@
 """False alarms of the certified verdict: whole audits of CORRECT DP-SGD (issue 12, section 3).
 
-A PRIVACY BUG verdict claims certified evidence at 95% confidence, so on a correct optimizer
-at most 5% of audits may say it. Many seeds of four cheap audit designs (logistic regression
-on digits, a few steps, each audit about a second):
+A PRIVACY BUG verdict claims a refutation at failure probability 1e-6 (``refutation_level``),
+so on a correct optimizer it must not appear: over n audits the chance of even one is about
+n x 1e-6. Warnings (evidence at the bounds' 95% only) may: at most 5% + 3 s.e. of the
+audits per statement family. Many seeds of five cheap audit designs (logistic regression on
+digits, a few steps, each audit about a second):
 
 * one-run, 30 Dirac gradient canaries on digits' 30 dead logreg coordinates, every step
   (independent canaries: the claim test and the threshold bounds certify);
@@ -13,13 +15,14 @@ on digits, a few steps, each audit about a second):
 * one-run, 30 Dirac gradient canaries inserted like real examples (Poisson, q_c = q; scored
   by the mixture likelihood ratio, the design's default).
 
-Every audit also runs the white-box checks (noise floor, noise independence at the dead
-coordinates, Poisson sampling of the batches, the clipping check, the bookkeeping), whose
-statistical tests share the same 5%; they are counted on their own too.
+Every audit also runs the white-box checks (the noise's scale, law, alignment and freshness,
+the released noise floor, Poisson sampling of the batches, the clipping check, the bookkeeping,
+the normalisation), which share the same 1e-6.
 
-The assertion is on the pooled fraction of ``privacy_bug`` verdicts: <= 5% + 3 standard
-errors of a 5% rate over n audits (sqrt(0.05 x 0.95 / n)); the comment at each test gives n.
-Every verdict's message must also name the threat model and the accountant it tested.
+The assertions: no ``privacy_bug`` verdict at all, and audits with a white-box warning at most
+5% + 3 standard errors of a 5% rate over n audits (sqrt(0.05 x 0.95 / n)); the comment at
+each test gives n. Every verdict's message must also name the threat model and the
+accountant it tested. (``benchmarks/false_alarms.py`` runs 1190 larger audits.)
 """
 
 import math
@@ -89,16 +92,16 @@ def check(vs: list[dict]) -> None:
         assert v["threat_model"] and v["threat_model"] in v["message"], v["message"]
         assert v["accountant"] in v["message"], v["message"]
     bugs = [v["message"] for v in vs if v["privacy_bug"]]
-    white = [v["message"] for v in vs if v.get("white_box_fired")]
+    warned = [v["message"] for v in vs if v.get("white_box_warned")]
     se = math.sqrt(0.05 * 0.95 / n)
     statuses = {s: sum(v["status"] == s for v in vs) for s in {v["status"] for v in vs}}
-    print(f"{len(bugs)}/{n} privacy_bug ({len(white)} by a white-box check; limit "
+    print(f"{len(bugs)}/{n} privacy_bug; {len(warned)} with a white-box warning (limit "
           f"{0.05 + 3 * se:.3f}); verdicts {statuses}")
-    assert len(bugs) / n <= 0.05 + 3 * se, (len(bugs), n, bugs)
-    assert len(white) / n <= 0.05 + 3 * se, (len(white), n, white)
+    assert not bugs, (n, bugs)
+    assert len(warned) / n <= 0.05 + 3 * se, (len(warned), n, warned)
 
 
-def test_correct_dp_sgd_is_rarely_called_a_privacy_bug_small(tmp_path):
+def test_correct_dp_sgd_is_never_called_a_privacy_bug_small(tmp_path):
     # n = 3 + 3 + 1 + 1 + 1 = 9 audits: s.e. of a 5% rate 0.073, limit 0.268 (at most 2).
     vs = verdicts(DIRAC, range(3)) + verdicts(FEW, range(3))
     vs += verdicts(INPUT, range(1)) + verdicts(MULTI, range(1), tmp_path)
@@ -108,7 +111,7 @@ def test_correct_dp_sgd_is_rarely_called_a_privacy_bug_small(tmp_path):
 
 
 @pytest.mark.slow
-def test_correct_dp_sgd_is_rarely_called_a_privacy_bug(tmp_path):
+def test_correct_dp_sgd_is_never_called_a_privacy_bug(tmp_path):
     # n = 40 + 40 + 40 + 8 + 40 = 168 audits (minus any one-sided draw of the 8-canary
     # design): s.e. of a 5% rate 0.0168, limit 0.100 (at most 16 of 168).
     vs = verdicts(DIRAC, range(100, 140)) + verdicts(FEW, range(100, 140))

@@ -143,6 +143,7 @@ class NoiseRecorder:
         self._rng = seeds.stream(seed, seeds.NOISE_SKETCH)
         self._buf: torch.Tensor | None = None
         self._sample_ids = np.repeat(np.arange(j_n), self.sample_len)
+        self._sample_room = np.array(self.dims) - np.array(self.sample_len) + 1
         self._cuts = np.cumsum([j_n, j_n, sum(self.sample_len), self.fold,
                                 sum(self.head_len) if "heads" in self.vector_names else 0])
         self._sketch_factor = max(math.ceil(d / k) for d, k in zip(self.dims, self.sketch_len,
@@ -164,6 +165,13 @@ class NoiseRecorder:
         self._eps = max(float(torch.finfo(p.dtype).eps) for p in self.params)
         self._buf = (np.empty(self.total) if self._numpy
                      else torch.empty(self.total, dtype=torch.float64, device=device))
+        self._lengths = torch.tensor(self.dims, device=device)
+
+    def _segment_sums(self, t):
+        """Each tensor's sum of ``t`` (the whole buffer's layout), direct sums."""
+        if self._numpy:
+            return np.add.reduceat(t, self.offsets[:-1])
+        return torch.segment_reduce(t, "sum", lengths=self._lengths)
 
     def _tensors(self):
         """(release, clipped sum) of every parameter, flat, as numpy views or tensors."""
@@ -194,7 +202,7 @@ class NoiseRecorder:
             else:
                 h[o : o + d] = g  # exact: float32 (or 16) into float64
                 h[o : o + d] -= c
-            tops.append(abs(g).max())
+            tops.append(xp.maximum(g.max(), -g.min()))  # |release|'s max, no temporary
         world = 1
         if self._numpy:
             worst = float(max(tops))
@@ -206,19 +214,20 @@ class NoiseRecorder:
                 torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX)
             worst = float(top)
         offs = self.offsets
-        starts = [int(self._rng.integers(0, d - m + 1))
-                  for d, m in zip(self.dims, self.sample_len, strict=True)]
+        starts = self._rng.integers(0, self._sample_room)
         parts = [h[o : o + d] for o, d in zip(offs, self.dims, strict=False)]
-        sq = [(x @ x).reshape(1) / noise_std for x in parts]
+        t = h * h  # one temporary for every tensor's sums
+        sq = self._segment_sums(t) / noise_std
         cap = (TRUNCATE * noise_std) ** 2  # min(z^2, 9)^2: a tail moment with a bounded term
-        m4 = [(lambda m: (m @ m).reshape(1))((x * x).clip(max=cap)) / noise_std**3
-              for x in parts]
+        xp.clip(t, None, cap, out=t)
+        t *= t
+        m4 = self._segment_sums(t) / noise_std**3
         sample = [h[o + s : o + s + m] for o, s, m in
-                  zip(offs, starts, self.sample_len, strict=False)]
+                  zip(offs, starts.tolist(), self.sample_len, strict=False)]
         heads = ([h[o : o + n] for o, n in zip(offs, self.head_len, strict=False)]
                  if "heads" in self.vector_names else [])
         sketch = [_fold(x, k) for x, k in zip(parts, self.sketch_len, strict=True)]
-        small = xp.concatenate([*sq, *m4, *sample, _fold(h, self.fold), *heads, *sketch])
+        small = xp.concatenate([sq, m4, *sample, _fold(h, self.fold), *heads, *sketch])
         if not self._numpy:
             small = small.cpu().numpy()
         # a release rounded to the dtype (eps / 2 of it), then a float64 subtraction
