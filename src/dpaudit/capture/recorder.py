@@ -29,13 +29,12 @@ from dpaudit.capture.gradient_canaries import GradientCanaries
 from dpaudit.capture.noise_record import NoiseRecorder
 from dpaudit.capture.records import StepRecord, WhiteBoxRecords
 from dpaudit.capture.view import CoordinateView, check_coordinates
+from dpaudit.gradients.persample import unwrap_model
 
 
 def optimizer_tensor_names(model, optimizer: DPOptimizer) -> list[str]:
     """The names of the optimizer's parameters in its order (``param i`` for one the model
     does not name)."""
-    from dpaudit.gradients.persample import unwrap_model
-
     by_id = {id(p): n for n, p in unwrap_model(model).named_parameters()}
     return [by_id.get(id(p), f"param {i}") for i, p in enumerate(optimizer.params)]
 

@@ -10,7 +10,7 @@ them (``AuditHook.white_box_records``); ``run_audit``, the CLI and the own loop'
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -118,17 +118,6 @@ class WhiteBoxRecords:
     clipping: dict | None = None
     sampling: dict | None = None
     accountant_history: list | None = None
-    extra: dict = field(default_factory=dict)
-
-    def with_context(self, *, sampling: dict | None = None,
-                     accountant_history=None) -> WhiteBoxRecords:
-        """These records with the data's sampling and the accountant's history added."""
-        return replace(
-            self,
-            sampling=self.sampling if sampling is None else dict(sampling),
-            accountant_history=(self.accountant_history if accountant_history is None
-                                else [list(h) for h in accountant_history]),
-        )
 
     @property
     def num_steps(self) -> int:

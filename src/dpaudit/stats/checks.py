@@ -79,12 +79,6 @@ class CheckResult:
         out["warning"] = self.warning
         return out
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CheckResult:
-        """Read a check back from ``results.json`` (keys outside the dataclass are dropped)."""
-        names = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in d.items() if k in names})
-
 
 def deterministic(name: str, fired: bool, statement: str, *, witness=None, checked=(),
                   unchecked=(), details=None) -> CheckResult:

@@ -256,15 +256,9 @@ def noise_marginal_test(
                 where = {"step": "all"}
             witness = {**where, "fourth_moment": float(sums[k] / ns[k]),
                        "expected_moment": truncated_moment()[0], "values": int(ns[k])}
-    log_adj = best + math.log(max(tests, 1))
-    p_value = float(min(1.0, math.exp(log_adj)))
     run_counts = cells[-1] if labels and labels[-1] == {"step": "all"} else st.sum(axis=0)
-    return CheckResult(
-        name="noise_marginal",
-        kind=STATISTICAL,
-        rejected=bool(log_adj < math.log(level)),
-        p_value=p_value,
-        level=level,
+    return _corrected(
+        "noise_marginal", best, tests, level,
         statement=(
             "the noise added at each step has the claimed marginal law N(0, (sigma C)^2): "
             "neither bounded, nor heavy-tailed, nor discretised (exact binomial counts in "
@@ -286,6 +280,14 @@ def hoeffding_log_p(z) -> np.ndarray:
     """log of the two-sided Hoeffding bound 2 exp(-Z^2 / 2) (capped at 0) for Z >= 0."""
     z = np.asarray(z, dtype=np.float64)
     return np.minimum(math.log(2.0) - 0.5 * z * z, 0.0)
+
+
+def _corrected(name: str, log_p: float, tests: int, level: float, **fields) -> CheckResult:
+    """The check ``name`` whose smallest log p-value over ``tests`` comparisons is ``log_p``
+    (Bonferroni: p = min(1, tests x e^log_p)), judged at ``level``."""
+    log_adj = log_p + math.log(max(tests, 1))
+    return CheckResult(name=name, kind=STATISTICAL, rejected=bool(log_adj < math.log(level)),
+                       p_value=float(min(1.0, math.exp(log_adj))), level=level, **fields)
 
 
 def noise_alignment_test(
@@ -329,16 +331,11 @@ def noise_alignment_test(
             candidates.append((float(hoeffding_log_p(rz[k])),
                                {"vector": vec, "step": "all", "lag": k + 1, "z": float(rz[k])}))
     best, witness = min(candidates, key=lambda c: c[0]) if candidates else (0.0, {})
-    log_adj = best + math.log(max(tests, 1))
     witness = dict(witness)
     if witness and describe_lag is not None:
         witness["joins"] = describe_lag(witness["vector"], witness["lag"])
-    return CheckResult(
-        name="noise_alignment",
-        kind=STATISTICAL,
-        rejected=bool(log_adj < math.log(level)),
-        p_value=float(min(1.0, math.exp(log_adj))),
-        level=level,
+    return _corrected(
+        "noise_alignment", best, tests, level,
         statement=(
             "within each step the noise's coordinates and tensors are independent: no "
             "coordinate's noise repeats or cancels another's at any offset (broadcast noise, "
@@ -416,13 +413,8 @@ def noise_freshness_test(
                             "correlation": float(np.mean(np.diag(corr, m + 1)))}))
         lag_corr = [float(np.mean(np.diag(corr, ell))) for ell in range(1, min(t_n, 11))]
     best_lp, witness = min(candidates, key=lambda c: c[0])
-    log_adj = best_lp + math.log(max(tests, 1))
-    return CheckResult(
-        name="noise_freshness",
-        kind=STATISTICAL,
-        rejected=bool(log_adj < math.log(level)),
-        p_value=float(min(1.0, math.exp(log_adj))),
-        level=level,
+    return _corrected(
+        "noise_freshness", best_lp, tests, level,
         statement=(
             "the noise of every step is independent of every other step's: not reused, "
             "negated or correlated at any lag (sketches of every tensor, every pair of steps)"
