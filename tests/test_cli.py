@@ -234,7 +234,7 @@ def test_privacy_bug_sets_the_exit_status(tmp_path):
             "progress=false"]
     proc = run_cli(tmp_path / "gate", *tiny)
     assert proc.returncode == 3, proc.stderr
-    assert "PRIVACY BUG at 95% confidence" in proc.stdout
+    assert "PRIVACY BUG (failure probability 1e-06)" in proc.stdout
     res = json.loads((tmp_path / "gate" / "results.json").read_text())
     assert res["verdict"]["status"] == "privacy_bug"
     proc = run_cli(tmp_path / "nogate", *tiny, "fail_on_bug=false")

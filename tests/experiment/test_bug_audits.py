@@ -21,6 +21,15 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+def evaluate_at(result: dict, out, level: float = 1e-6) -> dict:
+    """The verdict of a multi-run audit's runs on disk judged again at ``level``: the same
+    audit rerun into its directory (the PRIVACY BUG level is no part of the runs'
+    fingerprint, so every run is read back, none trained)."""
+    settings = {k: v for k, v in result["settings"].items() if k != "plugins"}
+    settings["audit"] = {**settings["audit"], "refutation_level": level}
+    return run_audit(output_dir=out, **settings)["verdict"]
+
+
 def audit_both(cfg: dict, tmp_path=None) -> tuple[dict, dict]:
     """(buggy, correct) results of the audit ``cfg``."""
     out = {}
@@ -59,12 +68,18 @@ def test_unclipped_example_is_flagged_by_a_crafted_canary(tmp_path):
         "audit": {"mode": "multi_run", "runs": 40, "methods": ["gdp", "clopper_pearson"]},
         "progress": False,
     }
+    # A multi-run audit keeps no per-step records, so only the canary's scores can refute
+    # the claim, and 40 runs cannot reach the PRIVACY BUG level 1e-6: at the default level the
+    # bug is a warning (certified evidence at 95%); judged at the bounds' own 5%, a PRIVACY BUG.
     cfg["dp"]["bug"] = "unclipped_example"
+    cfg["audit"]["refutation_level"] = 0.05
     bad, ok = audit_both(cfg, tmp_path)
     assert bad["canary_info"]["source"] == "crafted"
     assert bad["verdict"]["privacy_bug"], bad["verdict"]
     assert bad["verdict"]["best_attack"] == "scalar"
     assert not ok["verdict"]["privacy_bug"], ok["verdict"]
+    default = evaluate_at(bad, tmp_path / "unclipped_example")
+    assert not default["privacy_bug"] and default["warnings"], default
 
 
 # Multi-run on 4 examples (q = 1/2), one mislabeled canary, 40 runs; the scale of the released
@@ -84,11 +99,18 @@ REALISED = {
 @pytest.mark.slow
 @pytest.mark.parametrize("bug", ["realised_batch_size", "none"])
 def test_realised_batch_size_is_flagged_by_the_batch_size_score(tmp_path, bug):
-    res = run_audit(output_dir=tmp_path, **{**REALISED, "dp": {**REALISED["dp"], "bug": bug}})
+    # judged at the bounds' own 5% (40 runs cannot reach 1e-6; at the default level the bug
+    # is a warning, the correct optimizer neither)
+    audit = {**REALISED["audit"], "refutation_level": 0.05}
+    res = run_audit(output_dir=tmp_path,
+                    **{**REALISED, "dp": {**REALISED["dp"], "bug": bug}, "audit": audit})
     assert res["theory"]["claimed_epsilon"] == pytest.approx(0.239, abs=0.01)
     assert res["verdict"]["privacy_bug"] == (bug != "none"), res["verdict"]
+    default = evaluate_at(res, tmp_path)
+    assert not default["privacy_bug"]
     if bug != "none":
         assert res["verdict"]["best_attack"] == "batch_size"
+        assert default["warnings"], default
 
 
 def test_crafted_inputs_use_blank_features_and_leave_data_weights_untouched():
