@@ -3,10 +3,12 @@
 For each configuration (``default``; ``tight_every_step`` at eps 2 / 4 / 8, i.e.
 ``dp.noise_multiplier`` 19.938 / 10.812 / 6.0023; ``tight_poisson``; ``one_run_live`` at
 eps 4 / 8, ``live_eps4`` / ``live_eps8``: the CNN with 10,000 Dirac canaries on random live
-coordinates; on real 28x28 images (``data=mnist5k``, run only when named): ``default_mnist5k``
-(the default's MLP), ``default_mnist5k_cnn`` and ``live_mnist5k_eps4`` (the CNN)) and
-``--seeds`` seeds, runs the preset on the correct optimizer and prints two
-tables of median [min-max] over seeds, never mixed:
+coordinates; ``one_run_live_1e5`` at eps 4 / 8, ``live1e5_eps4`` / ``live1e5_eps8`` (run only
+when named): the MLP of width 400 on mnist5k with 100,000 such canaries; on real 28x28
+images (``data=mnist5k``, run only when named): ``default_mnist5k`` (the default's MLP),
+``default_mnist5k_cnn`` and ``live_mnist5k_eps4`` (the CNN)) and ``--seeds`` seeds, runs the
+preset on the correct optimizer and prints two tables of median [min-max] over seeds, never
+mixed:
 
 * certified: one_run, fdp_one_run_certified and Clopper-Pearson epsilon / claimed epsilon,
   the claim test's mu_lower / mu (every-step threat models, where mu exists), the one-run
@@ -28,6 +30,8 @@ fdp_one_run it lacks (printed: more methods split the 5% more ways). Runs:
     OMP_NUM_THREADS=1 python benchmarks/tightness.py --configs live_eps4,live_eps8 --seeds 10
     OMP_NUM_THREADS=1 python benchmarks/tightness.py \
         --configs default_mnist5k,default_mnist5k_cnn,live_mnist5k_eps4
+    OMP_NUM_THREADS=4 python benchmarks/tightness.py --configs live1e5_eps4 --seeds 5 \
+        --json live1e5.json     # on a GPU machine (device: CUDA when there is one)
 
 Extra Hydra overrides for every configuration go after ``--``.
 """
@@ -58,6 +62,9 @@ CONFIGS = {
     "default_mnist5k": ("default", ["data=mnist5k"]),
     "default_mnist5k_cnn": ("default", ["data=mnist5k", "model=cnn"]),
     "live_mnist5k_eps4": ("one_run_live", ["data=mnist5k"]),
+    # 100,000 live canaries: the MLP of width 400 on mnist5k (268,410 live weights at seed 0)
+    "live1e5_eps4": ("one_run_live_1e5", []),
+    "live1e5_eps8": ("one_run_live_1e5", ["dp.noise_multiplier=6.0022907219891986"]),
 }
 DEFAULT_CONFIGS = ("default", "tight_eps2", "tight_eps4", "tight_eps8", "tight_poisson",
                    "live_eps4", "live_eps8")

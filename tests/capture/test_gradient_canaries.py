@@ -138,3 +138,66 @@ def test_the_members_sample_rate_is_one_rule():
     assert mixed.member_sample_rate(np.array([False, False, True])) == 1.0
     with pytest.raises(ValueError, match="several policies"):
         mixed.member_sample_rate()
+
+
+@pytest.mark.parametrize("norm", [1.0, 0.7])
+@pytest.mark.parametrize("in_view", [False, True])
+def test_dirac_rows_fast_path_equals_the_dense_rows_exactly(in_view, norm):
+    """Dirac canaries reach ``ScalarProduct`` and ``MixtureLR`` as ``DiracRows`` (O(K) a step,
+    never (K, columns)): per-step scores, inclusions and the trained model are bit-identical
+    to the same canaries given as dense rows (the old path), routed on their support and in
+    their own coordinate view (``canary.view=auto``: e_1 ... e_K, K = 80 here)."""
+    from dpaudit.capture.insertion import DiracRows
+
+    dead, live = dirac_coords(ZERO, NF), [3, 17, 200, 333, 500, 601]
+    coords = sorted(set(dead[:34]) | set(live) | set(range(20, 100)))[:80]  # dead and live
+    k = len(coords)
+    pols = ["every_step", "bernoulli", "never", "every_step"] * (k // 4)
+    if in_view:  # the design's view auto: canary k is e_k of the view of the coordinates
+        sparse = GradientCanaries.dirac(range(k), norm, k, policy=pols, inclusion_prob=0.5,
+                                        seed=3)
+        kw = {"coordinates": coords}
+    else:
+        sparse = GradientCanaries.dirac(coords, norm, D, policy=pols, inclusion_prob=0.5,
+                                        seed=3)
+        kw = {}
+    dense = GradientCanaries(sparse.vectors, policy=pols, inclusion_prob=0.5, seed=3)
+
+    def run(c):
+        return private_run(DATA, logreg(NF), lambda o, m: AuditHook(
+            o, m, c, scores=(ScalarProduct(), MixtureLR()), keep_per_step=True, **kw),
+            batch_size=64, sigma=2.0)
+
+    fast, old = run(sparse), run(dense)
+    assert fast.hook.dirac_rows and not old.hook.dirac_rows
+    assert fast.hook.routed is (not in_view)
+    assert isinstance(fast.hook._fixed_canary_grads, DiracRows)
+    assert torch.equal(flat_params(fast.model), flat_params(old.model))
+    np.testing.assert_array_equal(fast.hook.inclusions(), old.hook.inclusions())
+    for name in ("scalar", "mixture_lr"):
+        np.testing.assert_array_equal(fast.hook.per_step()[name], old.hook.per_step()[name])
+        np.testing.assert_array_equal(fast.hook.scores()[name], old.hook.scores()[name])
+    # another score (not known to read canaries through products only): the dense rows
+    other = private_run(DATA, logreg(NF), lambda o, m: AuditHook(
+        o, m, sparse, scores=(ScalarProduct(), BatchSizeScore()), **kw), batch_size=64)
+    assert not other.hook.dirac_rows
+
+
+def test_dirac_rows_match_the_dense_matrix():
+    """``DiracRows`` @ v, its row norms and ``cat`` equal the dense matrix's, bit for bit."""
+    from dpaudit.capture.insertion import DiracRows
+
+    g = torch.Generator().manual_seed(1)
+    idx = torch.randperm(50, generator=g)[:30]
+    vals = torch.rand(30, generator=g) * 3 - 1.5
+    rows, v = DiracRows(idx, vals, 50), torch.randn(50, generator=g)
+    dense = rows.to_dense()
+    assert rows.shape == dense.shape == (30, 50) and rows.dtype == dense.dtype
+    assert torch.equal(rows @ v, dense @ v)
+    assert torch.equal(rows.norm(dim=1), dense.norm(dim=1))
+    both = DiracRows.cat([rows, DiracRows(idx[:5], vals[:5] * 2, 50)])
+    assert torch.equal(both @ v, torch.cat([dense, dense[:5] * 2]) @ v)
+    with pytest.raises(ValueError, match=r"need a \(50,\) tensor"):
+        rows @ torch.ones(49)
+    with pytest.raises(NotImplementedError):
+        rows.norm(dim=0)

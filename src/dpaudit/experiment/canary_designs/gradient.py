@@ -5,8 +5,9 @@ data at theta_0 is smallest (exactly zero on, e.g., weights of pixels that are b
 image: 3 pixels x 10 classes on digits logreg, 3 x width first-layer weights of an MLP), or
 random directions; norm <= C. Members are inserted by the hook (every step, or Bernoulli(q_c)
 per step); non-members are only scored. ``view="auto"`` records and scores Dirac canaries in
-the coordinate view of their own coordinates, so K = 10^4 canaries cost O(K^2) per step, not
-O(K d); a warning says when K exceeds the dead coordinates.
+the coordinate view of their own coordinates, stored sparsely (``GradientCanaries.dirac``: K
+indices, never a K x K matrix), so K = 10^5 canaries cost O(K) per step (the hook's
+``DiracRows``), not O(K d); a warning says when K exceeds the dead coordinates.
 
 What they realise: the gradient-canary threat model, a member entering every step (q = 1) or
 at q_c; Dirac canaries all on coordinates no data gradient touches are independent
@@ -143,10 +144,9 @@ def _build(ctx: BuildContext, o: GradientOptions, q_c: float | None) -> CanarySe
                 "or use a model with more dead coordinates (e.g. model=mlp, larger model.width)",
                 stacklevel=2,
             )
-        if o.view == "auto":  # in the view of their own coordinates: e_1 ... e_K
+        if o.view == "auto":  # in the view of their own coordinates: e_1 ... e_K, sparse
             view = coords
-            vectors = dirac_canaries(count, np.arange(count), norm, ref_grads.device,
-                                     ref_grads.dtype)
+            vectors = None
             info["view"] = "auto"
         else:
             vectors = dirac_canaries(dim, coords, norm, ref_grads.device, ref_grads.dtype)
@@ -162,7 +162,13 @@ def _build(ctx: BuildContext, o: GradientOptions, q_c: float | None) -> CanarySe
         vectors = vectors.to(ref_grads.device, ref_grads.dtype)
     policies = [o.policy if b else "never" for b in ctx.membership]
     inclusion_seed = [settings.seed, seeds.BERNOULLI_INCLUSION]
-    canaries = GradientCanaries(vectors, policy=policies, inclusion_prob=q_c, seed=inclusion_seed)
+    if vectors is None:  # view auto: the same canaries as the dense e_1 ... e_K, O(K) memory
+        canaries = GradientCanaries.dirac(np.arange(count), norm, count, policy=policies,
+                                          inclusion_prob=q_c, seed=inclusion_seed,
+                                          dtype=ref_grads.dtype)
+    else:
+        canaries = GradientCanaries(vectors, policy=policies, inclusion_prob=q_c,
+                                    seed=inclusion_seed)
     return ctx.setup(canaries, inclusion_prob=q_c, info=info, coordinates=view)
 
 
