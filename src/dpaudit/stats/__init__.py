@@ -20,8 +20,8 @@ from dpaudit.stats.noise import (
     noise_independence_test,
     poisson_sampling_test,
 )
-from dpaudit.stats.one_run import epsilon_from_guesses
-from dpaudit.stats.one_run import p_value as one_run_p_value
+from dpaudit.stats.one_run.steinke import epsilon_from_guesses
+from dpaudit.stats.one_run.steinke import p_value as one_run_p_value
 from dpaudit.stats.pld import histogram_pld_epsilon, histogram_pld_profile
 from dpaudit.stats.result import EpsilonBound
 from dpaudit.stats.roc import auc, roc_curve, tpr_at_fpr

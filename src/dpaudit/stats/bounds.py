@@ -15,11 +15,12 @@ is allowed, the model an estimate assumes or None). A new method is one module w
   ("eq4.2" | "eq4.1"), n_bins, end_quantiles, edges. See ``density``.
 * ``"gaussian"``: check_level. Parametric fit assuming Gaussian equal-variance scores
   (checked and reported); see ``gaussian_fit``.
-* ``"fdp_one_run"`` (GDP estimate): guess_fractions, sides, inclusion (1/2 only; an
-  implausible split is refused), seed (ties). See ``fdp_one_run``.
+* ``"fdp_one_run"`` (GDP estimate): design_mu (one guess count fixed by the claim; default:
+  a count per claim), guess_fractions, sides (explicit candidates, Bonferroni), inclusion (1/2
+  only; an implausible split is refused), seed (ties). See ``one_run.bounds``.
 * ``"fdp_one_run_certified"`` (certified; delta = 0 allowed): the same guesses and options;
-  the largest epsilon whose (epsilon, delta)-DP they refute, valid for canaries trained
-  together. See ``one_run_claim``.
+  the infimum of the epsilons whose (epsilon, delta)-DP they do not refute, valid for canaries
+  trained together. See ``one_run.bounds``.
 
 Orientation: the scores are checked once (``thresholds.orientation_test``: one-sided
 Mann-Whitney, p < 1e-3). When members score significantly LOWER than non-members every method
@@ -42,10 +43,13 @@ from dpaudit._validate import check_open_unit, check_real, check_scores
 from dpaudit.registry import Registry
 from dpaudit.stats.clopper_pearson import threshold_bound
 from dpaudit.stats.density import density_bound
-from dpaudit.stats.fdp_one_run import ASSUME_FDP_ONE_RUN, fdp_one_run_bound
 from dpaudit.stats.gaussian_fit import gaussian_bound
-from dpaudit.stats.one_run import one_run_bound
-from dpaudit.stats.one_run_claim import fdp_one_run_certified_bound
+from dpaudit.stats.one_run.bounds import (
+    ASSUME_FDP_ONE_RUN,
+    fdp_one_run_bound,
+    fdp_one_run_certified_bound,
+)
+from dpaudit.stats.one_run.steinke import one_run_bound
 from dpaudit.stats.result import ASSUME_GAUSSIAN_SCORES, ASSUME_GDP, EpsilonBound
 from dpaudit.stats.thresholds import OrientationWarning, orientation_test
 
@@ -82,13 +86,13 @@ METHOD_REGISTRY: Registry = Registry("bound method", {
     ),
     "fdp_one_run": MethodSpec(
         fdp_one_run_bound,
-        frozenset({"guess_fractions", "sides", "inclusion", "seed"}),
+        frozenset({"design_mu", "guess_fractions", "sides", "inclusion", "seed"}),
         False,
         ASSUME_FDP_ONE_RUN,
     ),
     "fdp_one_run_certified": MethodSpec(
         fdp_one_run_certified_bound,
-        frozenset({"guess_fractions", "sides", "inclusion", "seed"}),
+        frozenset({"design_mu", "guess_fractions", "sides", "inclusion", "seed"}),
         True,
         dependent_ok=True,
     ),

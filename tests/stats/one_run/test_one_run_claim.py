@@ -11,14 +11,19 @@ from scipy.special import ndtr, ndtri
 from dpaudit.accounting import roc_inverse_from_profile, tradeoff_from_profile
 from dpaudit.experiment.judging.evaluation import evaluate_scores, per_test_confidence
 from dpaudit.stats import epsilon_lower_bound, gdp_epsilon
-from dpaudit.stats.fdp_one_run import _refutes, gdp_roc_inverse, guess_table, refutes_gdp
-from dpaudit.stats.one_run_claim import (
+from dpaudit.stats.one_run.bounds import fdp_one_run_certified_bound
+from dpaudit.stats.one_run.claim import (
     claim_test_on_table,
-    epsdelta_roc_inverse,
-    fdp_one_run_certified_bound,
     one_run_claim_test,
     one_run_mu_lower,
     one_run_noise_upper_bound,
+)
+from dpaudit.stats.one_run.guesses import guess_table
+from dpaudit.stats.one_run.recursion import (
+    epsdelta_roc_inverse,
+    gdp_roc_inverse,
+    refutes,
+    refutes_gdp,
     roc_inverse_of,
 )
 from dpaudit.threat_model import ThreatModel
@@ -82,7 +87,7 @@ def test_generic_recursion_equals_the_gdp_one():
     v = np.minimum(k, (k * rng.uniform(0.5, 1.0, 60)).astype(int))
     for mu in (0.3, 1.0, 2.5):
         inverse = roc_inverse_of(_gdp_curve(mu))
-        got = _refutes(k, v, 0.0, True, m=m, level=0.01,
+        got = refutes(k, v, 0.0, True, m=m, level=0.01,
                        roc_inverse=lambda y, _, f=inverse: f(y))
         want = refutes_gdp(k, v, mu, m=m, level=0.01, one_sided=True)
         assert np.mean(got == want) >= 0.98  # equal away from the boundary
@@ -122,8 +127,14 @@ def test_certified_epsilon_beats_steinke_and_stays_below_the_truth():
     assert 1.2 < cert.epsilon < gdp_epsilon(0.925, 1e-5)
     assert cert.epsilon > 1.5 * steinke.epsilon
     d = cert.details
-    assert d["guesses"] == d["k_plus"] + d["k_minus"]
-    assert max(d["candidates"]["epsilon"]) == cert.epsilon
+    assert d["guesses"] == d["k_plus"] and d["k_minus"] == 0  # "in" guesses, a count per claim
+    assert d["level"] == pytest.approx(0.05) and d["guess_counts"].startswith("per claim")
+    # explicit candidates (Bonferroni): the best of them is the result
+    explicit = epsilon_lower_bound(s_in, s_out, delta=1e-5, method="fdp_one_run_certified",
+                                   sides=("in", "both"))
+    assert max(explicit.details["candidates"]["epsilon"]) == explicit.epsilon
+    d = explicit.details
+    assert d["level_per_candidate"] == pytest.approx(0.05 / d["n_candidates"])
     none = fdp_one_run_certified_bound(np.zeros(500), np.zeros(500), delta=1e-5, confidence=0.95)
     assert none.epsilon == 0.0
 
@@ -140,8 +151,13 @@ def test_refusals_name_what_is_wrong():
         return np.clip(0.7 * ndtr(ndtri(1 - a) - 2.0) + 0.3 * (1 - a), 0, 1)
 
     with pytest.raises(ValueError, match="sides"):
-        one_run_claim_test(s_in, s_out, tradeoff=asymmetric)
+        one_run_claim_test(s_in, s_out, tradeoff=asymmetric, sides=("in", "both"))
+    one_run_claim_test(s_in, s_out, tradeoff=asymmetric)  # "in" guesses only: allowed
     one_run_claim_test(s_in, s_out, tradeoff=asymmetric, sides=("in",))  # allowed
+    with pytest.raises(ValueError, match="not both"):
+        one_run_claim_test(s_in, s_out, tradeoff=_gdp_curve(1.0), design_mu=1.0, sides="in")
+    with pytest.raises(ValueError, match="design_mu"):
+        fdp_one_run_certified_bound(s_in, s_out, delta=1e-5, confidence=0.95, design_mu=-1)
     with pytest.raises(ValueError, match="delta"):
         fdp_one_run_certified_bound(s_in, s_out, delta=1.0, confidence=0.95)
     with pytest.raises(ValueError, match="unknown option"):

@@ -9,13 +9,15 @@ import pytest
 from scipy import stats
 
 from dpaudit.stats import gdp_epsilon
-from dpaudit.stats.fdp_one_run import (
-    ASSUME_FDP_ONE_RUN,
-    _guess_counts,
-    fdp_one_run_bound,
-    largest_refuted_mu,
-    refutes_gdp,
-)
+from dpaudit.stats.one_run.bounds import ASSUME_FDP_ONE_RUN, fdp_one_run_bound
+from dpaudit.stats.one_run.guesses import ranked_guesses
+from dpaudit.stats.one_run.recursion import largest_refuted_mu, refutes_gdp
+
+
+def _guess_counts(s_in, s_out, k_plus, k_minus, seed):
+    """Correct guesses of (k+, k-) on the pooled scores (members first)."""
+    is_in = np.concatenate([np.ones(s_in.size, bool), np.zeros(s_out.size, bool)])
+    return ranked_guesses(np.concatenate([s_in, s_out]), is_in, k_plus, k_minus, seed)
 
 
 def _quantile_scores(shift: float, n: int) -> np.ndarray:
@@ -43,9 +45,13 @@ def _reference_refutes(m, k, v, mu, level, one_sided):
 # quantile scores, significance 0.05, delta 1e-6. Ours must reach 99% and stay below the truth.
 @pytest.mark.parametrize(("mu", "jax_eps"), [(1, 2.164749), (2, 4.7218075), (4, 9.133752)])
 def test_known_answers_from_jax_privacy(mu, jax_eps):
-    b = fdp_one_run_bound(
-        _quantile_scores(mu, 10_000), _quantile_scores(0, 10_000), delta=1e-6, confidence=0.95
-    )
+    s_in, s_out = _quantile_scores(mu, 10_000), _quantile_scores(0, 10_000)
+    # the default (a guess count per claim, full level): within 3% of jax_privacy's answer,
+    # which picks its count after seeing the scores
+    default = fdp_one_run_bound(s_in, s_out, delta=1e-6, confidence=0.95)
+    assert 0.97 * jax_eps <= default.epsilon <= gdp_epsilon(mu, 1e-6)
+    # the explicit candidates (the paper's sides, Bonferroni over 23): 99% of it
+    b = fdp_one_run_bound(s_in, s_out, delta=1e-6, confidence=0.95, sides=("in", "both"))
     assert b.epsilon >= 0.99 * jax_eps
     assert b.epsilon <= gdp_epsilon(mu, 1e-6)
     assert b.method == "fdp_one_run"

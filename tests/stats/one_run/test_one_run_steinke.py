@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 from dpaudit.stats import epsilon_from_guesses, epsilon_lower_bound, one_run_p_value
-from dpaudit.stats.one_run import guess_counts
+from dpaudit.stats.one_run.guesses import guess_counts
 from dpaudit.stats.ties import random_order
 
 
@@ -117,7 +117,7 @@ def _p_value_full_scan(m, r, v, eps, delta):
     """The previous implementation: the max over the whole window, one bdtr per i (O(W))."""
     from scipy.special import bdtr, bdtrc, expit
 
-    from dpaudit.stats.one_run import _WINDOW_MAX, _WINDOW_SD
+    from dpaudit.stats.one_run.steinke import _WINDOW_MAX, _WINDOW_SD
 
     q = float(expit(eps))
     tail = 1.0 if v == 0 else float(bdtrc(v - 1, r, q))
@@ -175,7 +175,7 @@ def test_one_run_not_applicable_when_m_delta_is_large():
 
 def test_vectorised_p_value_lower_bound_never_exceeds_the_p_value():
     # the one-run search dismisses pairs with it: it must be a lower bound, rounding included
-    from dpaudit.stats.one_run import _p_value_lower, p_value
+    from dpaudit.stats.one_run.steinke import _p_value_lower, p_value
 
     rng = np.random.default_rng(0)
     for _ in range(600):
@@ -189,7 +189,7 @@ def test_vectorised_p_value_lower_bound_never_exceeds_the_p_value():
 
 
 def test_vectorised_delta0_brackets_match_the_scalar_p_value():
-    from dpaudit.stats.one_run import _tail_upper_ends, p_value
+    from dpaudit.stats.one_run.steinke import _tail_upper_ends, p_value
 
     rng = np.random.default_rng(1)
     m, sig = 2000, 0.05 / 63

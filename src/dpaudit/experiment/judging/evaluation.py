@@ -30,7 +30,7 @@ does not give that (``independent``, from the trainings wing's
 ``threat.independent_canaries``), their numbers are reported
 as estimates under that assumption. What certifies then covers canaries trained together: the
 one-run claim test (``one_run_claim_evidence``: the claimed curve, mu_lower and sigma_upper
-from the guess-count recursion of Mahloujifar et al., ``stats.one_run_claim``; one more
+from the guess-count recursion of Mahloujifar et al., ``stats.one_run``; one more
 statement per attack in the Bonferroni split) and the one_run / fdp_one_run_certified epsilon
 bounds.
 
@@ -58,8 +58,8 @@ from dpaudit.report.results import CONSISTENT, ESTIMATE_ABOVE_CLAIM, PRIVACY_BUG
 from dpaudit.stats import epsilon_lower_bound
 from dpaudit.stats.bounds import METHOD_REGISTRY
 from dpaudit.stats.claim import claim_test, mu_lower_bound, noise_upper_bound
-from dpaudit.stats.fdp_one_run import guess_table
-from dpaudit.stats.one_run_claim import (
+from dpaudit.stats.one_run.claim import (
+    claim_table,
     claim_test_on_table,
     one_run_mu_lower,
     one_run_noise_upper_bound,
@@ -218,7 +218,7 @@ def one_run_claim_evidence(
     refutation: float | None = None,
 ) -> dict:
     """Certified claim test, mu_lower and sigma_upper of one attack for canaries trained
-    together (``stats.one_run_claim``), at ``confidence`` (``refuted``: also at
+    together (``stats.one_run.claim``), at ``confidence`` (``refuted``: also at
     ``1 - refutation``); the same keys as ``claim_evidence`` plus ``applicable`` (False, with
     ``error``, when the design is not the fair-coin one the theorem needs or there are too
     few canaries)."""
@@ -228,23 +228,35 @@ def one_run_claim_evidence(
         "noise_multiplier": threat.noise_multiplier,
         "epsilon_at_sigma_upper_kind": EPS_AT_SIGMA_UPPER_KIND,
     }
+    claim_inverse = threat.roc_inverse
     try:
-        table = guess_table(s_in, s_out, method="the one-run claim test", inclusion=inclusion)
+        # the claim test's guess count refutes the claimed curve soonest; mu_lower's and
+        # sigma_upper's maximises mu_lower when the run is as claimed (stats.one_run.design)
+        table = claim_table(s_in, s_out, confidence=confidence, roc_inverse=claim_inverse,
+                            method="the one-run claim test", inclusion=inclusion)
+        bounds_table = claim_table(s_in, s_out, confidence=confidence,
+                                   design_mu=design_mu(threat), roc_inverse=claim_inverse,
+                                   method="the one-run claim test", inclusion=inclusion)
     except ValueError as err:
         return {**base, "applicable": False, "error": str(err), "rejected": False,
                 "refuted": False, "refutation_level": refutation,
                 "mu_lower": 0.0, "sigma_upper": float("inf"), "epsilon_at_sigma_upper": None}
-    test = claim_test_on_table(table, threat.roc_inverse, confidence)
-    refuted = bool(test.rejected and refutation is not None and claim_test_on_table(
-        table, threat.roc_inverse, 1.0 - refutation).rejected)
-    mu_lb = one_run_mu_lower(table, confidence)
+    test = claim_test_on_table(table, claim_inverse, confidence)
+    refuted = False
+    if test.rejected and refutation is not None:
+        # the PRIVACY BUG test is a test of its own, its guess count fixed at its own level
+        strict = claim_table(s_in, s_out, confidence=1.0 - refutation,
+                             roc_inverse=claim_inverse, method="the one-run claim test",
+                             inclusion=inclusion)
+        refuted = claim_test_on_table(strict, claim_inverse, 1.0 - refutation).rejected
+    mu_lb = one_run_mu_lower(bounds_table, confidence)
     if mu_lb <= 0:
         sigma_ub = float("inf")
     elif threat.every_step:  # GDP family: refuted exactly when mu(sigma) <= mu_lower
         sigma_ub = threat.clt_noise_for_mu(mu_lb)
     else:
         sigma_ub = one_run_noise_upper_bound(
-            table,
+            bounds_table,
             confidence,
             lambda sigma: functools.partial(threat.roc_inverse, noise_multiplier=sigma),
             threat.clt_noise_for_mu(mu_lb),
@@ -264,6 +276,18 @@ def one_run_claim_evidence(
     }
 
 
+def design_mu(threat: ThreatModel) -> float | None:
+    """The claim's mu, for fixing the one-run guess counts before the scores are seen
+    (``stats.one_run.design``): sqrt(T) r / sigma every step, else the CLT's
+    q sqrt(T (e^{1/s^2} - 1)), s = sigma / r (None when not finite and positive)."""
+    mu = threat.mu()
+    if mu is None:
+        s = threat.effective_noise()
+        with np.errstate(over="ignore"):
+            mu = threat.sample_rate * np.sqrt(threat.steps * np.expm1(1.0 / s**2))
+    return float(mu) if np.isfinite(mu) and mu > 0 else None
+
+
 def _epsilon_at(threat: ThreatModel, sigma_ub: float) -> float | None:
     if not (np.isfinite(sigma_ub) and sigma_ub > 0):
         return None
@@ -281,12 +305,15 @@ def bound_rows(
     *,
     independent: bool = True,
     inclusion: float = 0.5,
+    design_mu: float | None = None,
 ) -> list[dict]:
     """Every (attack, method) bound at ``confidence`` (already the per-test confidence).
 
     ``inclusion``: the probability with which each canary (multi-run: each run) was made a
     member, passed to the methods that take it (the one-run methods, whose theorems assume
     that design; a split implausible under it makes their row "not applicable").
+    ``design_mu``: the claim's mu, passed to the methods that take it (the recursion's guess
+    count fixed by the claim: ``stats.one_run.design``).
     """
     rows = []
     for attack, (s_in, s_out) in split.items():
@@ -294,6 +321,8 @@ def bound_rows(
             row = {"attack": attack, "method": method, "confidence": confidence}
             takes_inclusion = "inclusion" in METHOD_REGISTRY[method].options
             opts = {"inclusion": inclusion} if takes_inclusion else {}
+            if design_mu is not None and "design_mu" in METHOD_REGISTRY[method].options:
+                opts["design_mu"] = design_mu
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
@@ -414,7 +443,8 @@ def evaluate_scores(
         if not independent
     }
     bounds = bound_rows(
-        split, methods, threat.delta, per, independent=independent, inclusion=inclusion
+        split, methods, threat.delta, per, independent=independent, inclusion=inclusion,
+        design_mu=design_mu(threat),
     )
 
     theory = theory_summary(threat, training_accountants)

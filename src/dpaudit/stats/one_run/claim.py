@@ -2,24 +2,23 @@
 
 One training run, m canaries, each a member independently with probability 1/2, scores that
 may depend on each other in any way (canaries trained together). The guess-count recursion of
-Mahloujifar, Melis & Chaudhuri (arXiv 2410.22235, Algorithm 3; ``stats.fdp_one_run``) bounds
+Mahloujifar, Melis & Chaudhuri (arXiv 2410.22235, Algorithm 3; ``recursion``) bounds
 how many of r released guesses can be right when the training is f-DP with respect to every
 canary's inclusion, whatever the other canaries do. Testing it at the *claimed* curve is a
 certified test of the claim, with no model of the scores:
 
 * ``one_run_claim_test``: reject the claimed curve f (the accountant's: GDP every step, the
-  PRV privacy profile's curve when subsampled) when some candidate's correct guesses could not
-  come from an f-DP training at its level;
+  PRV privacy profile's curve when subsampled) when the correct guesses could not come from
+  an f-DP training;
 * ``one_run_mu_lower``: the largest mu whose mu-GDP the same guesses refute ("not mu-GDP for
   any mu < mu_lower", certified);
 * ``one_run_noise_upper_bound``: the smallest noise multiplier of the DP-SGD family (same q,
-  T, C) whose curve they refute (a correct run's sigma stays below it);
-* ``fdp_one_run_certified_bound``: the largest epsilon whose (epsilon, delta)-DP they refute,
-  a certified epsilon lower bound (the ``"fdp_one_run_certified"`` method).
+  T, C) whose curve they refute (a correct run's sigma stays below it).
 
-Every statement tests each of the G candidate guess sets (fixed from m and the options only)
-at (1 - confidence) / G (Bonferroni). The candidates, ties and inclusion rules are those of
-``stats.fdp_one_run.guess_table``.
+The guesses (``claim_table``): ONE count of "in" guesses fixed by the claim before the scores
+are seen (``design``), tested at the full level; or, on request, explicit candidates each at
+(1 - confidence) / G (Bonferroni). The certified epsilon of the same recursion is
+``bounds.fdp_one_run_certified_bound``.
 
 What it does not do: model the guesses by order statistics of independent canaries (Xiang et
 al. 2025). That model is false for canaries that interact: ``docs/one_run_fdp.md`` gives a
@@ -35,73 +34,22 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpaudit._jsonable import to_jsonable
-from dpaudit.stats.claim import CurveError, check_curve, smallest_rejected_sigma
-from dpaudit.stats.fdp_one_run import (
-    DEFAULT_SIDES,
+from dpaudit.stats.claim import CurveError, smallest_rejected_sigma
+from dpaudit.stats.one_run.design import Family, claim_guess_count, soonest_guess_count
+from dpaudit.stats.one_run.guesses import (
     MIN_GUESSES,
-    MU_CAP,
     GuessTable,
-    _refutes,
     guess_table,
-    largest_refuted,
 )
-from dpaudit.stats.result import EpsilonBound
-
-RocInverse = Callable[[np.ndarray], np.ndarray]
-EPSILON_CAP = 50.0  # search limit for the certified epsilon
-_INVERSE_SAFETY = 1.0 - 1e-12  # shrink closed-form inverses below float rounding ...
-_INVERSE_ABS = 1e-15  # ... and absolutely: 1 - delta - e^eps (1 - y) cancels at ulp(1)
-_BISECT_STEPS = 60
-
-
-def epsdelta_roc_inverse(delta: float):
-    """The (epsilon, delta)-DP family as ``roc_inverse(tpr, epsilon)`` for the recursion.
-
-    (eps, delta)-DP's ROC is max(alpha, min(1, delta + e^eps alpha, 1 - e^-eps (1 - delta -
-    alpha))); the smallest alpha reaching y < 1 is min(y, max(0, (y - delta) e^-eps,
-    1 - delta - e^eps (1 - y))).
-    """
-
-    def inverse(tpr, eps):
-        y = np.asarray(tpr, dtype=np.float64)
-        e = np.asarray(eps, dtype=np.float64)
-        with np.errstate(over="ignore", invalid="ignore"):
-            reach = np.maximum((y - delta) * np.exp(-e), 1.0 - delta - np.exp(e) * (1.0 - y))
-        reach = np.nan_to_num(reach, nan=0.0, neginf=0.0)
-        return _shrink(np.minimum(y, np.maximum(reach, 0.0)), y)
-
-    return inverse
-
-
-def _shrink(alpha, tpr):
-    """An inverse ROC value moved below its float rounding (the recursion must not use a
-    value above the exact inverse): relative 1e-12 and absolute 1e-15 (several ulp of 1,
-    the rounding of the lines' cancellations), floored at 0. ``tpr`` is unused: kept so
-    every inverse passes through one place."""
-    del tpr
-    return np.maximum(alpha * _INVERSE_SAFETY - _INVERSE_ABS, 0.0)
-
-
-def roc_inverse_of(tradeoff, name: str = "tradeoff") -> RocInverse:
-    """The inverse ROC of any claimed trade-off curve, by bisection (for curves without one).
-
-    Returns y -> the largest alpha found with 1 - f(alpha) < y, within 2^-60 of the exact
-    smallest alpha reaching y and never above it, so the recursion stays conservative. The
-    curve is checked first (``check_curve``: a ``CurveError`` names ``name``).
-    """
-    curve = check_curve(tradeoff, name)
-
-    def inverse(tpr):
-        y = np.asarray(tpr, dtype=np.float64)
-        lo, hi = np.zeros_like(y), y.copy()  # the ROC is >= alpha, so the answer is <= y
-        for _ in range(_BISECT_STEPS):
-            mid = 0.5 * (lo + hi)
-            reached = 1.0 - np.asarray(curve(mid), dtype=np.float64) >= y
-            hi = np.where(reached, mid, hi)
-            lo = np.where(reached, lo, mid)
-        return lo
-
-    return inverse
+from dpaudit.stats.one_run.recursion import (
+    EPSILON_CAP,
+    MU_CAP,
+    RocInverse,
+    largest_refuted,
+    refutes,
+    roc_inverse_of,
+    shrink_inverse,
+)
 
 
 @dataclass(frozen=True)
@@ -147,17 +95,44 @@ def _refuted(table: GuessTable, roc_inverse: RocInverse, level: float) -> np.nda
     """Per candidate: do its guesses refute the curve whose inverse ROC is given?"""
     if not table.k_plus.size:
         return np.zeros(0, dtype=bool)
-    return _refutes(
+    return refutes(
         table.guesses, table.correct, 0.0, table.one_sided, m=table.m, level=level,
-        roc_inverse=lambda y, _: _shrink(np.asarray(roc_inverse(y), dtype=np.float64), y),
+        roc_inverse=lambda y, _: shrink_inverse(np.asarray(roc_inverse(y), dtype=np.float64), y),
     )
 
 
-def _table(scores_in, scores_out, confidence, options, method) -> tuple[GuessTable, float]:
+def claim_table(
+    scores_in, scores_out, *, confidence: float, design_mu: float | None = None,
+    roc_inverse: RocInverse | None = None, method: str = "one_run_claim", **options,
+) -> GuessTable:
+    """The guesses of a one-run claim test: ONE "in" guess count fixed by the claim before the
+    scores are seen (``design``), tested at the full level 1 - ``confidence``:
+    ``claim_guess_count`` for the GDP family at ``design_mu`` (the claim's mu; an audit's
+    claim test, mu_lower and sigma_upper then share it), else ``soonest_guess_count`` of the
+    curve ``roc_inverse``. With ``guess_fractions`` / ``sides`` in ``options`` the explicit
+    candidates instead, each at (1 - confidence) / G. Options also: ``inclusion`` (1/2),
+    ``seed``."""
     confidence = float(confidence)
     if not (np.isfinite(confidence) and 0.0 < confidence < 1.0):
         raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
-    return guess_table(scores_in, scores_out, method=method, **options), confidence
+    if "guess_fractions" in options or "sides" in options:
+        if design_mu is not None:
+            raise ValueError(
+                "give design_mu (one guess count fixed by the claim) or guess_fractions / "
+                "sides (explicit candidates under Bonferroni), not both"
+            )
+        return guess_table(scores_in, scores_out, method=method, **options)
+    base = guess_table(scores_in, scores_out, method=method, pairs=[], **options)
+    if base.m < 2 * MIN_GUESSES:
+        return base
+    level = 1.0 - confidence
+    if design_mu is not None:
+        k = claim_guess_count(base.m, level, Family("gdp"), float(design_mu))
+    elif roc_inverse is not None:
+        k = soonest_guess_count(base.m, level, roc_inverse)
+    else:
+        raise ValueError("claim_table needs design_mu or roc_inverse to fix the guess count")
+    return base.counts([(k, 0)])
 
 
 def claim_test_on_table(
@@ -210,16 +185,18 @@ def one_run_claim_test(
         tradeoff: the claim as a trade-off curve FPR -> FNR instead (inverted by bisection,
             ``roc_inverse_of``). Exactly one of the two. The claim must be symmetric in the
             pair's order when ``sides`` includes "out" or "both" (GDP and privacy-profile
-            curves are); the "in"-only test needs no symmetry.
+            curves are); the default "in"-only test needs no symmetry.
         confidence: probability that a true claim is not rejected.
-        options: ``guess_fractions``, ``sides``, ``inclusion`` (1/2), ``seed`` as for
-            ``fdp_one_run_bound``.
+        options: ``design_mu`` (the claim's mu: the guess count that maximises mu_lower
+            when the scores are as claimed), or ``guess_fractions`` / ``sides`` (explicit
+            candidates, Bonferroni), ``inclusion`` (1/2), ``seed``; by default the guess
+            count that refutes the claim at the weakest ideal alternative (``claim_table``).
     """
     if (roc_inverse is None) == (tradeoff is None):
         raise ValueError("give exactly one of roc_inverse and tradeoff")
     if roc_inverse is None:
         roc_inverse = roc_inverse_of(tradeoff)
-        sides = options.get("sides", DEFAULT_SIDES)
+        sides = options.get("sides", ("in",))
         sides = (sides,) if isinstance(sides, str) else tuple(sides)
         if set(sides) - {"in"} and not _symmetric(tradeoff):
             raise ValueError(
@@ -228,8 +205,11 @@ def one_run_claim_test(
             )
     elif not callable(roc_inverse):
         raise CurveError(f"roc_inverse must be callable tpr -> FPR, got {roc_inverse!r}")
-    table, confidence = _table(scores_in, scores_out, confidence, options, "one_run_claim")
-    return claim_test_on_table(table, roc_inverse, confidence)
+    table = claim_table(
+        scores_in, scores_out, confidence=confidence, roc_inverse=roc_inverse,
+        design_mu=options.pop("design_mu", None), **options,
+    )
+    return claim_test_on_table(table, roc_inverse, float(confidence))
 
 
 def one_run_mu_lower(table: GuessTable, confidence: float) -> float:
@@ -268,63 +248,13 @@ def one_run_noise_upper_bound(
     return smallest_rejected_sigma(rejected, sigma_start, rtol=rtol, sigma_min=sigma_min)
 
 
-def fdp_one_run_certified_bound(
-    scores_in,
-    scores_out,
-    *,
-    delta: float,
-    confidence: float,
-    **options,
-) -> EpsilonBound:
-    """Certified epsilon lower bound: the largest epsilon whose (epsilon, delta)-DP the
-    guesses refute (Mahloujifar et al.'s recursion on the (epsilon, delta) curve).
-
-    Valid for canaries trained together (any interaction), each included independently w.p.
-    1/2. ``delta`` in [0, 1), ``confidence`` in (0, 1); options as ``fdp_one_run_bound``
-    (``guess_fractions``, ``sides``, ``inclusion``, ``seed``). ``details``: the design, the
-    winning candidate (side, counts, thresholds) and each candidate's refuted epsilon.
-    """
-    delta = float(delta)
-    if not (np.isfinite(delta) and 0.0 <= delta < 1.0):
-        raise ValueError(f"delta must lie in [0, 1), got {delta!r}")
-    table, confidence = _table(
-        scores_in, scores_out, confidence, options, "fdp_one_run_certified"
-    )
-    details = dict(table.details)
-    common = {
-        "method": "fdp_one_run_certified",
-        "confidence": confidence,
-        "delta": delta,
-        "n_in": int(np.size(scores_in)),
-        "n_out": int(np.size(scores_out)),
-    }
-    if not table.k_plus.size:
-        details["note"] = f"no candidate with at least {MIN_GUESSES} guesses (m={table.m})"
-        return EpsilonBound(epsilon=0.0, details=details, **common)
-    level = table.level(confidence)
-    eps = largest_refuted(
-        table.guesses, table.correct, table.one_sided, m=table.m, level=level,
-        roc_inverse=epsdelta_roc_inverse(delta), cap=EPSILON_CAP, prune=True,
-    )
-    best, report = table.best(eps, "epsilon", level)
-    details.update(report)
-    return EpsilonBound(
-        epsilon=float(eps[best]),
-        threshold=table.threshold(best) if eps[best] > 0 else None,
-        details=details,
-        **common,
-    )
-
-
 __all__ = [
     "EPSILON_CAP",
     "MU_CAP",
     "OneRunClaimTest",
+    "claim_table",
     "claim_test_on_table",
-    "epsdelta_roc_inverse",
-    "fdp_one_run_certified_bound",
     "one_run_claim_test",
     "one_run_mu_lower",
     "one_run_noise_upper_bound",
-    "roc_inverse_of",
 ]

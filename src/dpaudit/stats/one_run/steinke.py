@@ -23,7 +23,8 @@ eps' = log(1 + gamma (e^eps - 1)) at delta' = gamma delta, gamma = 2 min(p, 1 - 
 Guesses from scores: "in" for exactly the k+ highest scores, "out" for exactly the k- lowest,
 ties between scores broken in a seeded random order drawn without looking at membership
 (``stats.ties``), so r = k+ + k- is fixed, as the theorem requires. The (k+, k-) pairs form a
-small fixed grid of fractions of m and the significance is Bonferroni-corrected over the grid.
+small fixed grid of fractions of m (``guesses.grid_candidates``) and the significance is
+Bonferroni-corrected over the grid.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ from dpaudit.stats.inclusion import (
     require_plausible,
     virtual_labels,
 )
+from dpaudit.stats.one_run.guesses import grid_candidates, ranked_guesses
 from dpaudit.stats.result import EpsilonBound
-from dpaudit.stats.ties import has_ties, random_order
+from dpaudit.stats.ties import has_ties
 
 DEFAULT_GRID = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 _WINDOW_SD = 40.0  # binomial mass further than this many sd below the mean is bounded, not summed
@@ -214,37 +216,6 @@ def epsilon_from_guesses(
     return _largest_rejected(m, r, v, delta, significance, tol, inclusion)
 
 
-def guess_counts(labels_by_score: np.ndarray, k_plus, k_minus) -> np.ndarray:
-    """Correct guesses when "in" is guessed for exactly the k+ highest scores and "out" for
-    exactly the k- lowest.
-
-    ``labels_by_score``: each canary's label (True = member, or the virtual label), ordered by
-    ascending score with ties in random order (``ties.random_order``). ``k_plus``/``k_minus``:
-    equal-length integer arrays with k+ + k- <= m.
-    """
-    lab = np.asarray(labels_by_score, dtype=bool)
-    m = lab.size
-    members_below = np.concatenate([[0], np.cumsum(lab)])  # labels True among the i lowest
-    kp, km = np.asarray(k_plus, dtype=np.int64), np.asarray(k_minus, dtype=np.int64)
-    return (members_below[m] - members_below[m - kp]) + (km - members_below[km])
-
-
-def ranked_guesses(scores: np.ndarray, labels: np.ndarray, k_plus, k_minus, seed: int):
-    """(correct, t_plus, t_minus) of exactly k+ top "in" and k- bottom "out" guesses.
-
-    ``scores`` and ``labels`` (True = member, or the virtual label) are per canary, in any
-    order; ties are broken by ``ties.random_order(scores, seed)``. t+ is the lowest score
-    guessed "in" (+inf if none), t- the highest guessed "out" (-inf if none).
-    """
-    order = random_order(scores, seed)
-    ranked = scores[order]
-    m = scores.size
-    kp, km = np.asarray(k_plus, dtype=np.int64), np.asarray(k_minus, dtype=np.int64)
-    t_plus = np.where(kp > 0, ranked[np.clip(m - kp, 0, m - 1)], np.inf)
-    t_minus = np.where(km > 0, ranked[np.clip(km - 1, 0, m - 1)], -np.inf)
-    return guess_counts(labels[order], kp, km), t_plus, t_minus
-
-
 def one_run_bound(
     scores_in: np.ndarray,
     scores_out: np.ndarray,
@@ -280,8 +251,7 @@ def one_run_bound(
     s_in, s_out = np.asarray(scores_in), np.asarray(scores_out)
     split_pv = require_plausible(s_in.size, s_out.size, p, "one_run")
     m = s_in.size + s_out.size
-    ks = np.unique(np.round(fracs * m).astype(np.int64))
-    pairs = [(a, b) for a in ks for b in ks if (a > 0 or b > 0) and a + b <= m]
+    pairs = grid_candidates(m, fracs)
     if not pairs:
         raise ValueError(f"grid {grid!r} gives no (k+, k-) pair with at least one guess for m={m}")
     significance = (1.0 - confidence) / len(pairs)

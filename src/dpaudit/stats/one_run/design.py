@@ -1,0 +1,193 @@
+"""How many guesses a one-run test makes, fixed before the scores are seen
+(argument: ``docs/one_run_fdp.md``, "Guess counts fixed by the claim").
+
+A count test is valid for ANY guess count chosen without looking at the scores, so the count
+can be chosen per claim, at the full level, instead of trying ~20 counts under a Bonferroni
+split. The choice only decides power; it is made against ideal scores (each canary a member
+with probability 1/2, members N(mu, 1), non-members N(0, 1): the Gaussian mechanism, DP-SGD's
+shape every step), and only "in" guesses on the top scores are used (the one-sided recursion
+is sharper by the factor 2 of ``recursion``).
+
+* ``claim_guess_count``: a claimed curve is known (the accountant's, of design mu): the k that
+  maximises the median certified parameter of a family of claims when the scores are exactly
+  as claimed. One k for the whole family, so refutation is monotone in the parameter and the
+  largest refuted parameter is the infimum of the confidence set of claims not refuted.
+* ``soonest_guess_count``: one claimed curve is tested: the k that refutes it at the weakest
+  ideal alternative (the k whose median count first reaches the claim's critical count).
+* ``PieceRule``: no claim is known. The parameter axis is cut into pieces (a geometric grid);
+  each piece gets the k whose median count, under the weakest ideal alternative, first
+  reaches the piece's critical count: the k that refutes that claim soonest. The certified
+  value is the infimum of the claims not refuted (``confidence_set``), valid whether or not
+  refutation is monotone across pieces.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import ndtr
+from scipy.stats import binom
+
+from dpaudit.stats.one_run.guesses import MIN_GUESSES
+from dpaudit.stats.one_run.recursion import (
+    EPSILON_CAP,
+    MU_CAP,
+    epsdelta_roc_inverse,
+    gdp_roc_inverse,
+    largest_refuted,
+    refutes,
+)
+
+PER_OCTAVE = 8  # guess counts tried per halving of k
+_ALT_MU = np.concatenate([np.linspace(0.0, 2.0, 401)[1:], np.linspace(2.0, 12.0, 201)[1:]])
+
+
+def guess_count_grid(m: int) -> np.ndarray:
+    """Candidate one-sided guess counts: round(m/2 2^(-j/8)), at least ``MIN_GUESSES``."""
+    j = np.arange(0, PER_OCTAVE * max(1, int(np.ceil(np.log2(max(m, 2))))) + 1)
+    ks = np.unique(np.round(m / 2 * 2.0 ** (-j / PER_OCTAVE)))
+    return ks[ks >= MIN_GUESSES]
+
+
+def expected_correct(k, mu, m: int) -> np.ndarray:
+    """E[correct] of the k top "in" guesses on ideal scores at shift ``mu`` (m/2 members):
+    (m/2) P[N(mu, 1) > t] with t the score exceeded by k canaries in expectation."""
+    k, mu = np.broadcast_arrays(np.asarray(k, dtype=np.float64), np.asarray(mu, dtype=float))
+    lo, hi = np.full(k.shape, -40.0), np.full(k.shape, 40.0)
+    for _ in range(64):  # bisection on t to ~1e-17
+        t = 0.5 * (lo + hi)
+        above = (m / 2) * (ndtr(mu - t) + ndtr(-t)) > k
+        lo, hi = np.where(above, t, lo), np.where(above, hi, t)
+    return (m / 2) * ndtr(mu - 0.5 * (lo + hi))
+
+
+def median_correct(k, mu, m: int) -> np.ndarray:
+    """Median correct guesses, Binomial(k, E[correct] / k) (the power calculation's model)."""
+    k = np.asarray(k, dtype=np.float64)
+    e = expected_correct(k, mu, m)
+    return binom.ppf(0.5, k.astype(np.int64), np.clip(e / np.maximum(k, 1), 0.0, 1.0))
+
+
+@dataclass(frozen=True)
+class Family:
+    """A one-parameter family of claims for the recursion, less private as ``param`` grows:
+    ``"gdp"`` (mu-GDP, cap ``MU_CAP``) or ``"epsdelta"`` ((epsilon, delta)-DP at ``delta``,
+    cap ``EPSILON_CAP``)."""
+
+    name: str
+    delta: float = 0.0
+
+    def __post_init__(self):
+        if self.name not in ("gdp", "epsdelta"):
+            raise ValueError(f"family must be 'gdp' or 'epsdelta', got {self.name!r}")
+
+    @property
+    def roc_inverse(self):
+        return gdp_roc_inverse if self.name == "gdp" else epsdelta_roc_inverse(self.delta)
+
+    @property
+    def cap(self) -> float:
+        return MU_CAP if self.name == "gdp" else EPSILON_CAP
+
+
+@functools.lru_cache(maxsize=64)
+def claim_guess_count(m: int, level: float, family: Family, design_mu: float) -> int:
+    """The one-sided guess count that maximises the median largest refuted parameter of
+    ``family`` at ``level`` when the scores are ideal at ``design_mu`` (the claim's own mu).
+
+    Depends on m, the level, the family and the claim only (cached). Returns at least
+    ``MIN_GUESSES`` guesses (the grid's smallest when nothing is refuted).
+    """
+    ks = guess_count_grid(m)
+    if not ks.size or not (np.isfinite(design_mu) and design_mu > 0):
+        return MIN_GUESSES
+    v = median_correct(ks, design_mu, m)
+    got = largest_refuted(
+        ks, v, True, m=m, level=level, roc_inverse=family.roc_inverse, cap=family.cap
+    )
+    return int(ks[int(np.argmax(got))])
+
+
+def _critical_counts(ks, params, m, level, inv) -> np.ndarray:
+    """Smallest correct count refuting each (k, param) of the family ``inv(tpr, param)``
+    (+inf where even k correct of k does not)."""
+    ks = np.asarray(ks, dtype=np.float64)
+    params = np.asarray(params, dtype=np.float64)
+    full = refutes(ks, ks, params, True, m=m, level=level, roc_inverse=inv)
+    lo, hi = np.zeros_like(ks), ks.copy()  # lo not refuting (v = 0 never refutes), hi refuting
+    while np.any(hi - lo > 1):
+        mid = np.floor(0.5 * (lo + hi))
+        r = refutes(ks, mid, params, True, m=m, level=level, roc_inverse=inv)
+        hi, lo = np.where(r, mid, hi), np.where(r, lo, mid)
+    return np.where(full, hi, np.inf)
+
+
+def _weakest_alternative(ks: np.ndarray, crit: np.ndarray, m: int) -> np.ndarray:
+    """Per claim (rows) and count k (columns): the smallest ideal shift mu_a (on a grid) whose
+    median count of the k top guesses reaches the critical count (+inf if none)."""
+    med = median_correct(ks[:, None], _ALT_MU[None, :], m)  # (k, alternative), rising in mu
+    alt = np.full(crit.shape, np.inf)
+    for j in range(ks.size):
+        idx = np.searchsorted(med[j], crit[:, j], side="left")
+        alt[:, j] = np.where(idx < _ALT_MU.size, _ALT_MU[np.minimum(idx, _ALT_MU.size - 1)],
+                             np.inf)
+    return alt
+
+
+def soonest_guess_count(m: int, level: float, roc_inverse) -> int:
+    """The one-sided guess count that refutes the claimed curve (its inverse ROC, tpr ->
+    smallest FPR) at the weakest ideal alternative: argmin over k of the smallest shift whose
+    median count reaches the claim's critical count. Depends on m, level and the claim only."""
+    ks = guess_count_grid(m)
+    if not ks.size:
+        return MIN_GUESSES
+    crit = _critical_counts(ks, np.zeros(ks.size), m, level, lambda y, _: roc_inverse(y))
+    return int(ks[int(np.argmin(_weakest_alternative(ks, crit[None, :], m)[0]))])
+
+
+@dataclass(frozen=True)
+class PieceRule:
+    """Claim-free guess counts: pieces [starts[i], starts[i+1]) of the parameter axis, each
+    tested with its own one-sided guess count ``ks[i]`` (the last piece runs to the cap)."""
+
+    family: Family
+    m: int
+    level: float
+    starts: np.ndarray
+    ks: np.ndarray
+
+
+@functools.lru_cache(maxsize=16)
+def piece_rule(m: int, level: float, family: Family, ratio: float = 1.05) -> PieceRule:
+    """``PieceRule`` for m canaries at ``level`` (cached: it depends on nothing else).
+
+    Pieces: [0, 0.01) and a geometric grid of ``ratio`` up to the family's cap. Piece i gets
+    argmin over k of the smallest ideal shift mu_a whose median count reaches the critical
+    count of the claim starts[i] (the weakest alternative the piece's test refutes half the
+    time); the first piece uses the second's k.
+    """
+    ks = guess_count_grid(m)
+    grid = 0.01 * ratio ** np.arange(int(np.log(family.cap / 0.01) / np.log(ratio)) + 1)
+    starts = np.concatenate([[0.0], grid[grid < family.cap]])
+    if not ks.size:
+        return PieceRule(family, m, level, starts, np.full(starts.size, MIN_GUESSES))
+    crit = _critical_counts(
+        np.tile(ks, grid.size), np.repeat(grid, ks.size), m, level, family.roc_inverse
+    ).reshape(grid.size, ks.size)
+    chosen = ks[np.argmin(_weakest_alternative(ks, crit, m), axis=1)]
+    chosen = chosen[: starts.size - 1]
+    return PieceRule(family, m, level, starts, np.concatenate([[chosen[0]], chosen]))
+
+
+__all__ = [
+    "Family",
+    "PieceRule",
+    "claim_guess_count",
+    "expected_correct",
+    "guess_count_grid",
+    "median_correct",
+    "piece_rule",
+    "soonest_guess_count",
+]
