@@ -6,19 +6,21 @@ Three tables (``docs/one_run_fdp.md``; every number is measured by this script):
    and its score is N(mu, 1) if a member, N(0, 1) if not. mu is the Gaussian mechanism's mu
    for ``--eps`` at delta 1e-5; there are m canaries and ``--reps`` random draws (random
    guess counts, not expected ones). The table gives the median [min-max] of:
-   * the certified one-run claim test's mu_lower / mu, and the GDP epsilon of mu_lower over
-     epsilon (the ``fdp_one_run`` estimate's number);
-   * the certified ``fdp_one_run_certified`` epsilon / epsilon;
+   * mu_lower / mu with the guess count fixed by the claim (``design_mu`` = the claim's mu,
+     as the audit does), and the GDP epsilon of that mu_lower over epsilon (an estimate);
+   * the certified ``fdp_one_run_certified`` epsilon / epsilon, with the count fixed by the
+     claim (the audit) and with a count per claim (the default without a claim);
    * Steinke et al.'s certified ``one_run`` epsilon / epsilon.
-   The published figures for the same mechanism and delta are printed beside them.
-2. **Validity on interacting canaries.** The rate at which the one-run claim test rejects a
-   TRUE mu-GDP claim, and the rate at which ``fdp_one_run_certified`` exceeds the true
-   epsilon, on mechanisms exactly mu-GDP per canary whose canaries interact
-   (``dpaudit.validity.interacting``) and on independent Gaussian canaries. Each rate must
-   stay at or below 5% + 3 s.e.
+   The sound ceiling of count tests is printed by ``benchmarks/one_run_ceiling.py``.
+2. **Validity on interacting canaries.** For every certified one-run statement, the rate at
+   which it is wrong about a TRUE mu-GDP mechanism (the claim test rejects the claim,
+   mu_lower exceeds mu, a certified epsilon exceeds the true epsilon), on mechanisms exactly
+   mu-GDP per canary whose canaries interact (``dpaudit.validity.interacting``: shared
+   loudness, regime mixtures, adaptive Gaussian) and on independent Gaussian canaries. Each
+   rate must stay at or below 5% + 3 s.e.
 3. **Why not independent order statistics.** A level-5% test that models the top-half
    guesses as independent mu-GDP canaries: its null distribution of correct guesses is
-   simulated. The table gives its rejection rate on the same true claims.
+   simulated. The last column gives its rejection rate on the same true claims.
 
 Run (defaults: eps 4, m = 1e3, 1e4, 1e5, 20 draws, 200 validity runs of 10,000 canaries):
 
@@ -30,6 +32,7 @@ Run (defaults: eps 4, m = 1e3, 1e4, 1e5, 20 draws, 200 validity runs of 10,000 c
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -39,10 +42,19 @@ import time
 import numpy as np
 
 from dpaudit.stats import epsilon_lower_bound, gdp_epsilon
-from dpaudit.stats.fdp_one_run import gdp_roc_inverse, guess_table
 from dpaudit.stats.gdp import gdp_mu
-from dpaudit.stats.one_run_claim import claim_test_on_table, one_run_mu_lower
-from dpaudit.validity.interacting import AdaptiveGaussian, SharedLoudness, rejection_rate
+from dpaudit.stats.one_run import (
+    claim_table,
+    gdp_roc_inverse,
+    one_run_claim_test,
+    one_run_mu_lower,
+)
+from dpaudit.validity.interacting import (
+    AdaptiveGaussian,
+    RegimeMixture,
+    SharedLoudness,
+    rejection_rate,
+)
 
 DELTA = 1e-5
 PUBLISHED = {  # fraction of epsilon, Gaussian mechanism, delta 1e-5 (issue 30's survey)
@@ -77,16 +89,21 @@ def med(xs) -> str:
 
 def power_row(mu: float, m: int, reps: int, seed: int) -> dict:
     eps = gdp_epsilon(mu, DELTA)
-    out = {"m": m, "mu_ratio": [], "gdp_eps_ratio": [], "cert_eps_ratio": [], "steinke": []}
+    keys = ("mu_ratio", "gdp_eps_ratio", "cert_design", "cert_default", "steinke")
+    out = {"m": m, **{k: [] for k in keys}}
     t0 = time.perf_counter()
     for r in range(reps):
         scores, members = IndependentGaussian(mu).draw(m, np.random.default_rng([seed, m, r]))
         s_in, s_out = scores[members], scores[~members]
-        mu_lb = one_run_mu_lower(guess_table(s_in, s_out, method="power"), 0.95)
+        mu_lb = one_run_mu_lower(claim_table(s_in, s_out, confidence=0.95, design_mu=mu), 0.95)
         out["mu_ratio"].append(mu_lb / mu)
         out["gdp_eps_ratio"].append(gdp_epsilon(mu_lb, DELTA) / eps if mu_lb > 0 else 0.0)
-        for key, method in (("cert_eps_ratio", "fdp_one_run_certified"), ("steinke", "one_run")):
-            b = epsilon_lower_bound(s_in, s_out, delta=DELTA, method=method)
+        for key, method, opts in (
+            ("cert_design", "fdp_one_run_certified", {"design_mu": mu}),
+            ("cert_default", "fdp_one_run_certified", {}),
+            ("steinke", "one_run", {}),
+        ):
+            b = epsilon_lower_bound(s_in, s_out, delta=DELTA, method=method, **opts)
             out[key].append(b.epsilon / eps if b.applicable else 0.0)
     out["seconds_per_draw"] = (time.perf_counter() - t0) / reps
     return out
@@ -113,6 +130,53 @@ def independent_order_statistics_test(mu: float, m: int, sims: int, seed: int):
     return test, float(critical)
 
 
+def _refused(statement):
+    """A statement that certifies nothing (is never wrong) when the split is refused."""
+
+    @functools.wraps(statement)
+    def wrapped(s_in, s_out, mech):
+        try:
+            return statement(s_in, s_out, mech)
+        except ValueError:  # a split implausible under 1/2 (p < 1e-3): refused, no statement
+            return False
+
+    return wrapped
+
+
+def validity_statements(mu_v: float) -> dict:
+    """Every certified one-run statement, as "is it wrong about this TRUE mu_v-GDP run?"."""
+
+    @_refused
+    def claim(s_in, s_out, mech):
+        return one_run_claim_test(s_in, s_out, lambda y: gdp_roc_inverse(y, mu_v)).rejected
+
+    @_refused
+    def mu_lower(s_in, s_out, mech):
+        table = claim_table(s_in, s_out, confidence=0.95, design_mu=mu_v)
+        return one_run_mu_lower(table, 0.95) > mu_v
+
+    def epsilon(**opts):
+        @_refused
+        def over(s_in, s_out, mech):
+            b = epsilon_lower_bound(s_in, s_out, delta=DELTA, method="fdp_one_run_certified",
+                                    **opts)
+            return b.epsilon > mech.true_epsilon(DELTA)
+        return over
+
+    @_refused
+    def steinke(s_in, s_out, mech):
+        b = epsilon_lower_bound(s_in, s_out, delta=DELTA, method="one_run")
+        return b.applicable and b.epsilon > mech.true_epsilon(DELTA)
+
+    return {
+        "claim test rejects": claim,
+        "mu_lower > mu": mu_lower,
+        "certified eps > eps (count fixed by the claim)": epsilon(design_mu=mu_v),
+        "certified eps > eps (count per claim)": epsilon(),
+        "Steinke one_run > eps": steinke,
+    }
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--eps", type=float, default=4.0)
@@ -128,49 +192,40 @@ def main(argv=None) -> None:
           f"eps {a.eps} at delta {DELTA}: mu = {mu:.4f}; 95% confidence")
 
     print("\n1. POWER ON IDEAL SCORES (median [min-max] over draws; random guess counts)")
-    print("| canaries | draws | one-run claim test mu_lower / mu | GDP eps(mu_lower) / eps "
-          "(estimate) | fdp_one_run_certified / eps | Steinke one_run / eps | s per draw "
-          "| published (Gaussian, delta 1e-5) |")
+    print("| canaries | draws | mu_lower / mu (count fixed by the claim) | GDP eps(mu_lower) "
+          "/ eps (estimate) | fdp_one_run_certified / eps, count fixed by the claim | same, "
+          "count per claim (no claim given) | Steinke one_run / eps | s per draw |")
     print("|---|---|---|---|---|---|---|---|")
     rows = []
     for m in (int(x) for x in a.ms.split(",") if x):  # --ms '' skips this table
         r = power_row(mu, m, a.reps, a.seed)
         rows.append(r)
         print(f"| {m:,} | {a.reps} | {med(r['mu_ratio'])} | {med(r['gdp_eps_ratio'])} "
-              f"| {med(r['cert_eps_ratio'])} | {med(r['steinke'])} "
-              f"| {r['seconds_per_draw']:.2f} | {PUBLISHED.get(m, '')} |", flush=True)
+              f"| {med(r['cert_design'])} | {med(r['cert_default'])} | {med(r['steinke'])} "
+              f"| {r['seconds_per_draw']:.2f} |", flush=True)
 
     mu_v = 1.0
-    mechs = [SharedLoudness(mu_v, 0.2), SharedLoudness(mu_v, 0.02), AdaptiveGaussian(mu_v),
+    mechs = [SharedLoudness(mu_v, 0.2), SharedLoudness(mu_v, 0.02),
+             *(RegimeMixture(mu_v, x) for x in (0.02, 0.1, 0.3)), AdaptiveGaussian(mu_v),
              IndependentGaussian(mu_v)]
     order_test, critical = independent_order_statistics_test(mu_v, a.validity_m, 2000, a.seed)
+    statements = validity_statements(mu_v)
     print(f"\n2-3. VALIDITY: TRUE claim mu = {mu_v}-GDP, {a.validity_m:,} canaries, "
-          f"{a.validity_reps} runs each (rate +- s.e.; must be <= 0.05 + 3 s.e. for a valid "
-          f"test); independent order-statistics test: reject when the top half's correct "
-          f"guesses > {critical:.0f}")
-    print("| mechanism | one-run claim test rejects | fdp_one_run_certified > true eps "
-          "| independent order-statistics test rejects |")
-    print("|---|---|---|---|")
+          f"{a.validity_reps} runs each (rate of wrong statements +- s.e.; must be <= 0.05 + "
+          f"3 s.e. for a valid statement); independent order-statistics test: reject when the "
+          f"top half's correct guesses > {critical:.0f}")
+    print("| mechanism | " + " | ".join(statements) + " | independent order-statistics "
+          "test rejects (not valid under interaction) |")
+    print("|---|" + "---|" * (len(statements) + 1))
     validity = []
     for mech in mechs:
-        def claim(s_in, s_out):
-            try:
-                table = guess_table(s_in, s_out, method="validity")
-            except ValueError:  # a split implausible under 1/2 (p < 1e-3): refused, no claim
-                return False
-            return claim_test_on_table(table, lambda y: gdp_roc_inverse(y, mu_v), 0.95).rejected
-
-        def over(s_in, s_out, mech=mech):
-            try:
-                b = epsilon_lower_bound(s_in, s_out, delta=DELTA, method="fdp_one_run_certified")
-            except ValueError:  # refused like the claim test: certifies nothing
-                return False
-            return b.epsilon > mech.true_epsilon(DELTA)
-
         kw = {"m": a.validity_m, "reps": a.validity_reps, "seed": a.seed}
-        res = {name: rejection_rate(mech, t, **kw)
-               for name, t in (("claim", claim), ("epsilon", over), ("order", order_test))}
-        validity.append({"mechanism": repr(mech), **res})
+        tests = {**{name: functools.partial(t, mech=mech) for name, t in statements.items()},
+                 "order": order_test}
+        t0 = time.perf_counter()
+        res = {name: rejection_rate(mech, t, **kw) for name, t in tests.items()}
+        validity.append({"mechanism": repr(mech), **res,
+                         "seconds": time.perf_counter() - t0})
         print(f"| {mech!r} | " + " | ".join(f"{r:.3f} +- {s:.3f}" for r, s in res.values())
               + " |", flush=True)
     if a.json:
