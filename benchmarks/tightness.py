@@ -65,6 +65,9 @@ CONFIGS = {
     # 100,000 live canaries: the MLP of width 400 on mnist5k (268,410 live weights at seed 0)
     "live1e5_eps4": ("one_run_live_1e5", []),
     "live1e5_eps8": ("one_run_live_1e5", ["dp.noise_multiplier=6.0022907219891986"]),
+    # a bug in one run of a live model: the noise is 0.7 x sigma (the claim stays eps 4)
+    "live_scaled07": ("one_run_live", ["dp.bug=scaled_noise", "dp.bug_factor=0.7"]),
+    "live1e5_scaled07": ("one_run_live_1e5", ["dp.bug=scaled_noise", "dp.bug_factor=0.7"]),
 }
 DEFAULT_CONFIGS = ("default", "tight_eps2", "tight_eps4", "tight_eps8", "tight_poisson",
                    "live_eps4", "live_eps8")
