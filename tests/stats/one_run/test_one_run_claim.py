@@ -1,4 +1,4 @@
-"""Certified one-run claim test (``stats.one_run_claim``): closed-form inverses against
+"""Certified one-run claim test (``stats.one_run.claim``): closed-form inverses against
 bisection, the generic recursion against the GDP one, validity on mechanisms whose canaries
 interact (exact per-canary curves), power, refusals, and the audit's use of it."""
 
