@@ -297,3 +297,26 @@ def test_per_level_inequalities_by_exact_enumeration():
             if k_minus == 0:
                 four_fails |= bool(R[j + 1] > fbar(4 * H[j]) / 4 + 1e-6)
     assert four_fails  # a factor 4 would be wrong: the check can fail
+
+
+def test_the_audit_fixes_its_guess_counts_from_the_claim():
+    from dpaudit.experiment.judging.evaluation import design_mu
+    from dpaudit.stats.one_run.design import Family, claim_guess_count, soonest_guess_count
+
+    assert design_mu(THREAT) == pytest.approx(1.0)  # sqrt(100) / 10, every step
+    sub = ThreatModel(noise_multiplier=1.0, max_grad_norm=1.0, sample_rate=0.01, steps=1000,
+                      delta=1e-5, canary_kind="gradient")
+    assert design_mu(sub) == pytest.approx(0.01 * np.sqrt(1000 * np.expm1(1.0)))  # the CLT's
+    s_in, s_out = _gauss(1.5, 4000, seed=2)
+    out = evaluate_scores({"scalar": (s_in, s_out)}, THREAT, methods=["fdp_one_run_certified"],
+                          independent=False)
+    c = out["one_run_claim"]["scalar"]
+    level = 1.0 - out["per_test_confidence"]
+    m = s_in.size + s_out.size
+    # the claim test's count refutes the claim soonest; the certified epsilon's maximises it
+    # when the run is as claimed (mu = 1); neither looks at the scores
+    assert c["test"]["guesses"] == c["test"]["k_plus"] == soonest_guess_count(
+        m, level, THREAT.roc_inverse)
+    row = out["bounds"][0]["result"]["details"]
+    assert row["design_mu"] == pytest.approx(1.0)
+    assert row["k_plus"] == claim_guess_count(m, level, Family("epsdelta", 1e-5), 1.0)
