@@ -201,3 +201,58 @@ def test_dirac_rows_match_the_dense_matrix():
         rows @ torch.ones(49)
     with pytest.raises(NotImplementedError):
         rows.norm(dim=0)
+
+
+@pytest.mark.parametrize("input_pass", ["auto", "separate"])
+def test_dirac_rows_beside_input_canaries_equal_the_concatenated_rows(input_pass):
+    """Dirac canaries beside input canaries keep their own blocks (``RowBlocks``: the Dirac
+    set as ``DiracRows``, the input set's per-sample gradients as they are), never one
+    concatenated (K, dim) matrix: scores, inclusions and the model are bit-identical to the
+    same canaries as dense rows (concatenated every step) up to the rounding of a product
+    computed on a block instead of the whole matrix (BLAS may sum a row's terms in another
+    order for another matrix shape)."""
+    from dpaudit.capture import InputCanaries
+    from dpaudit.capture.insertion import RowBlocks
+
+    coords = sorted({*list(dirac_coords(ZERO, NF))[:20], 3, 17, 200, 333})
+    pols = ["every_step", "never"] * (len(coords) // 2)
+    sparse = GradientCanaries.dirac(coords, 1.0, D, policy=pols)
+    dense = GradientCanaries(sparse.vectors, policy=pols)
+    x, y = DATA.tensors[0][:12].clone(), DATA.tensors[1][:12].clone()
+
+    def run(c):
+        return private_run(DATA, logreg(NF), lambda o, m: AuditHook(
+            o, m, [InputCanaries(x, y), c], scores=(ScalarProduct(), MixtureLR()),
+            keep_per_step=True, input_pass=input_pass), batch_size=64, sigma=2.0)
+
+    fast, old = run(sparse), run(dense)
+    assert fast.hook.dirac_rows and not old.hook.dirac_rows
+    blocks = fast.hook._canary_grads([torch.zeros(12, D)])
+    assert isinstance(blocks, RowBlocks) and blocks.shape == (12 + len(coords), D)
+    assert torch.equal(flat_params(fast.model), flat_params(old.model))
+    np.testing.assert_array_equal(fast.hook.inclusions(), old.hook.inclusions())
+    for name in ("scalar", "mixture_lr"):
+        np.testing.assert_allclose(fast.hook.per_step()[name], old.hook.per_step()[name],
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_row_blocks_match_the_concatenated_matrix():
+    from dpaudit.capture.insertion import DiracRows, RowBlocks
+
+    g = torch.Generator().manual_seed(2)
+    rows = DiracRows(torch.randperm(40, generator=g)[:7], torch.rand(7, generator=g), 40)
+    dense = torch.randn(5, 40, generator=g)
+    blocks, v = RowBlocks([dense, rows]), torch.randn(40, generator=g)
+    full = torch.cat([dense, rows.to_dense()])
+    assert blocks.shape == full.shape and len(blocks) == 12
+    assert torch.equal(blocks.to_dense(), full)
+    # each block's own product and norms, in row order (exact), and the whole matrix's up to
+    # the rounding of another BLAS shape
+    assert torch.equal(blocks @ v, torch.cat([dense @ v, rows @ v]))
+    assert torch.allclose(blocks @ v, full @ v, rtol=1e-6, atol=1e-6)
+    assert torch.equal(blocks.norm(dim=1), torch.cat([dense.norm(dim=1), rows.norm(dim=1)]))
+    assert torch.allclose(blocks.norm(dim=1), full.norm(dim=1), rtol=1e-6)
+    with pytest.raises(ValueError, match="one cols"):
+        RowBlocks([dense, torch.zeros(2, 41)])
+    with pytest.raises(NotImplementedError):
+        blocks.norm(dim=0)

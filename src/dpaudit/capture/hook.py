@@ -71,7 +71,12 @@ from dpaudit.attacks.scalar import ScalarProduct
 from dpaudit.capture.accumulate import ScoreAccumulator
 from dpaudit.capture.canary_kinds import Canaries, InputCanaries, as_canary_list
 from dpaudit.capture.input_grads import INPUT_PASSES, InputGradients, all_finite, check_reference
-from dpaudit.capture.insertion import DiracRows, GradientInsertion, check_gradient_canaries
+from dpaudit.capture.insertion import (
+    DiracRows,
+    GradientInsertion,
+    RowBlocks,
+    check_gradient_canaries,
+)
 from dpaudit.capture.patching import InstancePatch
 from dpaudit.capture.recorder import WhiteBoxRecorder
 from dpaudit.capture.records import WhiteBoxRecords
@@ -162,9 +167,11 @@ class AuditHook:
     ``support_local = True``), scores are computed on the union S of the supports
     (``routed`` is True, ``scored_dim`` = |S|) with the same values as on the full vector.
     Otherwise the sparse canaries are given to scores as dense (K, dim) rows. Sparse canaries
-    with one entry each (Dirac), routed or in a ``coordinates`` view, without ``trace`` or
-    ``reference``, reach ``ScalarProduct`` and ``MixtureLR`` as ``insertion.DiracRows``
-    (``dirac_rows`` is True): O(K) per step instead of O(K x scored_dim), the same scores.
+    with one entry each (Dirac), without ``trace`` or ``reference``, reach ``ScalarProduct``
+    and ``MixtureLR`` as ``insertion.DiracRows`` (``dirac_rows`` is True): O(K) per step
+    instead of O(K x scored_dim), the same scores; beside other canary sets (input canaries,
+    dense gradient canaries) every set keeps its own block (``insertion.RowBlocks``), never
+    one concatenated (K, scored_dim) matrix.
     """
 
     def __init__(
@@ -280,10 +287,11 @@ class AuditHook:
         self._score_view = (
             CoordinateView(self._params, self._insertion.support()) if self.routed else self.view
         )
-        # Dirac canaries only, scores that read them through products and row norms: the
-        # canaries as DiracRows, never a (K, scored_dim) matrix
+        # Dirac canaries, scores that read them through products and row norms: those
+        # canaries as DiracRows, never a (K, scored_dim) matrix; beside other canary sets
+        # (input canaries, other gradient canaries) the blocks as RowBlocks, never concatenated
         self.dirac_rows = (
-            self._insertion.all_dirac
+            self._insertion.any_dirac
             and self.trace is None
             and self.reference is None
             and all(type(s) in _DIRAC_ROWS for s in self.score_fns)
@@ -434,7 +442,11 @@ class AuditHook:
                 i += 1
         if len(blocks) == 1:
             return blocks[0]
-        return DiracRows.cat(blocks) if self.dirac_rows else torch.cat(blocks)
+        if not self.dirac_rows:
+            return torch.cat(blocks)
+        if all(isinstance(b, DiracRows) for b in blocks):
+            return DiracRows.cat(blocks)
+        return RowBlocks(blocks)
 
     def _record(self, opt: DPOptimizer) -> None:
         t = self._steps

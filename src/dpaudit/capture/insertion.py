@@ -90,6 +90,54 @@ class DiracRows:
         return out.scatter_(1, self.index.unsqueeze(1), self.values.unsqueeze(1))
 
 
+class RowBlocks:
+    """The rows of several blocks one after the other, each a (K_b, cols) tensor or
+    ``DiracRows``, without concatenating them: what ``ScalarProduct`` and ``MixtureLR`` get
+    when Dirac canaries share a hook with dense ones (input canaries' per-sample gradients).
+    ``torch.cat`` would make the Dirac rows a dense (K, cols) matrix and copy every block at
+    every step; here each block answers ``@ vector`` and ``norm(dim=1)`` itself, with the
+    values of the concatenated matrix (each row's product and norm are its own block's)."""
+
+    def __init__(self, blocks: Sequence) -> None:
+        cols = {int(b.shape[1]) for b in blocks}
+        if len(cols) != 1 or any(b.ndim != 2 for b in blocks):
+            raise ValueError(f"RowBlocks: blocks must be (K_b, cols) with one cols, got "
+                             f"{[tuple(b.shape) for b in blocks]}")
+        self.blocks, self.cols = list(blocks), cols.pop()
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((sum(int(b.shape[0]) for b in self.blocks), self.cols))
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.blocks[0].dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.blocks[0].device
+
+    def __len__(self) -> int:
+        return int(self.shape[0])
+
+    def __matmul__(self, vec: torch.Tensor) -> torch.Tensor:
+        return torch.cat([b @ vec for b in self.blocks])
+
+    def norm(self, p="fro", dim=None) -> torch.Tensor:
+        """The rows' Euclidean norms (``dim=1``; the only norm the scores take)."""
+        if dim != 1 or p not in ("fro", 2):
+            raise NotImplementedError("RowBlocks.norm: only the rows' 2-norms (dim=1)")
+        return torch.cat([b.norm(dim=1) for b in self.blocks])
+
+    def to_dense(self) -> torch.Tensor:
+        """The (K, cols) matrix (for tests and small K only)."""
+        return torch.cat([b.to_dense() if isinstance(b, DiracRows) else b for b in self.blocks])
+
+
 def check_gradient_canaries(canaries: Sequence, dim: int, max_grad_norm: float, where: str) -> None:
     """Raise ValueError unless every ``GradientCanaries`` in ``canaries`` has ``dim`` columns
     and rows of norm <= C (``where`` names the coordinates, for the message). No K x d
@@ -142,6 +190,16 @@ class GradientInsertion:
         """Every canary is a sparse gradient canary with one entry (``score_vectors`` can
         give them as ``DiracRows``)."""
         return self.all_sparse and all(c.indices.shape[1] == 1 for c in self.canaries)
+
+    @property
+    def any_dirac(self) -> bool:
+        """Some canary set is sparse gradient canaries with one entry each (``score_vectors``
+        gives those sets as ``DiracRows``)."""
+        return any(self._is_dirac(i) for i in range(len(self.canaries)))
+
+    def _is_dirac(self, i: int) -> bool:
+        c = self.canaries[i]
+        return bool(self._sparse[i]) and c.indices.shape[1] == 1
 
     def _to_full(self, idx: torch.Tensor) -> torch.Tensor:
         """Hook coordinates -> indices into the full flattened selection."""
@@ -213,13 +271,12 @@ class GradientInsertion:
     def score_vectors(self, routed: bool, dirac_rows: bool = False) -> list:
         """Per canary set, the (K_set, columns) vectors scores see (None for input canaries):
         columns are the hook's coordinates, or positions in S when ``routed``;
-        ``dirac_rows`` (``all_dirac`` sets only): as ``DiracRows``, never (K_set, columns)."""
-        if dirac_rows and not self.all_dirac:
-            raise RuntimeError("DiracRows need sparse gradient canaries with one entry a row")
+        ``dirac_rows``: the Dirac sets (one entry a row) as ``DiracRows``, never
+        (K_set, columns)."""
         out = []
-        for c, dense, pos, vals in zip(
+        for i, (c, dense, pos, vals) in enumerate(zip(
             self.canaries, self._dense, self._pos, self._vals, strict=True
-        ):
+        )):
             if dense is not None:
                 if routed:
                     raise RuntimeError("dense gradient canaries cannot be routed through S")
@@ -227,7 +284,7 @@ class GradientInsertion:
             elif pos is not None:
                 cols = self._s_full.numel() if routed else c.dim
                 where = pos if routed else c.indices.long().to(self._device)
-                if dirac_rows:
+                if dirac_rows and self._is_dirac(i):
                     out.append(DiracRows(where[:, 0].contiguous(), vals[:, 0].contiguous(), cols))
                 else:
                     out.append(vals.new_zeros(len(c), cols).scatter_(1, where, vals))
