@@ -138,7 +138,7 @@ def claim_table(
 def claim_test_on_table(
     table: GuessTable, roc_inverse: RocInverse, confidence: float
 ) -> OneRunClaimTest:
-    """``one_run_claim_test`` on guesses already counted (``guesses.guess_table`` or ``claim_table``)."""
+    """``one_run_claim_test`` on guesses already counted (``guess_table``, ``claim_table``)."""
     level = table.level(confidence)
     if not table.k_plus.size:
         return OneRunClaimTest(
