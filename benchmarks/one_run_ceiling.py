@@ -9,7 +9,8 @@ if not), one markdown row with fractions of the true epsilon:
   ``RegimeMixture(mu', a)`` (a on ``DEFAULT_A_GRID``) and on independent canaries. Exact
   (no Monte Carlo); the best k and the binding nulls in brackets.
 * **GDP claims, ours**: the certified mu_lower ("not mu'-GDP for any mu' < mu_lower") of
-  ``epsilon_lower_bound(..., method="fdp_one_run")`` as the epsilon of mu_lower-GDP, with the
+  ``epsilon_lower_bound(..., method="fdp_one_run")`` as the epsilon of mu_lower-GDP (that
+  epsilon is an estimate: it assumes a GDP-shaped curve), with the
   guess count fixed by the claim (``design_mu`` = mu, as the audit's one-run claim test
   does) and with a count per claim (no claim given); the same family as the ceiling.
 * **epsilon claims**: the ceiling of count tests of (eps', delta)-DP
@@ -144,7 +145,8 @@ def main(argv=None) -> None:
           f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}; delta {DELTA}; level 5%; "
           f"{a.reps} draws of ideal scores per row (random guess counts)")
     print("| eps | mu | m | GDP claims: sound ceiling of count tests (k; binding nulls) "
-          "| ours: eps(mu_lower), count fixed by the claim | same, count per claim "
+          "| ours: GDP eps of the certified mu_lower (an estimate), count fixed by the claim "
+          "| same, count per claim "
           "| epsilon claims: sound ceiling of count tests | fdp_one_run_certified, count fixed "
           "by the claim | same, count per claim | Steinke one_run | order statistics (not "
           "valid under interaction) (k) | order statistics rejects TRUE claim on "

@@ -186,12 +186,6 @@ class GradientInsertion:
         return all(self._sparse)
 
     @property
-    def all_dirac(self) -> bool:
-        """Every canary is a sparse gradient canary with one entry (``score_vectors`` can
-        give them as ``DiracRows``)."""
-        return self.all_sparse and all(c.indices.shape[1] == 1 for c in self.canaries)
-
-    @property
     def any_dirac(self) -> bool:
         """Some canary set is sparse gradient canaries with one entry each (``score_vectors``
         gives those sets as ``DiracRows``)."""

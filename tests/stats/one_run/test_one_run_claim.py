@@ -158,6 +158,8 @@ def test_refusals_name_what_is_wrong():
         one_run_claim_test(s_in, s_out, tradeoff=_gdp_curve(1.0), design_mu=1.0, sides="in")
     with pytest.raises(ValueError, match="design_mu"):
         fdp_one_run_certified_bound(s_in, s_out, delta=1e-5, confidence=0.95, design_mu=-1)
+    with pytest.raises(ValueError, match="design_mu"):
+        one_run_claim_test(s_in, s_out, tradeoff=_gdp_curve(1.0), design_mu=float("nan"))
     with pytest.raises(ValueError, match="delta"):
         fdp_one_run_certified_bound(s_in, s_out, delta=1.0, confidence=0.95)
     with pytest.raises(ValueError, match="unknown option"):

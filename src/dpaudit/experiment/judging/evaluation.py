@@ -59,11 +59,12 @@ from dpaudit.stats import epsilon_lower_bound
 from dpaudit.stats.bounds import METHOD_REGISTRY
 from dpaudit.stats.claim import claim_test, mu_lower_bound, noise_upper_bound
 from dpaudit.stats.one_run.claim import (
-    claim_table,
+    claim_counts,
     claim_test_on_table,
     one_run_mu_lower,
     one_run_noise_upper_bound,
 )
+from dpaudit.stats.one_run.guesses import guess_table
 from dpaudit.stats.pld import histogram_pld_epsilon
 from dpaudit.stats.roc import SUMMARY_FPRS, roc_summary
 from dpaudit.threat_model import ThreatModel
@@ -222,7 +223,7 @@ def one_run_claim_evidence(
     ``1 - refutation``); the same keys as ``claim_evidence`` plus ``applicable`` (False, with
     ``error``, when the design is not the fair-coin one the theorem needs or there are too
     few canaries)."""
-    base = {
+    base_row = {
         "certified": True,
         "method": ONE_RUN_CLAIM_METHOD,
         "noise_multiplier": threat.noise_multiplier,
@@ -230,24 +231,22 @@ def one_run_claim_evidence(
     }
     claim_inverse = threat.roc_inverse
     try:
-        # the claim test's guess count refutes the claimed curve soonest; mu_lower's and
-        # sigma_upper's maximises mu_lower when the run is as claimed (stats.one_run.design)
-        table = claim_table(s_in, s_out, confidence=confidence, roc_inverse=claim_inverse,
-                            method="the one-run claim test", inclusion=inclusion)
-        bounds_table = claim_table(s_in, s_out, confidence=confidence,
-                                   design_mu=design_mu(threat), roc_inverse=claim_inverse,
-                                   method="the one-run claim test", inclusion=inclusion)
+        base = guess_table(s_in, s_out, method="the one-run claim test", pairs=[],
+                           inclusion=inclusion)
     except ValueError as err:
-        return {**base, "applicable": False, "error": str(err), "rejected": False,
+        return {**base_row, "applicable": False, "error": str(err), "rejected": False,
                 "refuted": False, "refutation_level": refutation,
                 "mu_lower": 0.0, "sigma_upper": float("inf"), "epsilon_at_sigma_upper": None}
+    # the claim test's guess count refutes the claimed curve soonest; mu_lower's and
+    # sigma_upper's maximises mu_lower when the run is as claimed (stats.one_run.design)
+    table = claim_counts(base, 1.0 - confidence, roc_inverse=claim_inverse)
+    bounds_table = claim_counts(base, 1.0 - confidence, design_mu=design_mu(threat),
+                                roc_inverse=claim_inverse)
     test = claim_test_on_table(table, claim_inverse, confidence)
     refuted = False
     if test.rejected and refutation is not None:
         # the PRIVACY BUG test is a test of its own, its guess count fixed at its own level
-        strict = claim_table(s_in, s_out, confidence=1.0 - refutation,
-                             roc_inverse=claim_inverse, method="the one-run claim test",
-                             inclusion=inclusion)
+        strict = claim_counts(base, refutation, roc_inverse=claim_inverse)
         refuted = claim_test_on_table(strict, claim_inverse, 1.0 - refutation).rejected
     mu_lb = one_run_mu_lower(bounds_table, confidence)
     if mu_lb <= 0:
@@ -263,7 +262,7 @@ def one_run_claim_evidence(
             sigma_min=SIGMA_UPPER_FLOOR * threat.sensitivity,
         )
     return {
-        **base,
+        **base_row,
         "applicable": test.n_candidates > 0,
         "error": test.note or None,
         "test": test.to_dict(),

@@ -23,6 +23,7 @@ from dpaudit.stats.one_run.bounds import (
 )
 from dpaudit.stats.one_run.claim import (
     OneRunClaimTest,
+    claim_counts,
     claim_table,
     claim_test_on_table,
     one_run_claim_test,
@@ -45,6 +46,7 @@ __all__ = [
     "ASSUME_FDP_ONE_RUN",
     "GuessTable",
     "OneRunClaimTest",
+    "claim_counts",
     "claim_guess_count",
     "claim_table",
     "claim_test_on_table",

@@ -22,13 +22,8 @@ import numpy as np
 
 from dpaudit.stats.gdp import gdp_epsilon
 from dpaudit.stats.one_run.confidence_set import infimum_not_refuted
-from dpaudit.stats.one_run.design import Family, claim_guess_count, piece_rule
-from dpaudit.stats.one_run.guesses import (
-    MIN_GUESSES,
-    GuessTable,
-    guess_table,
-    public_details,
-)
+from dpaudit.stats.one_run.design import Family, check_design, claim_guess_count, piece_rule
+from dpaudit.stats.one_run.guesses import MIN_GUESSES, GuessTable, guess_table
 from dpaudit.stats.one_run.recursion import largest_refuted
 from dpaudit.stats.result import EpsilonBound
 
@@ -39,35 +34,17 @@ ASSUME_FDP_ONE_RUN = (
 DESIGN_OPTIONS = ("design_mu",)
 
 
-def _check_design_mu(value) -> float | None:
-    if value is None:
-        return None
-    try:
-        mu = float(value)
-    except (TypeError, ValueError):
-        mu = float("nan")
-    if not (np.isfinite(mu) and mu > 0):
-        raise ValueError(f"design_mu must be a finite mu > 0 (the claim's mu), got {value!r}")
-    return mu
-
-
 def certified_parameter(
     scores_in, scores_out, family: Family, confidence: float, method: str, **options
 ) -> tuple[float, GuessTable, int | None, dict]:
     """The largest parameter of ``family`` certified refuted by the guesses: (value, table,
     index of the witness candidate or None, details). Options: ``design_mu`` or the explicit
     candidates' ``guess_fractions`` / ``sides`` (not both), ``inclusion``, ``seed``."""
-    design_mu = _check_design_mu(options.pop("design_mu", None))
-    explicit = "guess_fractions" in options or "sides" in options
-    if design_mu is not None and explicit:
-        raise ValueError(
-            f"{method}: give design_mu (one guess count fixed by the claim) or guess_fractions"
-            " / sides (explicit candidates under Bonferroni), not both"
-        )
+    design_mu, explicit = check_design(method, options.pop("design_mu", None), options)
     level = 1.0 - confidence
     if explicit:
         table = guess_table(scores_in, scores_out, method=method, **options)
-        details = {**public_details(table), "guess_counts": "explicit candidates (Bonferroni)"}
+        details = {**table.details, "guess_counts": "explicit candidates (Bonferroni)"}
         if not table.k_plus.size:
             return 0.0, table, None, details
         level = table.level(confidence)
@@ -80,7 +57,7 @@ def certified_parameter(
     base = guess_table(scores_in, scores_out, method=method, pairs=[], **options)
     m = base.m
     if m < 2 * MIN_GUESSES:
-        return 0.0, base, None, {**public_details(base),
+        return 0.0, base, None, {**base.details,
                                  "note": f"fewer than {2 * MIN_GUESSES} canaries (m={m})"}
     if design_mu is not None:
         k = claim_guess_count(m, level, family, design_mu)
@@ -89,7 +66,7 @@ def certified_parameter(
             table.guesses, table.correct, True, m=m, level=level,
             roc_inverse=family.roc_inverse, cap=family.cap,
         )[0])
-        details = {**public_details(table), "design_mu": design_mu, "level": level,
+        details = {**table.details, "design_mu": design_mu, "level": level,
                    **table.witness(0)}
         return value, table, 0, details
     rule = piece_rule(m, level, family)
@@ -97,7 +74,7 @@ def certified_parameter(
     value, piece = infimum_not_refuted(table, rule)
     k = int(rule.ks[piece])
     witness = int(np.searchsorted(table.k_plus, k))
-    details = {**public_details(table), "guess_counts": "per claim (design.piece_rule)",
+    details = {**table.details, "guess_counts": "per claim (design.piece_rule)",
                "level": level, "pieces": int(rule.starts.size), **table.witness(witness)}
     return value, table, witness, details
 

@@ -35,7 +35,12 @@ import numpy as np
 
 from dpaudit._jsonable import to_jsonable
 from dpaudit.stats.claim import CurveError, smallest_rejected_sigma
-from dpaudit.stats.one_run.design import Family, claim_guess_count, soonest_guess_count
+from dpaudit.stats.one_run.design import (
+    Family,
+    check_design,
+    claim_guess_count,
+    soonest_guess_count,
+)
 from dpaudit.stats.one_run.guesses import (
     MIN_GUESSES,
     GuessTable,
@@ -101,38 +106,42 @@ def _refuted(table: GuessTable, roc_inverse: RocInverse, level: float) -> np.nda
     )
 
 
-def claim_table(
-    scores_in, scores_out, *, confidence: float, design_mu: float | None = None,
-    roc_inverse: RocInverse | None = None, method: str = "one_run_claim", **options,
+def claim_counts(
+    base: GuessTable, level: float, *, design_mu: float | None = None,
+    roc_inverse: RocInverse | None = None,
 ) -> GuessTable:
-    """The guesses of a one-run claim test: ONE "in" guess count fixed by the claim before the
-    scores are seen (``design``), tested at the full level 1 - ``confidence``:
-    ``claim_guess_count`` for the GDP family at ``design_mu`` (the claim's mu; an audit's
-    claim test, mu_lower and sigma_upper then share it), else ``soonest_guess_count`` of the
-    curve ``roc_inverse``. With ``guess_fractions`` / ``sides`` in ``options`` the explicit
-    candidates instead, each at (1 - confidence) / G. Options also: ``inclusion`` (1/2),
-    ``seed``."""
-    confidence = float(confidence)
-    if not (np.isfinite(confidence) and 0.0 < confidence < 1.0):
-        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
-    if "guess_fractions" in options or "sides" in options:
-        if design_mu is not None:
-            raise ValueError(
-                "give design_mu (one guess count fixed by the claim) or guess_fractions / "
-                "sides (explicit candidates under Bonferroni), not both"
-            )
-        return guess_table(scores_in, scores_out, method=method, **options)
-    base = guess_table(scores_in, scores_out, method=method, pairs=[], **options)
+    """``base`` (the scores, no candidates yet) with ONE "in" guess count fixed by the claim
+    for a test at ``level`` (``design``): ``claim_guess_count`` for the GDP family at
+    ``design_mu`` (the claim's mu), else ``soonest_guess_count`` of the curve
+    ``roc_inverse``. No candidate with fewer than 2 ``MIN_GUESSES`` canaries."""
     if base.m < 2 * MIN_GUESSES:
         return base
-    level = 1.0 - confidence
     if design_mu is not None:
         k = claim_guess_count(base.m, level, Family("gdp"), float(design_mu))
     elif roc_inverse is not None:
         k = soonest_guess_count(base.m, level, roc_inverse)
     else:
-        raise ValueError("claim_table needs design_mu or roc_inverse to fix the guess count")
+        raise ValueError("claim_counts needs design_mu or roc_inverse to fix the guess count")
     return base.counts([(k, 0)])
+
+
+def claim_table(
+    scores_in, scores_out, *, confidence: float, design_mu: float | None = None,
+    roc_inverse: RocInverse | None = None, method: str = "one_run_claim", **options,
+) -> GuessTable:
+    """The guesses of a one-run claim test at the full level 1 - ``confidence``: ONE "in"
+    guess count fixed by the claim before the scores are seen (``claim_counts``: the
+    claim's ``design_mu``, else the curve ``roc_inverse``). With ``guess_fractions`` /
+    ``sides`` in ``options`` the explicit candidates instead, each at (1 - confidence) / G.
+    Options also: ``inclusion`` (1/2), ``seed``."""
+    confidence = float(confidence)
+    if not (np.isfinite(confidence) and 0.0 < confidence < 1.0):
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+    design_mu, explicit = check_design(method, design_mu, options)
+    if explicit:
+        return guess_table(scores_in, scores_out, method=method, **options)
+    base = guess_table(scores_in, scores_out, method=method, pairs=[], **options)
+    return claim_counts(base, 1.0 - confidence, design_mu=design_mu, roc_inverse=roc_inverse)
 
 
 def claim_test_on_table(
@@ -252,6 +261,7 @@ __all__ = [
     "EPSILON_CAP",
     "MU_CAP",
     "OneRunClaimTest",
+    "claim_counts",
     "claim_table",
     "claim_test_on_table",
     "one_run_claim_test",

@@ -44,6 +44,27 @@ PER_OCTAVE = 8  # guess counts tried per halving of k
 _ALT_MU = np.concatenate([np.linspace(0.0, 2.0, 401)[1:], np.linspace(2.0, 12.0, 201)[1:]])
 
 
+def check_design(method: str, design_mu, options: dict) -> tuple[float | None, bool]:
+    """(design_mu as a float or None, whether explicit candidates were asked for): the two
+    ways of fixing guess counts, refused together, and design_mu refused by name unless it
+    is a finite mu > 0 (the claim's mu)."""
+    explicit = "guess_fractions" in options or "sides" in options
+    if design_mu is None:
+        return None, explicit
+    if explicit:
+        raise ValueError(
+            f"{method}: give design_mu (one guess count fixed by the claim) or guess_fractions"
+            " / sides (explicit candidates under Bonferroni), not both"
+        )
+    try:
+        mu = float(design_mu)
+    except (TypeError, ValueError):
+        mu = float("nan")
+    if not (np.isfinite(mu) and mu > 0):
+        raise ValueError(f"design_mu must be a finite mu > 0 (the claim's mu), got {design_mu!r}")
+    return mu, False
+
+
 def guess_count_grid(m: int) -> np.ndarray:
     """Candidate one-sided guess counts: round(m/2 2^(-j/8)), at least ``MIN_GUESSES``."""
     j = np.arange(0, PER_OCTAVE * max(1, int(np.ceil(np.log2(max(m, 2))))) + 1)
@@ -184,6 +205,7 @@ def piece_rule(m: int, level: float, family: Family, ratio: float = 1.05) -> Pie
 __all__ = [
     "Family",
     "PieceRule",
+    "check_design",
     "claim_guess_count",
     "expected_correct",
     "guess_count_grid",

@@ -18,7 +18,7 @@ returns them as a ``GuessTable``.
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -131,6 +131,7 @@ class GuessTable:
     guesses on the bottom ones, ``correct`` of them right, ``t_plus`` / ``t_minus`` the
     thresholds, ``one_sided`` when every guess points the same way. ``m``: the canaries.
     ``details``: the design (sides, inclusion, split p-value, seed) for reports.
+    ``scores``: the sorted (in, out) scores, so that ``counts`` can count other pairs.
     """
 
     m: int
@@ -140,6 +141,7 @@ class GuessTable:
     t_plus: np.ndarray
     t_minus: np.ndarray
     details: dict
+    scores: tuple[np.ndarray, np.ndarray] = field(repr=False, compare=False)
 
     @property
     def guesses(self) -> np.ndarray:
@@ -187,9 +189,8 @@ class GuessTable:
         }
 
     def counts(self, pairs) -> GuessTable:
-        """The table of other (k+, k-) pairs on the same scores (``details["scores"]``)."""
-        s_in, s_out = self.details["scores"]
-        return _counted(s_in, s_out, pairs, self.details)
+        """The table of other (k+, k-) pairs on the same scores."""
+        return _counted(*self.scores, pairs, self.details)
 
 
 def _counted(s_in, s_out, pairs, details) -> GuessTable:
@@ -203,7 +204,7 @@ def _counted(s_in, s_out, pairs, details) -> GuessTable:
         correct = t_plus = t_minus = np.zeros(0)
     details = {**details, "n_candidates": int(kp.size)}
     return GuessTable(int(s_in.size + s_out.size), kp, km, np.asarray(correct),
-                      np.asarray(t_plus), np.asarray(t_minus), details)
+                      np.asarray(t_plus), np.asarray(t_minus), details, (s_in, s_out))
 
 
 def guess_table(scores_in, scores_out, *, method: str, pairs=None, **options) -> GuessTable:
@@ -215,8 +216,7 @@ def guess_table(scores_in, scores_out, *, method: str, pairs=None, **options) ->
     ``fraction_candidates`` of the options. Options (anything else raises ValueError naming it
     and ``method``): ``guess_fractions``, ``sides``, ``inclusion`` (only 0.5), ``seed``. A
     split implausible under 1/2 raises ValueError naming ``inclusion``. The candidates depend
-    on m and the options only, never on the scores. ``details["scores"]`` keeps the sorted
-    scores so that ``GuessTable.counts`` can count other pairs.
+    on m and the options only, never on the scores.
     """
     unknown = sorted(set(options) - set(GUESS_OPTIONS))
     if unknown:
@@ -249,11 +249,5 @@ def guess_table(scores_in, scores_out, *, method: str, pairs=None, **options) ->
         "inclusion": inclusion,
         "split_p_value": split_pv,
         "seed": seed,
-        "scores": (s_in, s_out),
     }
     return _counted(s_in, s_out, pairs, details)
-
-
-def public_details(table: GuessTable) -> dict:
-    """``table.details`` without the kept scores (for results and reports)."""
-    return {k: v for k, v in table.details.items() if k != "scores"}
