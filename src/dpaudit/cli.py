@@ -196,7 +196,8 @@ def _listed(files: list[str], most: int = 5) -> list[str]:
 AUDIT_TASK = "dpaudit.tasks.audit.audit_task"
 # errors shown as one line besides ValueError: (module, class); such an error exists only if
 # its module was imported, so a config error never imports them (data: torch; report: plots)
-_ONE_LINE = (("dpaudit.data", "MissingExtraError"), ("dpaudit.report.lock", "DirectoryBusyError"))
+_ONE_LINE = (("dpaudit.data", "MissingExtraError"), ("dpaudit.report.lock", "DirectoryBusyError"),
+             ("dpaudit.experiment.trainings.engine", "SharingError"))
 
 
 def _one_line_errors() -> tuple[type, ...]:

@@ -27,6 +27,8 @@ CANARY_DESIGNS = ("gradient", "input")
 # that the capture hook and the torch-free settings share one tuple
 CANARY_POLICIES = ("every_step", "bernoulli", "never")
 ESTIMATORS = ("dense", "diagonal", "ledoit_wolf", "oas", "woodbury")
+# how workers sharing a many-trainings directory split the runs (experiment.trainings.engine)
+COORDINATIONS = ("locks", "static")
 
 # registry name -> (module, attribute) of the registry the tuple above mirrors
 REGISTRIES = {

@@ -18,11 +18,11 @@ import pytest
 
 from dpaudit.experiment import AuditSettings, aggregate, run_audit
 from dpaudit.experiment.collect import collect_sweep
+from dpaudit.experiment.trainings.engine import claim_of
 from dpaudit.experiment.trainings.multirun import (
     DirectoryBusyError,
     DirectoryLock,
     checksum,
-    claim_of,
     read_run,
     run_bit,
     run_one,
@@ -372,6 +372,49 @@ def test_a_killed_workers_run_is_redone_by_another(tmp_path):
         f"run_{k:05d}.json" for k in range(6)]
     a = json.loads((out / "results.json").read_text())
     assert a["bounds"] == cli_results(fresh, *CLI_MULTI)["bounds"]
+
+
+BROKEN_LOCKS = str(Path(__file__).parents[1] / "support" / "broken_locks")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("failure", ["enolck", "always"])
+def test_a_shared_directory_without_working_locks(tmp_path, failure):
+    """A file system whose flock fails (ENOLCK: NFS without a lock manager) or grants every
+    lock (a nolock mount): two workers with the default coordination both stop before any
+    training, one line naming audit.coordination=static; with it, they split the runs by
+    share, each run is written once by its share's worker, one of them evaluates, and the
+    audit equals a single process's on a normal directory, file for file."""
+    env = {**os.environ, "DPAUDIT_TEST_FLOCK": failure,
+           "PYTHONPATH": os.pathsep.join([BROKEN_LOCKS, os.environ.get("PYTHONPATH", "")])}
+    args = [a if a != "audit.runs=6" else "audit.runs=10" for a in CLI_MULTI]
+    refused, shared, alone = tmp_path / "refused", tmp_path / "shared", tmp_path / "alone"
+    procs = [cli(f"hydra.run.dir={refused}", "audit.workers=2", f"audit.worker={w}", *args,
+                 env=env) for w in (0, 1)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [2, 2], outs
+    for _, err in outs:
+        first = err.strip().splitlines()[0]
+        assert first.startswith("dpaudit: error: ") and "audit.coordination=static" in first
+    assert not list(refused.glob("runs/run_*.json"))  # nothing trained
+    procs = [cli(f"hydra.run.dir={shared}", "audit.workers=2", f"audit.worker={w}",
+                 "audit.coordination=static", *args, env=env) for w in (0, 1)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert sum("results:" in o for o, _ in outs) == 1  # one evaluated
+    files = sorted(shared.glob("runs/run_*.json"))
+    assert [f.name for f in files] == [f"run_{r:05d}.json" for r in range(10)]
+    reference = cli_results(alone, *args)
+    for r, f in enumerate(files):
+        mine, theirs = json.loads(f.read_text()), json.loads((alone / "runs" / f.name).read_text())
+        assert mine["worker"]["index"] == r % 2  # its share's worker wrote it
+        assert (mine["scores"], mine["membership"]) == (theirs["scores"], theirs["membership"])
+    assert not (shared / "runs" / "quarantine").exists()
+    assert json.loads((shared / "results.json").read_text())["bounds"] == reference["bounds"]
+    status = subprocess.run([sys.executable, "-m", "dpaudit.tasks.aggregate", "--status",
+                             str(shared)], capture_output=True, text=True, env=env, check=True)
+    assert status.stdout.startswith(f"{shared}: 10 of 10 runs done; 0 in training or waiting "
+                                    "(static coordination")
 
 
 def test_status_reports_progress_without_evaluating(tmp_path, capsys):

@@ -255,6 +255,27 @@ def test_figure3_runs_resume_and_damaged_ones_are_redone(tmp_path):
         figure3(output_dir=tmp_path, **{**SMALL, "canaries_per_class": 1})
 
 
+def test_status_reads_a_figure3_directory(tmp_path, capsys):
+    """``dpaudit-aggregate --status`` reads Figure 3 directories as multi-run ones: while its
+    workers run (one run missing, another claimed) and once figure3.json is written."""
+    from dpaudit.experiment.trainings.engine import claim_of
+    from dpaudit.tasks.aggregate import main as aggregate_main
+
+    figure3(output_dir=tmp_path, **SMALL)
+    capsys.readouterr()
+    aggregate_main(["--status", str(tmp_path)])
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"{tmp_path}: 6 of 6 runs done; 0 in training; 0 waiting")
+    assert line.endswith("; figure3.json written")
+    (tmp_path / "runs" / "run_00002.json").unlink()
+    (tmp_path / "runs" / "run_00005.json").unlink()
+    with claim_of(tmp_path, 5):  # a worker trains run 5 now
+        aggregate_main(["--status", str(tmp_path)])
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"{tmp_path}: 4 of 6 runs done; 1 in training: run 5 (pid ")
+    assert "; 1 waiting" in line and "written" not in line
+
+
 @pytest.mark.slow
 def test_figure3_sharded_over_two_workers_equals_one(tmp_path):
     import json

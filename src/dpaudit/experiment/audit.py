@@ -119,11 +119,14 @@ def run_audit(
 def worker_summary(settings: AuditSettings, out: Path, done: WorkerDone, seconds: float) -> dict:
     """What a worker that leaves the evaluation to another one returns (and prints)."""
     message = (f"worker {settings.audit.worker}: trained {done.trained} of "
-               f"{settings.audit.runs} runs in {seconds:.1f} s; every run is done and another "
-               f"worker writes {out / 'results.json'}")
+               f"{settings.audit.runs} runs in {seconds:.1f} s; " + (
+                   f"{done.waiting} runs of other workers' shares are not done yet: the last "
+                   f"worker to finish writes {out / 'results.json'}" if done.waiting else
+                   f"every run is done and another worker writes {out / 'results.json'}"))
     print(message)
     return {"task": "multi_run_worker", "runs_trained": done.trained,
-            "runs": settings.audit.runs, "message": message, "wall_seconds": seconds}
+            "runs": settings.audit.runs, "runs_waiting": done.waiting, "message": message,
+            "wall_seconds": seconds}
 
 
 def audit_timing(run: RunRecord, run_seconds: float, evaluation_seconds: float) -> dict:

@@ -7,7 +7,9 @@ mismatched settings, a directory in use) raises ValueError, ``DirectoryBusyError
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 from pathlib import Path
 
 from dpaudit.experiment.audit import evaluate, write_report
@@ -18,14 +20,19 @@ from dpaudit.experiment.trainings.multirun import (
     load_settings,
 )
 from dpaudit.report import format_table, write_json
+from dpaudit.report.lock import LocksUnavailableError
 from dpaudit.report.provenance import SCHEMA_VERSION, provenance
 from dpaudit.report.results import AuditResult
 
+log = logging.getLogger(__name__)
+
 
 def reaggregate(directory: str | Path) -> dict:
-    """Re-evaluate the multi-run audit in ``directory`` from the run records on disk."""
+    """Re-evaluate the multi-run audit in ``directory`` from the run records on disk (under
+    the directory's lock; where the file system has no working locks, without it, said in a
+    warning: the run files it reads are immutable, only the report is rewritten)."""
     out = Path(directory)
-    with DirectoryLock(out, "dpaudit-aggregate"):
+    with _directory_lock(out):
         settings = load_settings(out)
         run = aggregate(out, settings)
         missing = sorted(set(range(settings.audit.runs)) - set(run.runs))
@@ -35,6 +42,16 @@ def reaggregate(directory: str | Path) -> dict:
     if missing:
         print(f"{len(missing)} of {settings.audit.runs} runs missing: rerun the audit to add them")
     return result
+
+
+def _directory_lock(out: Path) -> contextlib.AbstractContextManager:
+    lock = DirectoryLock(out, "dpaudit-aggregate")
+    try:
+        return lock.__enter__()
+    except LocksUnavailableError as err:
+        log.warning("%s: re-evaluating without the directory's lock (a worker evaluating at "
+                    "the same moment would also rewrite the report)", err)
+        return contextlib.nullcontext()
 
 
 def _overrides(job: Path) -> str:

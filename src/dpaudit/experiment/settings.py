@@ -32,6 +32,7 @@ from dpaudit.experiment.canary_designs.gradient import (
 from dpaudit.experiment.canary_designs.inputs import CANARY_SELECTIONS
 
 MODES = ("one_run", "multi_run")
+COORDINATIONS = names.COORDINATIONS
 OPTIMIZERS = ("sgd", "adam")
 
 
@@ -325,9 +326,15 @@ class AuditGroupSettings:
                        "directory (where it starts claiming runs; no effect on results)")
     workers: int = _opt(1, "multi_run: how many workers share the directory (with `worker`: "
                         "a sweep over worker=0,...,n-1 spreads the runs)")
+    coordination: str = _opt("locks", "multi_run: how workers sharing the directory split the "
+                             "runs: locks (per-run claims; a killed worker's runs are redone "
+                             "by the others) or static (worker k of n trains runs r with r mod "
+                             "n == k, no locks: for file systems without working locks)",
+                             COORDINATIONS)
 
     def check(self) -> None:
         _choice("audit", "mode", self.mode, MODES)
+        _choice("audit", "coordination", self.coordination, COORDINATIONS)
         _positive("audit", "workers", self.workers, integer=True)
         if not isinstance(self.worker, int) or isinstance(self.worker, bool) or not (
             0 <= self.worker < self.workers

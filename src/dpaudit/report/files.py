@@ -1,7 +1,8 @@
-"""JSON results written atomically, and plain-text console tables."""
+"""JSON results written atomically (or created only if absent), and plain-text console tables."""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -22,6 +23,54 @@ def write_json(path: str | os.PathLike, obj) -> Path:
     (NaN -> "nan", inf -> "inf"; see ``dpaudit._jsonable``).
     """
     path = Path(path)
+    tmp = _written_temp(path, obj)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_new(path: str | os.PathLike, obj) -> Path:
+    """Write ``obj`` as JSON to ``path`` only if no file is there: atomically and
+    create-if-absent (temp file, then a hard link to ``path``, which fails if ``path`` exists,
+    on local file systems and on NFS, with or without locks). ``FileExistsError`` if another
+    writer got there first: two writers of one name never overwrite each other. Where the file
+    system has no hard links the write falls back to ``write_json`` (a check, then a rename:
+    another writer could slip in between) with a warning."""
+    path = Path(path)
+    tmp = _written_temp(path, obj)
+    try:
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            # NFS may retry a link whose reply was lost and then say EEXIST: ours if same inode
+            if not os.path.samefile(tmp, path):
+                raise
+        except OSError as err:
+            if err.errno not in _NO_HARD_LINKS:
+                raise
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "%s: no hard links on this file system (%s); written by rename, which a "
+                "second writer of the same name could overwrite", path, err.strerror)
+            if path.exists():
+                raise FileExistsError(errno.EEXIST, "File exists", str(path)) from None
+            os.replace(tmp, path)
+            return path
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+_NO_HARD_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK,
+                            errno.ENOSYS})
+
+
+def _written_temp(path: Path, obj) -> Path:
+    """``obj`` as JSON in a synced temporary file beside ``path`` (``.<name>.<random>.tmp``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -30,12 +79,11 @@ def write_json(path: str | os.PathLike, obj) -> Path:
             json.dump(to_jsonable(obj), fh, indent=2, allow_nan=False)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    return path
+    return Path(tmp)
 
 
 def _umask() -> int:

@@ -4,18 +4,28 @@ and a multi-run audit's per-run claims (``FileLock``), so two processes never do
 ``flock`` on the lock file (``<dir>/.dpaudit.lock``, ``runs/.claims/run_<r>.lock``): the
 kernel releases it when its holder exits or is killed, so a lock can never be left "stale";
 the file names its last holder (pid, host, time, purpose, command), so a refused process says
-who holds it and a takeover after a crash is logged. Works on local file systems and on NFS
-(Linux emulates ``flock`` with POSIX locks there). This module imports no torch, so a lock is
+who holds it and a takeover after a crash is logged. This module imports no torch, so a lock is
 cheap to take.
+
+Not every file system gives working locks. On NFS, Linux emulates ``flock`` with POSIX locks
+when the server's lock manager answers; without one ``flock`` fails (``ENOLCK``), and a
+``nolock`` mount grants every lock locally, so processes on two hosts both "hold" it. A lock
+that fails for any reason but "held by another" raises ``LocksUnavailableError`` (never read as
+"busy"), and ``check_exclusive`` probes, before any work, that a second process cannot take a
+lock this one holds. A probe on one host cannot see a ``nolock`` mount's cross-host gap: the
+callers also write their results with ``files.write_new`` (create-if-absent), so two holders of
+one "lock" are caught at the write, never silently merged.
 """
 
 from __future__ import annotations
 
 import datetime
+import errno
 import json
 import logging
 import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,8 +34,21 @@ LOCK_FILE = ".dpaudit.lock"
 log = logging.getLogger(__name__)
 
 
+# flock's errors that mean "another process holds it"; any other error means no working lock
+_BUSY = frozenset({errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES})
+
+
 class DirectoryBusyError(RuntimeError):
     """Another live process holds the directory's lock."""
+
+
+class LocksUnavailableError(RuntimeError):
+    """The file system gives no working exclusive lock here (``reason`` says what failed)."""
+
+    def __init__(self, directory: str | Path, reason: str):
+        self.directory = Path(directory)
+        self.reason = reason
+        super().__init__(f"{directory}: the file system gives no working locks ({reason})")
 
 
 class FileLock:
@@ -60,7 +83,12 @@ class FileLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if self.wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except OSError as err:
+            if err.errno not in _BUSY:  # ENOLCK, EOPNOTSUPP, ...: not "held by another"
+                os.close(fd)
+                raise LocksUnavailableError(
+                    self.path.parent, f"flock on {self.path.name}: {err.strerror or err}"
+                ) from err
             holder = _describe_holder(os.pread(fd, 4096, 0))
             os.close(fd)
             raise DirectoryBusyError(
@@ -113,6 +141,48 @@ class DirectoryLock(FileLock):
 
     def __init__(self, directory: str | Path, purpose: str = "audit", wait: bool = False):
         super().__init__(Path(directory) / LOCK_FILE, purpose, wait)
+
+
+# The probe's second process: try the lock without waiting; say "taken", "busy" or the errno.
+_PROBE = """
+import errno, fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    print("taken")
+except OSError as err:
+    print("busy" if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else
+          "error " + (errno.errorcode.get(err.errno) or str(err.errno)))
+"""
+
+
+def check_exclusive(directory: str | Path) -> None:
+    """Check that ``directory`` gives working exclusive locks: this process takes a lock on a
+    probe file and a second process (started from this interpreter, with its environment) must
+    find it held. Raises ``LocksUnavailableError`` saying what failed; costs one short process
+    start. Without ``fcntl`` (not POSIX) there are no locks at all, also refused."""
+    directory = Path(directory)
+    try:
+        import fcntl  # noqa: F401
+    except ImportError:
+        raise LocksUnavailableError(directory, "no fcntl on this platform") from None
+    probe = directory / f".dpaudit.probe.{socket.gethostname()}.{os.getpid()}.lock"
+    try:
+        with FileLock(probe, "lock probe"):
+            answer = subprocess.run(
+                [sys.executable, "-c", _PROBE, str(probe)],
+                capture_output=True, text=True, check=False,
+            )
+    finally:
+        probe.unlink(missing_ok=True)
+    said = answer.stdout.strip()
+    if said == "busy":
+        return
+    if said == "taken":
+        raise LocksUnavailableError(
+            directory, "a second process took a lock this one holds: locks do not exclude")
+    raise LocksUnavailableError(
+        directory, f"the probe's second process said {said or answer.stderr.strip()[-200:]!r}")
 
 
 def _describe_holder(raw: bytes) -> str:

@@ -8,9 +8,9 @@
   ``sweep_summary.json`` (with each job's settings and the provenance of the summary) and a
   table; jobs without results (unfinished) are listed as pending.
 
-``dpaudit-aggregate --status DIR`` prints a multi-run audit's progress instead (runs done, in
-training by which worker, waiting, runs per minute, time left), from any shell, while its
-workers run; it evaluates nothing.
+``dpaudit-aggregate --status DIR`` prints the progress of a multi-run audit or a Figure 3
+directory instead (runs done, in training by which worker, waiting, runs per minute, time
+left), from any shell, while its workers run; it evaluates nothing.
 
 Every user error (missing directory, no runs, a one-run directory, corrupt files, mismatched
 settings, a directory in use) is one line on stderr and exit status 2, never a traceback.
@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from dpaudit.experiment.collect import collect_sweep, reaggregate
+from dpaudit.experiment.trainings.engine import directory_status, progress_line
 from dpaudit.experiment.trainings.multirun import (
     RUNS_DIR,
     SETTINGS_FILE,
@@ -40,7 +41,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="dpaudit-aggregate", description=__doc__.split("\n")[0])
     parser.add_argument("directory", type=Path, help="multi-run audit or Hydra sweep directory")
     parser.add_argument("--status", action="store_true",
-                        help="print a multi-run audit's progress (evaluates nothing)")
+                        help="print the progress of a multi-run audit or Figure 3 directory "
+                        "(evaluates nothing)")
     args = parser.parse_args(argv)
     d = args.directory
     try:
@@ -48,8 +50,11 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError(f"{d} does not exist")
         if not d.is_dir():
             raise ValueError(f"{d} is not a directory")
-        if args.status:
+        if args.status and (d / SETTINGS_FILE).exists():
             print(status_line(audit_status(d)))
+        elif args.status:  # Figure 3 (or any directory of the many-trainings engine)
+            status = directory_status(d)
+            print(progress_line(status, status["result"]))
         elif (d / RUNS_DIR).is_dir() or (d / SETTINGS_FILE).exists():
             reaggregate(d)
         else:

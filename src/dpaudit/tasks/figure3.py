@@ -41,15 +41,15 @@ from dpaudit.experiment.trainings.engine import (
     WorkerDone,
     run_all,
     run_path,
-    visit_order,
 )
 from dpaudit.experiment.trainings.multirun import checksum, quarantine
 from dpaudit.experiment.trainings.run import resolve_device
 from dpaudit.experiment.trainings.training import SAMPLINGS, train_audited
 from dpaudit.gradients import per_sample_clipped_grads, resolve_parameter_names
 from dpaudit.models import LOSS, build_model
+from dpaudit.names import COORDINATIONS
 from dpaudit.papers import PAPERS
-from dpaudit.report import format_table, write_json
+from dpaudit.report import format_table, write_json, write_new
 from dpaudit.report.canary_plots import (
     plot_canary_grid,
     plot_roc_by_class,
@@ -87,6 +87,7 @@ def figure3(
     progress: bool = True,
     worker: int = 0,
     workers: int = 1,
+    coordination: str = "locks",
 ) -> dict:
     """Run the experiment; returns (and, with ``output_dir``, writes) every number as a dict.
 
@@ -94,7 +95,9 @@ def figure3(
     a file under ``output_dir/runs/`` (checksummed, with the experiment's fingerprint), a rerun
     resumes, and several workers may share ``output_dir`` (``worker`` of ``workers`` only says where
     each starts; a sweep over ``task.worker`` spreads the runs over a launcher's jobs). A
-    worker that leaves the evaluation to another returns a short summary instead. Without
+    worker that leaves the evaluation to another returns a short summary instead.
+    ``coordination``: "locks" (per-run claims, the default) or "static" (worker k of n trains
+    runs r with r mod n == k, for shared directories without working locks; see the engine). Without
     ``output_dir`` the runs go to a temporary directory.
 
     ``data`` / ``model`` / ``dp`` are the audit's config groups (``dpaudit.experiment``
@@ -119,6 +122,9 @@ def figure3(
             and 0 <= worker < workers):
         raise ValueError(f"worker must be an integer in [0, workers), workers >= 1; got "
                          f"worker={worker!r}, workers={workers!r}")
+    if coordination not in COORDINATIONS:
+        raise ValueError(f"task.coordination must be one of {list(COORDINATIONS)}, got "
+                         f"{coordination!r}")
     t0 = time.perf_counter()
     dev = resolve_device(settings)
     d, m, dps = settings.data, settings.model, settings.dp
@@ -210,21 +216,23 @@ def figure3(
             "worker": {"index": worker, "pid": os.getpid(), "host": socket.gethostname()},
         }
         payload["checksum"] = checksum(payload)
-        return write_json(run_path(out, r), payload)
+        return write_new(run_path(out, r), payload)  # never over another worker's file
 
     with contextlib.ExitStack() as stack:
         out = Path(output_dir) if output_dir is not None else Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="figure3_")))
         job = ManyTrainings(
-            out=out, runs=int(runs), start=visit_order(int(runs), worker, workers),
-            setup=lambda: _check_directory(out, fp), train=train_run,
-            tidy=lambda: set(_valid_runs(out, fp, membership)), progress=progress,
-            desc="figure 3 runs",
+            out=out, runs=int(runs), setup=lambda: _check_directory(out, fp), train=train_run,
+            tidy=lambda only: set(_valid_runs(out, fp, membership, only)), worker=worker,
+            workers=workers, coordination=coordination, setting="task.coordination",
+            result="figure3.json", progress=progress, desc="figure 3 runs",
         )
         done = run_all(job)
         if isinstance(done, WorkerDone):
-            message = (f"figure 3 worker {worker}: trained {done.trained} of {runs} runs; "
-                       f"every run is done and another worker writes {out / 'figure3.json'}")
+            message = f"figure 3 worker {worker}: trained {done.trained} of {runs} runs; " + (
+                f"{done.waiting} runs of other workers' shares are not done yet: the last "
+                f"worker to finish writes {out / 'figure3.json'}" if done.waiting else
+                f"every run is done and another worker writes {out / 'figure3.json'}")
             print(message)
             return {"task": "figure3_worker", "runs_trained": done.trained, "message": message}
         records = _valid_runs(out, fp, membership)
@@ -333,12 +341,17 @@ def _check_directory(out: Path, fingerprint: str) -> None:
             raise ValueError(f"{out} holds Figure 3 runs of another configuration "
                              f"(fingerprint {saved}, this one {fingerprint}): use a fresh one")
         return
-    write_json(path, {"fingerprint": fingerprint})
+    try:
+        write_new(path, {"fingerprint": fingerprint})
+    except FileExistsError:  # a peer started at the same moment (static coordination)
+        _check_directory(out, fingerprint)
 
 
-def _valid_runs(out: Path, fingerprint: str, membership: np.ndarray) -> dict[int, dict]:
+def _valid_runs(out: Path, fingerprint: str, membership: np.ndarray,
+                only: set[int] | None = None) -> dict[int, dict]:
     """The valid run files by run number; an invalid one (checksum, fingerprint, run number
-    or membership row wrong, unreadable) is moved to ``runs/quarantine/`` and its run redone."""
+    or membership row wrong, unreadable) is moved to ``runs/quarantine/`` and its run redone
+    (``only``: only the files of these runs, a static worker's share)."""
     good = {}
     for f in sorted((out / RUNS_DIR).glob("run_*.json")):
         try:
@@ -351,9 +364,15 @@ def _valid_runs(out: Path, fingerprint: str, membership: np.ndarray) -> dict[int
             ok = False
         if ok:
             good[d["run"]] = d
-        else:
+        elif only is None or _number(f) in only:
             quarantine(f)
     return good
+
+
+def _number(path: Path) -> int | None:
+    """The run number in a run file's name (``run_<r>.json``), or None."""
+    stem = path.stem.removeprefix("run_")
+    return int(stem) if stem.isdigit() else None
 
 
 def _check(runs, canaries_per_class, n_references, candidates, subsample, sampling) -> None:

@@ -37,11 +37,10 @@ from dpaudit.experiment.trainings.engine import (
     RUNS_DIR,
     ManyTrainings,
     WorkerDone,
-    claim_of,
-    claimed,
+    progress,
+    progress_line,
     run_all,
     run_path,
-    visit_order,
 )
 from dpaudit.experiment.trainings.run import (
     PreparedRun,
@@ -52,7 +51,7 @@ from dpaudit.experiment.trainings.run import (
     resolve_device,
 )
 from dpaudit.experiment.trainings.threat import threat_model_for
-from dpaudit.report import write_json
+from dpaudit.report import write_json, write_new
 from dpaudit.report.lock import LOCK_FILE, DirectoryBusyError, DirectoryLock
 from dpaudit.report.provenance import SCHEMA_VERSION, provenance
 
@@ -88,7 +87,8 @@ def fingerprint(settings: AuditSettings) -> str:
     d.pop("progress", None)
     d.pop("device", None)
     # evaluation choices, how many runs to make, and which worker makes them
-    skip = ("methods", "confidence", "refutation_level", "runs", "worker", "workers")
+    skip = ("methods", "confidence", "refutation_level", "runs", "worker", "workers",
+            "coordination")
     d["audit"] = {k: v for k, v in d["audit"].items() if k not in skip}
     if not d["canary"].get("options"):  # empty: as before canary.options existed
         d["canary"].pop("options", None)
@@ -147,7 +147,7 @@ def run_one(
     payload["worker"] = {"index": settings.audit.worker, "pid": os.getpid(),
                          "host": socket.gethostname()}  # who trained it (sharded audits)
     payload["checksum"] = checksum(payload)
-    return write_json(path, payload)
+    return write_new(path, payload)  # never over another worker's file (engine: FileExistsError)
 
 
 def read_run(path: str | Path, settings: AuditSettings | None = None) -> RunRecord:
@@ -271,9 +271,10 @@ def load_settings(out: str | Path) -> AuditSettings:
         raise ValueError(f"{path}: not readable audit settings ({err})") from err
 
 
-def save_settings(out: str | Path, settings: AuditSettings) -> Path:
-    """Write ``settings.json``: the full resolved settings, fingerprint and provenance."""
-    return write_json(
+def save_settings(out: str | Path, settings: AuditSettings, new: bool = False) -> Path:
+    """Write ``settings.json``: the full resolved settings, fingerprint and provenance.
+    ``new``: only if no such file exists (``FileExistsError`` otherwise)."""
+    return (write_new if new else write_json)(
         Path(out, SETTINGS_FILE),
         {
             "schema_version": SCHEMA_VERSION,
@@ -285,11 +286,15 @@ def save_settings(out: str | Path, settings: AuditSettings) -> Path:
 
 
 def _check_settings(settings: AuditSettings, out: Path) -> None:
-    """Save ``settings.json``, or refuse a directory that holds another audit's."""
+    """Save ``settings.json``, or refuse a directory that holds another audit's. The file is
+    created only if absent, so workers starting together without locks agree on one."""
     saved = Path(out, SETTINGS_FILE)
     if not saved.exists():
-        save_settings(out, settings)
-        return
+        try:
+            save_settings(out, settings, new=True)
+            return
+        except FileExistsError:
+            pass  # a peer saved it first: compare with it
     try:
         old = load_settings(out)
     except ValueError as err:
@@ -301,11 +306,15 @@ def _check_settings(settings: AuditSettings, out: Path) -> None:
         raise ValueError(f"{out} holds a multi-run audit with other settings: use a fresh one")
 
 
-def _tidy(out: Path, settings: AuditSettings) -> dict[int, RunRecord]:
+def _tidy(out: Path, settings: AuditSettings, only: set[int] | None = None
+          ) -> dict[int, RunRecord]:
     """Set aside invalid run files (moved to quarantine, their runs redone); the valid
-    records by run number."""
+    records by run number. ``only``: set aside only the files of these runs (a static
+    worker's share; the others belong to other workers)."""
     good, bad = scan_runs(out, settings)
     for err in bad:
+        if only is not None and _run_number(err.path) not in only:
+            continue
         dest = quarantine(err.path)
         log.warning("%s; moved to %s, the run will be redone", err, dest)
     return good
@@ -324,10 +333,13 @@ def run_multi(settings: AuditSettings, out: Path) -> RunRecord | WorkerDone:
     job = ManyTrainings(
         out=out,
         runs=a.runs,
-        start=visit_order(a.runs, a.worker, a.workers),
         setup=lambda: _check_settings(settings, out),
         train=lambda r: run_one(settings, out, r, prepared),
-        tidy=lambda: set(_tidy(out, settings)),
+        tidy=lambda only: set(_tidy(out, settings, only)),
+        worker=a.worker,
+        workers=a.workers,
+        coordination=a.coordination,
+        setting="audit.coordination",
         progress=settings.progress,
         desc="audit runs",
     )
@@ -338,47 +350,17 @@ def run_multi(settings: AuditSettings, out: Path) -> RunRecord | WorkerDone:
 
 
 def audit_status(out: str | Path, recent: int = 20) -> dict:
-    """Progress of the multi-run audit in ``out``, from any shell while its workers run: runs
-    on disk, runs in training (with their workers' pid and host), runs to go, the rate over the
-    last ``recent`` run files (runs per minute, all workers together) and the time left at that
-    rate. Reads the files; takes each free claim for a moment only to see that it is free."""
+    """Progress of the multi-run audit in ``out`` (``engine.progress``), from any shell while
+    its workers run; ``evaluated``: ``results.json`` is there and no run is missing."""
     out = Path(out)
-    settings = load_settings(out)
-    runs = settings.audit.runs
-    stamps = sorted(run_path(out, r).stat().st_mtime for r in range(runs)
-                    if run_path(out, r).exists())
-    training = {}
-    for r in range(runs):
-        if not run_path(out, r).exists() and claimed(out, r):
-            try:
-                holder = json.loads(claim_of(out, r).path.read_text() or "{}")
-            except (OSError, ValueError):
-                holder = {}
-            training[r] = {"pid": holder.get("pid"), "host": holder.get("host")}
-    last = stamps[-recent:]
-    rate = 60 * (len(last) - 1) / (last[-1] - last[0]) if len(last) > 1 and last[-1] > last[0] \
-        else None
-    left = runs - len(stamps)
-    return {"directory": str(out), "runs": runs, "done": len(stamps), "training": training,
-            "to_go": left, "runs_per_minute": rate,
-            "seconds_left": None if rate is None or left == 0 else 60 * left / rate,
-            "evaluated": Path(out, "results.json").exists() and left == 0}
+    status = progress(out, load_settings(out).audit.runs, recent)
+    status["evaluated"] = Path(out, "results.json").exists() and status["to_go"] == 0
+    return status
 
 
 def status_line(status: dict) -> str:
     """``audit_status`` in one line."""
-    s = status
-    busy = ", ".join(f"run {r} (pid {h['pid']} on {h['host']})" for r, h in s["training"].items())
-    parts = [f"{s['directory']}: {s['done']} of {s['runs']} runs done",
-             f"{len(s['training'])} in training" + (f": {busy}" if busy else ""),
-             f"{s['to_go'] - len(s['training'])} waiting"]
-    if s["runs_per_minute"]:
-        parts.append(f"{s['runs_per_minute']:.1f} runs/min over the last run files")
-    if s["seconds_left"]:
-        parts.append(f"about {s['seconds_left']:.0f} s left")
-    if s["to_go"] == 0:
-        parts.append("results.json written" if s["evaluated"] else "evaluation pending")
-    return "; ".join(parts)
+    return progress_line(status, "results.json")
 
 
 def _problems(bad: list[RunFileError], limit: int = 3) -> str:
