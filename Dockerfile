@@ -17,7 +17,7 @@ RUN python -c "import torch, torchvision; print(torch.__version__, torchvision._
  && diff /tmp/base-torch /tmp/after-torch
 COPY pyproject.toml README.md ./
 COPY src ./src
-RUN pip install --no-cache-dir --no-deps . && python -c "import dpaudit, torchvision, mlxtend" && dpaudit --cfg job > /dev/null
+RUN pip install --no-cache-dir --no-deps . && python -c "import dpaudit, torchvision, mlxtend, ray, hydra_plugins.hydra_ray_launcher" && dpaudit --cfg job > /dev/null
 
 WORKDIR /work
 ENTRYPOINT ["dpaudit"]

@@ -5,7 +5,10 @@ Both are the CLI as a user starts it, in fresh processes, with 1 torch thread pe
 * sequential: ``python -m dpaudit CONFIG audit.runs=R hydra.run.dir=A``;
 * sharded: ``python -m dpaudit -m CONFIG audit.runs=R audit.workers=N 'audit.worker=range(N)'
   hydra/launcher=cpu_parallel hydra.launcher.n_jobs=N hydra.sweep.dir=B
-  hydra.sweep.subdir=shared`` (hydra-joblib-launcher: N processes on this machine).
+  hydra.sweep.subdir=shared`` (hydra-joblib-launcher: N processes on this machine), or with
+  ``--launcher ray``: ``hydra/launcher=ray_cluster hydra.launcher.ray.init.address=HEAD`` on
+  a Ray cluster of N nodes with one CPU slot each, started on this machine before the clock
+  starts (``tests/support/ray_cluster.py``; on a real cluster it is up before the audit too).
 
 CONFIG is the README's cheap multi-run configuration (``audit=multi_run canary=input
 canary.count=1``: one input canary per run, the default MLP and DP settings). It prints the
@@ -18,11 +21,13 @@ The machine's cores and load are printed beside.
 
     python benchmarks/multirun_workers.py                 # R = 200, N = 2
     python benchmarks/multirun_workers.py --runs 40       # quicker
+    python benchmarks/multirun_workers.py --launcher ray  # over a local Ray cluster
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -33,11 +38,14 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
+
 CONFIG = ["audit=multi_run", "canary=input", "canary.count=1", "progress=false"]
 
 
 def _run(args: list[str]) -> float:
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", RAY_AUTH_MODE="disabled",
+               RAY_USAGE_STATS_ENABLED="0")
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "dpaudit", *args], capture_output=True,
                           text=True, env=env)
@@ -61,16 +69,24 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--launcher", choices=["joblib", "ray"], default="joblib")
     ap.add_argument("--dir", default=None, help="where to keep both audits (default: a temp dir)")
     a = ap.parse_args(argv)
     root = Path(a.dir or tempfile.mkdtemp(prefix="dpaudit_workers_"))
     seq_dir, shard_root = root / "sequential", root / "sharded"
     load = os.getloadavg()[0]
     wall_seq = _run([*CONFIG, f"audit.runs={a.runs}", f"hydra.run.dir={seq_dir}"])
-    wall_shard = _run(["-m", *CONFIG, f"audit.runs={a.runs}", f"audit.workers={a.workers}",
-                       f"audit.worker=range({a.workers})", "hydra/launcher=cpu_parallel",
-                       f"hydra.launcher.n_jobs={a.workers}", f"hydra.sweep.dir={shard_root}",
-                       "hydra.sweep.subdir=shared"])
+    with contextlib.ExitStack() as stack:
+        if a.launcher == "ray":
+            from ray_cluster import local_ray_cluster
+
+            address = stack.enter_context(local_ray_cluster(nodes=a.workers, cpus=1))
+            launcher = ["hydra/launcher=ray_cluster", f"hydra.launcher.ray.init.address={address}"]
+        else:
+            launcher = ["hydra/launcher=cpu_parallel", f"hydra.launcher.n_jobs={a.workers}"]
+        wall_shard = _run(["-m", *CONFIG, f"audit.runs={a.runs}", f"audit.workers={a.workers}",
+                           f"audit.worker=range({a.workers})", *launcher,
+                           f"hydra.sweep.dir={shard_root}", "hydra.sweep.subdir=shared"])
     shard_dir = shard_root / "shared"
     seq, shard = _runs(seq_dir), _runs(shard_dir)
     same_runs = sorted(seq) == sorted(shard) == list(range(a.runs)) and all(
@@ -92,7 +108,8 @@ def main(argv=None) -> None:
 
     steady_seq, steady_shard = steady(seq), steady(shard)
     print(f"{os.cpu_count()} cores, load {load:.2f} at start, 1 torch thread per process; "
-          f"config: {' '.join(CONFIG)}, audit.runs={a.runs}; directories under {root}")
+          f"config: {' '.join(CONFIG)}, audit.runs={a.runs}; launcher {a.launcher}; "
+          f"directories under {root}")
     print(f"sequential : {wall_seq:7.1f} s wall, {rate_seq:6.1f} runs/min")
     print(f"{a.workers} workers  : {wall_shard:7.1f} s wall, {rate_shard:6.1f} runs/min "
           f"(runs per worker: {per_worker})")
