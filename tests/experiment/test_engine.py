@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dpaudit.experiment.trainings.engine import (
+    Evaluation,
     ManyTrainings,
     SharingError,
     WorkerDone,
@@ -58,32 +59,51 @@ def test_static_workers_train_their_shares_and_the_last_evaluates(tmp_path):
     second = run_all(toy_job(tmp_path, 10, 2, 3, log=log))
     assert first == WorkerDone(trained=4, waiting=6) and second == WorkerDone(3, waiting=3)
     assert not (tmp_path / "runs" / ".evaluated").exists()
-    assert run_all(toy_job(tmp_path, 10, 1, 3, log=log)) == 3  # the last one evaluates
+    last = run_all(toy_job(tmp_path, 10, 1, 3, log=log))
+    assert last == Evaluation(3)  # the last one evaluates, holding the evaluation's claim
+    assert (tmp_path / "runs" / ".evaluating").exists()
+    last.release()  # (the caller's ``with``, once its report is written)
+    assert not (tmp_path / "runs" / ".evaluating").exists()
     assert sorted(r for _, r in log) == list(range(10))  # each run trained once
     assert all(r % 3 == w for w, r in log)  # by the worker whose share it is
     marker = json.loads((tmp_path / "runs" / ".evaluated").read_text())
     assert marker["worker"] == 1 and marker["coordination"] == "static"
-    assert not (tmp_path / "runs" / ".evaluating").exists()  # the claim is held for moments
+
+
+def finish(job: ManyTrainings):
+    """run_all as a caller uses it: evaluate (nothing here) inside the claim."""
+    done = run_all(job)
+    if isinstance(done, Evaluation):
+        with done:
+            pass
+    return done
 
 
 def test_static_rerun_evaluates_again_but_a_peer_of_the_same_launch_does_not(tmp_path):
     for w in (0, 1):
-        run_all(toy_job(tmp_path, 4, w, 2))
+        finish(toy_job(tmp_path, 4, w, 2))
     marker = tmp_path / "runs" / ".evaluated"
     old = marker.stat().st_mtime - 60  # evaluated a minute ago (file-system clocks are coarse:
     os.utime(marker, (old, old))       # a rerun within one tick counts as a peer, never twice)
-    assert run_all(toy_job(tmp_path, 4, 0, 2)) == 0  # a rerun on a finished directory
+    with run_all(toy_job(tmp_path, 4, 0, 2)) as evaluation:  # a rerun on a finished directory
+        assert evaluation == Evaluation(0)
+        assert (tmp_path / "runs" / ".evaluating").exists()  # held while it evaluates:
+        peer = run_all(toy_job(tmp_path, 4, 1, 2))  # a peer that starts now leaves it
+        assert isinstance(peer, WorkerDone) and peer.trained == 0
+    assert not (tmp_path / "runs" / ".evaluating").exists()
     # a peer that started before the evaluation was claimed: it leaves it to the other
     job = toy_job(tmp_path, 4, 1, 2)
     from dpaudit.experiment.trainings import engine
 
-    assert engine._claim_evaluation(job, marker.stat().st_mtime - 1.0, 0) is False
-    assert engine._claim_evaluation(job, marker.stat().st_mtime + 1.0, 0) is True
+    assert engine._claim_evaluation(job, marker.stat().st_mtime - 1.0, 0) is None
+    release = engine._claim_evaluation(job, marker.stat().st_mtime + 1.0, 0)
+    assert release is not None
+    release()
 
 
 def test_a_claim_left_by_a_dead_process_is_taken_over_and_a_live_ones_is_respected(tmp_path):
     for w in (0, 1):
-        run_all(toy_job(tmp_path, 4, w, 2))
+        finish(toy_job(tmp_path, 4, w, 2))
     marker = tmp_path / "runs" / ".evaluated"
     os.utime(marker, (marker.stat().st_mtime - 60,) * 2)  # evaluated a minute ago
     claim = tmp_path / "runs" / ".evaluating"
@@ -93,10 +113,12 @@ def test_a_claim_left_by_a_dead_process_is_taken_over_and_a_live_ones_is_respect
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
     claim.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
-    assert run_all(toy_job(tmp_path, 4, 0, 2)) == WorkerDone(0)  # a live holder decides
+    done = run_all(toy_job(tmp_path, 4, 0, 2))  # a live holder evaluates: named
+    assert done.trained == 0 and f"names pid {os.getpid()}" in done.note
     assert claim.exists()
     claim.write_text(json.dumps({"pid": int(dead.stdout), "host": socket.gethostname()}))
-    assert run_all(toy_job(tmp_path, 4, 0, 2)) == 0  # evaluates: the holder has ended
+    with run_all(toy_job(tmp_path, 4, 0, 2)) as evaluation:  # the holder has ended
+        assert evaluation == Evaluation(0)
     assert not claim.exists()
 
 
@@ -192,3 +214,15 @@ def test_status_of_a_static_and_a_locked_directory(tmp_path):
     assert progress_line(s, s["result"]).endswith("figure3.json written")
     with pytest.raises(ValueError, match="not a directory of many trainings"):
         directory_status(tmp_path)
+
+
+def test_a_worker_starting_while_another_evaluates_leaves_it_with_locks(tmp_path):
+    """The bug this claim fixes: a worker that started after the evaluator decided (its start
+    is younger than the marker, so it looked like a rerun) wrote the same report at the same
+    time. Now the evaluation's lock is held until the report is written."""
+    with run_all(toy_job(tmp_path, 3, coordination="locks")) as evaluation:
+        assert evaluation == Evaluation(3)
+        assert run_all(toy_job(tmp_path, 3, coordination="locks")) == WorkerDone(0)
+    marker = tmp_path / "runs" / ".evaluated"
+    os.utime(marker, (marker.stat().st_mtime - 60,) * 2)  # evaluated a minute ago
+    assert finish(toy_job(tmp_path, 3, coordination="locks")) == Evaluation(0)  # a rerun

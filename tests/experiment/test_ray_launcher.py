@@ -34,33 +34,40 @@ def _held_claim(runs: Path) -> tuple[int, int] | None:
     return None
 
 
-def test_ray_cluster_shards_one_audit_and_heals_a_killed_worker(tmp_path):
+@pytest.fixture(scope="module")
+def cluster():
+    with local_ray_cluster(nodes=2, cpus=1) as address:
+        yield address
+
+
+@pytest.mark.xdist_group("ray_cluster")
+def test_ray_cluster_shards_one_audit_and_heals_a_killed_worker(tmp_path, cluster):
     sweep, alone = tmp_path / "sweep", tmp_path / "alone"
     env = cluster_env()
-    with local_ray_cluster(nodes=2, cpus=1) as address:
-        cmd = [sys.executable, "-m", "dpaudit", "-m", "hydra/launcher=ray_cluster",
-               f"hydra.launcher.ray.init.address={address}", f"hydra.sweep.dir={sweep}",
-               "hydra.sweep.subdir=shared", "audit.workers=2", "audit.worker=range(2)", *ARGS]
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
-        runs = sweep / "shared" / "runs"
-        victim = None
-        deadline = time.monotonic() + 300
-        while victim is None:  # the event: two runs on disk and a third claimed by a worker
-            assert proc.poll() is None, proc.communicate()[0][-3000:]
-            assert time.monotonic() < deadline, "no worker claimed a run in 300 s"
-            if len(list(runs.glob("run_*.json"))) >= 2:
-                victim = _held_claim(runs)
-            time.sleep(0.02)
-        run, pid = victim
-        os.kill(pid, signal.SIGKILL)  # the Ray worker process running one Hydra job
-        out, _ = proc.communicate(timeout=600)
-        assert proc.returncode == 0, out[-3000:]  # Ray reran the job; it resumed from disk
-        # a rerun of the same command on the finished directory trains nothing, evaluates again
-        stamps = {f.name: f.stat().st_mtime_ns for f in runs.glob("run_*.json")}
-        again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-        assert {f.name: f.stat().st_mtime_ns for f in runs.glob("run_*.json")} == stamps
+    address = cluster
+    cmd = [sys.executable, "-m", "dpaudit", "-m", "hydra/launcher=ray_cluster",
+           f"hydra.launcher.ray.init.address={address}", f"hydra.sweep.dir={sweep}",
+           "hydra.sweep.subdir=shared", "audit.workers=2", "audit.worker=range(2)", *ARGS]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    runs = sweep / "shared" / "runs"
+    victim = None
+    deadline = time.monotonic() + 300
+    while victim is None:  # the event: two runs on disk and a third claimed by a worker
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert time.monotonic() < deadline, "no worker claimed a run in 300 s"
+        if len(list(runs.glob("run_*.json"))) >= 2:
+            victim = _held_claim(runs)
+        time.sleep(0.02)
+    run, pid = victim
+    os.kill(pid, signal.SIGKILL)  # the Ray worker process running one Hydra job
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]  # Ray reran the job; it resumed from disk
+    # a rerun of the same command on the finished directory trains nothing, evaluates again
+    stamps = {f.name: f.stat().st_mtime_ns for f in runs.glob("run_*.json")}
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert {f.name: f.stat().st_mtime_ns for f in runs.glob("run_*.json")} == stamps
     files = sorted(runs.glob("run_*.json"))
     assert [f.name for f in files] == [f"run_{r:05d}.json" for r in range(16)]
     assert json.loads((runs / f"run_{run:05d}.json").read_text())["worker"]["pid"] != pid
@@ -73,3 +80,27 @@ def test_ray_cluster_shards_one_audit_and_heals_a_killed_worker(tmp_path):
     a = json.loads((sweep / "shared" / "results.json").read_text())
     b = json.loads((alone / "results.json").read_text())
     assert a["bounds"] == b["bounds"] and a["verdict"]["status"] == b["verdict"]["status"]
+
+
+@pytest.mark.xdist_group("ray_cluster")
+def test_ray_cluster_shards_figure3(tmp_path, cluster):
+    """Figure 3 goes through the same engine: sharded over the cluster's two workers it
+    equals one process's."""
+    args = ["experiment=fig3_digits", "progress=false", "task.runs=6",
+            "task.canaries_per_class=2", "task.n_references=50", "task.candidates=200",
+            "dp.steps=10", "dp.noise_multiplier=1.0"]
+    env = cluster_env()
+    cmd = [sys.executable, "-m", "dpaudit", "-m", *args, "task.workers=2", "task.worker=0,1",
+           "hydra/launcher=ray_cluster", f"hydra.launcher.ray.init.address={cluster}",
+           f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweep.subdir=shared"]
+    sharded = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert sharded.returncode == 0, sharded.stdout[-3000:] + sharded.stderr[-3000:]
+    workers = {json.loads(f.read_text())["worker"]["index"]
+               for f in (tmp_path / "sweep" / "shared" / "runs").glob("run_*.json")}
+    single = subprocess.run([sys.executable, "-m", "dpaudit", *args,
+                             f"hydra.run.dir={tmp_path / 'alone'}"],
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert single.returncode == 0, single.stderr[-3000:]
+    a = json.loads((tmp_path / "sweep" / "shared" / "figure3.json").read_text())
+    b = json.loads((tmp_path / "alone" / "figure3.json").read_text())
+    assert a["results"] == b["results"] and workers <= {0, 1}

@@ -99,21 +99,25 @@ def run_audit(
     else:
         settings.check()
     start = time.perf_counter()
-    if settings.audit.mode == "multi_run":
-        if output_dir is None:
-            raise ValueError("output_dir is required for audit.mode='multi_run' (runs are saved)")
-        run = run_multi(settings, Path(output_dir))
-        if isinstance(run, WorkerDone):  # other workers still train runs, or evaluate them
-            return worker_summary(settings, Path(output_dir), run, time.perf_counter() - start)
-    else:
-        run = audit_run(settings)
-    ran = time.perf_counter()
-    result = evaluate(settings, run, {"wall_seconds": ran - start})
-    result["timing"] = audit_timing(run, ran - start, time.perf_counter() - ran)
-    result = AuditResult.from_dict(result).to_dict()  # what results.json holds
-    if output_dir is not None:
-        write_report(result, run, Path(output_dir), settings)
-    return result
+
+    def judge(run: RunRecord) -> dict:  # evaluate the run(s) and write the report
+        ran = time.perf_counter()
+        result = evaluate(settings, run, {"wall_seconds": ran - start})
+        result["timing"] = audit_timing(run, ran - start, time.perf_counter() - ran)
+        result = AuditResult.from_dict(result).to_dict()  # what results.json holds
+        if output_dir is not None:
+            write_report(result, run, Path(output_dir), settings)
+        return result
+
+    if settings.audit.mode != "multi_run":
+        return judge(audit_run(settings))
+    if output_dir is None:
+        raise ValueError("output_dir is required for audit.mode='multi_run' (runs are saved)")
+    # judged under the evaluation's claim: no other worker writes this report meanwhile
+    done = run_multi(settings, Path(output_dir), finish=judge)
+    if isinstance(done, WorkerDone):  # other workers still train runs, or evaluate them
+        return worker_summary(settings, Path(output_dir), done, time.perf_counter() - start)
+    return done
 
 
 def worker_summary(settings: AuditSettings, out: Path, done: WorkerDone, seconds: float) -> dict:
@@ -123,6 +127,8 @@ def worker_summary(settings: AuditSettings, out: Path, done: WorkerDone, seconds
                    f"{done.waiting} runs of other workers' shares are not done yet: the last "
                    f"worker to finish writes {out / 'results.json'}" if done.waiting else
                    f"every run is done and another worker writes {out / 'results.json'}"))
+    if done.note:
+        message += f" ({done.note})"
     print(message)
     return {"task": "multi_run_worker", "runs_trained": done.trained,
             "runs": settings.audit.runs, "runs_waiting": done.waiting, "message": message,

@@ -32,6 +32,7 @@ from dpaudit.experiment.trainings.multirun import (
     audit_status,
     status_line,
 )
+from dpaudit.report.lock import LocksUnavailableError
 
 EXIT_USER_ERROR = 2
 
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
             if summary["unreadable"]:
                 bad = "; ".join(summary["unreadable"].values())
                 raise ValueError(f"{len(summary['unreadable'])} job(s) left out: {bad}")
-    except (ValueError, DirectoryBusyError, OSError) as err:
+    except (ValueError, DirectoryBusyError, LocksUnavailableError, OSError) as err:
         print(f"dpaudit-aggregate: error: {err}", file=sys.stderr)
         raise SystemExit(EXIT_USER_ERROR) from None
 

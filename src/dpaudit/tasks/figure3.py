@@ -232,78 +232,81 @@ def figure3(
             message = f"figure 3 worker {worker}: trained {done.trained} of {runs} runs; " + (
                 f"{done.waiting} runs of other workers' shares are not done yet: the last "
                 f"worker to finish writes {out / 'figure3.json'}" if done.waiting else
-                f"every run is done and another worker writes {out / 'figure3.json'}")
+                f"every run is done and another worker writes {out / 'figure3.json'}") + (
+                f" ({done.note})" if done.note else "")
             print(message)
             return {"task": "figure3_worker", "runs_trained": done.trained, "message": message}
+        evaluation = done
         records = _valid_runs(out, fp, membership)
-    table = {a: np.array([records[r]["scores"][a] for r in range(int(runs))]) for a in ATTACKS}
-    accuracy = [records[r]["test_accuracy"] for r in range(int(runs))]
-    steps = records[0]["steps"]
-    seconds_runs = float(sum(records[r]["seconds"] for r in range(int(runs))))
-    pred = predicted_leakage(
-        ranking.candidate_grads[sel.indices],
-        ranking.precision,
-        dps.noise_multiplier,
-        dps.max_grad_norm,
-        b,
-        inclusions=max(1, round(dps.epochs)),
-        total_steps=int(steps),
-        heldout_grads=heldout_grads,
-    )
-    if standardise:
-        table = {a: standardise_columns(v) for a, v in table.items()}
-    labels = np.asarray(sel.labels)
-    results, split = {}, {c: {} for c in CLASSES}
-    for cls in CLASSES:
-        cols = np.flatnonzero(labels == cls)
-        entry = {
-            "mahalanobis": sel.scores[cols].tolist(),
-            "predicted_auc_covariance": float(np.mean(pred.auc_summed_score[cols])),
-            "predicted_mu_covariance": pred.mu_summed_score[cols].tolist(),
-            "predicted_auc_covariance_heldout": None,
-            "predicted_mu_covariance_heldout": None,
+    with evaluation:  # the evaluation's claim, held until figure3.json is written
+        table = {a: np.array([records[r]["scores"][a] for r in range(int(runs))]) for a in ATTACKS}
+        accuracy = [records[r]["test_accuracy"] for r in range(int(runs))]
+        steps = records[0]["steps"]
+        seconds_runs = float(sum(records[r]["seconds"] for r in range(int(runs))))
+        pred = predicted_leakage(
+            ranking.candidate_grads[sel.indices],
+            ranking.precision,
+            dps.noise_multiplier,
+            dps.max_grad_norm,
+            b,
+            inclusions=max(1, round(dps.epochs)),
+            total_steps=int(steps),
+            heldout_grads=heldout_grads,
+        )
+        if standardise:
+            table = {a: standardise_columns(v) for a, v in table.items()}
+        labels = np.asarray(sel.labels)
+        results, split = {}, {c: {} for c in CLASSES}
+        for cls in CLASSES:
+            cols = np.flatnonzero(labels == cls)
+            entry = {
+                "mahalanobis": sel.scores[cols].tolist(),
+                "predicted_auc_covariance": float(np.mean(pred.auc_summed_score[cols])),
+                "predicted_mu_covariance": pred.mu_summed_score[cols].tolist(),
+                "predicted_auc_covariance_heldout": None,
+                "predicted_mu_covariance_heldout": None,
+            }
+            if pred.heldout_ratio is not None:
+                entry["predicted_auc_covariance_heldout"] = float(
+                    np.mean(pred.auc_summed_score_heldout[cols])
+                )
+                entry["predicted_mu_covariance_heldout"] = (
+                    pred.mu_summed_score[cols] * pred.heldout_ratio[cols]
+                ).tolist()
+            for a in ATTACKS:
+                mem = membership[:, cols]
+                s_in, s_out = table[a][:, cols][mem], table[a][:, cols][~mem]
+                split[cls][a] = (s_in, s_out)
+                entry[a] = roc_summary(s_in, s_out, fprs)
+            results[cls] = entry
+        report = {
+            "settings": {k: v for k, v in settings.to_dict().items() if k in SETTINGS_USED},
+            "config": {
+                "params": names,
+                "dim": int(ranking.precision.dim),
+                "runs": int(runs),
+                "canaries_per_class": k,
+                "n_references": int(n_references),
+                "candidates": int(cand_idx.size),
+                "estimator": estimator,
+                "subsample": float(subsample),
+                "standardise": bool(standardise),
+                "sampling": sampling,
+                "steps_per_run": int(steps),
+                "heldout_points": int(heldout.size),
+                "device": str(dev),
+            },
+            "results": results,
+            "test_accuracy": float(np.mean(accuracy)),
+            "seconds": time.perf_counter() - t0,
+            # the runs' own training times (summed over workers; on disk from earlier sessions
+            # too); set-up (data, model, Algorithm 3's ranking) is measured in this process
+            "seconds_runs": seconds_runs,
+            "seconds_per_run": seconds_runs / int(runs),
         }
-        if pred.heldout_ratio is not None:
-            entry["predicted_auc_covariance_heldout"] = float(
-                np.mean(pred.auc_summed_score_heldout[cols])
-            )
-            entry["predicted_mu_covariance_heldout"] = (
-                pred.mu_summed_score[cols] * pred.heldout_ratio[cols]
-            ).tolist()
-        for a in ATTACKS:
-            mem = membership[:, cols]
-            s_in, s_out = table[a][:, cols][mem], table[a][:, cols][~mem]
-            split[cls][a] = (s_in, s_out)
-            entry[a] = roc_summary(s_in, s_out, fprs)
-        results[cls] = entry
-    report = {
-        "settings": {k: v for k, v in settings.to_dict().items() if k in SETTINGS_USED},
-        "config": {
-            "params": names,
-            "dim": int(ranking.precision.dim),
-            "runs": int(runs),
-            "canaries_per_class": k,
-            "n_references": int(n_references),
-            "candidates": int(cand_idx.size),
-            "estimator": estimator,
-            "subsample": float(subsample),
-            "standardise": bool(standardise),
-            "sampling": sampling,
-            "steps_per_run": int(steps),
-            "heldout_points": int(heldout.size),
-            "device": str(dev),
-        },
-        "results": results,
-        "test_accuracy": float(np.mean(accuracy)),
-        "seconds": time.perf_counter() - t0,
-        # the runs' own training times (summed over workers; on disk from earlier sessions
-        # too); set-up (data, model, Algorithm 3's ranking) is measured in this process
-        "seconds_runs": seconds_runs,
-        "seconds_per_run": seconds_runs / int(runs),
-    }
-    if output_dir is not None:
-        _write(report, split, ranking, sel, x_all[cand_idx], y_all[cand_idx], Path(output_dir))
-    return report
+        if output_dir is not None:
+            _write(report, split, ranking, sel, x_all[cand_idx], y_all[cand_idx], Path(output_dir))
+        return report
 
 
 def standardise_columns(s: np.ndarray) -> np.ndarray:

@@ -49,13 +49,37 @@ from dpaudit.report.lock import DirectoryLock, FileLock, LocksUnavailableError, 
 RUNS_DIR = "runs"
 CLAIMS_DIR = ".claims"  # under runs/: one lock file per run being trained
 EVALUATED_FILE = ".evaluated"  # under runs/: who took the evaluation, and when
-EVALUATING_FILE = ".evaluating"  # under runs/ (static): the evaluation's claim, for moments
+EVALUATING_FILE = ".evaluating"  # under runs/ (static): the evaluation's claim
+EVALUATION_LOCK = "evaluation.lock"  # under runs/.claims/ (locks): the evaluation's claim
 SHARING_FILE = ".sharing.json"  # under runs/: the latest workers' coordination (for --status)
 
 
 class SharingError(RuntimeError):
     """The workers of one directory cannot share it safely as configured (the message names
     the setting to use)."""
+
+
+@dataclasses.dataclass
+class Evaluation:
+    """This worker evaluates: it trained ``trained`` runs, and holds the evaluation's claim
+    until ``release`` (a context manager: evaluate and write the report inside ``with``), so a
+    worker that starts meanwhile never writes the same report at the same time."""
+
+    trained: int
+    _release: Callable[[], None] | None = dataclasses.field(default=None, repr=False,
+                                                            compare=False)
+
+    def release(self) -> None:
+        """Give the evaluation's claim back (idempotent)."""
+        if self._release is not None:
+            self._release()
+            self._release = None
+
+    def __enter__(self) -> Evaluation:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +90,7 @@ class WorkerDone:
 
     trained: int
     waiting: int = 0
+    note: str = ""  # static: who holds the evaluation's claim, if that is unclear
 
 
 @dataclasses.dataclass
@@ -189,11 +214,11 @@ def _train_free_runs(job: ManyTrainings, bar) -> int:
     return trained
 
 
-def run_all(job: ManyTrainings) -> int | WorkerDone:
+def run_all(job: ManyTrainings) -> Evaluation | WorkerDone:
     """Make every run of ``job`` that is neither on disk nor in training elsewhere (module
-    doc). Returns the number this worker trained when it is the one to evaluate, or
-    ``WorkerDone`` when another worker evaluates (or, with ``static``, when other shares are
-    still missing)."""
+    doc). Returns an ``Evaluation`` (with the evaluation's claim: evaluate inside ``with``)
+    when this worker is the one to evaluate, or ``WorkerDone`` when another worker evaluates
+    (or, with ``static``, when other shares are still missing)."""
     if job.coordination not in COORDINATIONS:
         raise ValueError(f"{job.setting} must be one of {list(COORDINATIONS)}, got "
                          f"{job.coordination!r}")
@@ -215,7 +240,7 @@ def run_all(job: ManyTrainings) -> int | WorkerDone:
             "locks needed)") from None
 
 
-def _run_with_locks(job: ManyTrainings, started: float) -> int | WorkerDone:
+def _run_with_locks(job: ManyTrainings, started: float) -> Evaluation | WorkerDone:
     out = Path(job.out)
     with DirectoryLock(out, "audit", wait=True):
         job.setup()
@@ -231,11 +256,16 @@ def _run_with_locks(job: ManyTrainings, started: float) -> int | WorkerDone:
             missing = [r for r in range(job.runs) if r not in good]
             if not missing:
                 bar.close()
+                claim = FileLock(Path(out, RUNS_DIR, CLAIMS_DIR, EVALUATION_LOCK),
+                                 "evaluation").try_take()
+                if claim is None:
+                    return WorkerDone(trained)  # another worker is evaluating these runs now
                 marker = Path(out, RUNS_DIR, EVALUATED_FILE)
                 if marker.exists() and marker.stat().st_mtime >= started:
+                    claim.release()
                     return WorkerDone(trained)  # another worker found them done first
                 write_json(marker, _holder(job, trained))
-                return trained
+                return Evaluation(trained, claim.release)
         # the missing runs are in training elsewhere (or were a moment ago): wait for the
         # first one's claim; it ends with its file on disk, or its worker died and the next
         # pass trains it here
@@ -243,7 +273,7 @@ def _run_with_locks(job: ManyTrainings, started: float) -> int | WorkerDone:
             pass
 
 
-def _run_static(job: ManyTrainings, started: float) -> int | WorkerDone:
+def _run_static(job: ManyTrainings, started: float) -> Evaluation | WorkerDone:
     """``static`` coordination (module doc): train this worker's share, no locks."""
     out = Path(job.out)
     share = job.share()
@@ -262,13 +292,28 @@ def _run_static(job: ManyTrainings, started: float) -> int | WorkerDone:
     waiting = sum(r not in good for r in range(job.runs))
     if waiting:
         return WorkerDone(len(todo), waiting)
-    return len(todo) if _claim_evaluation(job, started, len(todo)) else WorkerDone(len(todo))
+    release = _claim_evaluation(job, started, len(todo))
+    if release is not None:
+        return Evaluation(len(todo), release)
+    claim = Path(out, RUNS_DIR, EVALUATING_FILE)
+    note = ""
+    if claim.exists():
+        try:
+            h = json.loads(claim.read_text() or "{}")
+            who = f"pid {h['pid']} on {h['host']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            who = "another worker"
+        note = (f"{claim} names {who} as evaluating; if it is no longer running, delete that "
+                "file and rerun any worker")
+    return WorkerDone(len(todo), note=note)
 
 
-def _claim_evaluation(job: ManyTrainings, started: float, trained: int) -> bool:
-    """Without locks: True for the one worker that evaluates. The claim is a file created
-    only if absent, held for moments; the worker evaluates unless a peer's ``.evaluated`` is
-    younger than this worker's start. A claim left by a dead process of this host is removed."""
+def _claim_evaluation(job: ManyTrainings, started: float, trained: int
+                      ) -> Callable[[], None] | None:
+    """Without locks: the claim's release for the one worker that evaluates, None for the
+    others. The claim is a file created only if absent and removed when the report is written;
+    the worker evaluates unless a peer's ``.evaluated`` is younger than this worker's start. A
+    claim left by a dead process of this host is removed (one of another host is named)."""
     runs_dir = Path(job.out, RUNS_DIR)
     claim, marker = runs_dir / EVALUATING_FILE, runs_dir / EVALUATED_FILE
     for _ in range(2):
@@ -277,17 +322,15 @@ def _claim_evaluation(job: ManyTrainings, started: float, trained: int) -> bool:
             break
         except FileExistsError:
             if not _left_by_dead_process(claim):
-                return False  # a live peer is deciding: it evaluates
+                return None  # a live peer evaluates now (or one on another host died there)
             claim.unlink(missing_ok=True)
     else:
-        return False
-    try:
-        if marker.exists() and marker.stat().st_mtime >= started:
-            return False  # a peer found them done after this worker started
-        write_json(marker, _holder(job, trained))
-        return True
-    finally:
+        return None
+    if marker.exists() and marker.stat().st_mtime >= started:
         claim.unlink(missing_ok=True)
+        return None  # a peer found them done after this worker started
+    write_json(marker, _holder(job, trained))
+    return lambda: claim.unlink(missing_ok=True)
 
 
 def _left_by_dead_process(path: Path) -> bool:

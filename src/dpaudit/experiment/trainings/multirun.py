@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -320,12 +321,14 @@ def _tidy(out: Path, settings: AuditSettings, only: set[int] | None = None
     return good
 
 
-def run_multi(settings: AuditSettings, out: Path) -> RunRecord | WorkerDone:
+def run_multi(settings: AuditSettings, out: Path,
+              finish: Callable[[RunRecord], object] | None = None) -> object:
     """Train the runs of ``settings.audit.runs`` that are neither on disk nor in training by
     another worker (``engine.run_all``: any number of workers may share ``out``); once every
-    run is done, return the pooled record, or ``WorkerDone`` when another worker evaluates.
-    A directory holding other settings is refused; invalid run files are set aside and their
-    runs redone."""
+    run is done, return the pooled record (with ``finish``: ``finish(record)``, called while
+    this worker holds the evaluation's claim, so no other worker writes its report at the same
+    time), or ``WorkerDone`` when another worker evaluates. A directory holding other
+    settings is refused; invalid run files are set aside and their runs redone."""
     out = Path(out)
     a = settings.audit
     membership_counts(settings)  # a draw without both kinds of run is refused before any file
@@ -346,7 +349,9 @@ def run_multi(settings: AuditSettings, out: Path) -> RunRecord | WorkerDone:
     done = run_all(job)
     if isinstance(done, WorkerDone):
         return done
-    return aggregate(out, settings)
+    with done:
+        record = aggregate(out, settings)
+        return record if finish is None else finish(record)
 
 
 def audit_status(out: str | Path, recent: int = 20) -> dict:
