@@ -268,6 +268,14 @@ MISTAKES = [
     (["experiment=stats_demo", "dp.noise_multiplier=2"], "dp.noise_multiplier"),  # unread
     (["data=cifar10"], "cifar10"),                             # torchvision / its files
     (["hydra.run.dir=/proc/dpaudit_cannot_write_here"], "hydra.run.dir"),  # unwritable
+    (["+foo=1"], "'foo' (+foo=1)"),                           # an unknown key added with +
+    (["experiment=stats_demo", "task.mus=0.5"], "task.mus"),   # a list without brackets
+    (["experiment=stats_demo", "task.n=-3"], "task.n"),        # out of range, in a task
+    (["experiment=stats_demo", "+task.foo=1"], "task.foo"),    # not the task's argument
+    (["experiment=meanlab_roc", "task.rounds=0"], "task.rounds"),
+    (["experiment=meanlab_linreg", "task.gammas=[0.5,-1]"], "task.gammas"),
+    (["experiment=fig3_digits", "task.coordination=nfs"], "task.coordination"),
+    (["audit.coordination=nfs"], "audit.coordination"),
 ]
 
 
@@ -279,7 +287,7 @@ def test_every_mistake_is_one_line_and_exit_status_2(tmp_path):
         i, (overrides, _) = i_case
         run_dir = [] if any(o.startswith("hydra.run.dir=") for o in overrides) else [
             f"hydra.run.dir={tmp_path / str(i)}"]
-        tiny = [] if overrides[0].startswith("experiment=stats") else [
+        tiny = [] if overrides[0].startswith("experiment=") else [
             o for o in ("dp.steps=2", "progress=false")
             if not any(x.startswith(o.split("=")[0] + "=") for x in overrides)]
         cmd = [sys.executable, "-m", "dpaudit", *run_dir, *tiny, *overrides]

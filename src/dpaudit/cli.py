@@ -38,7 +38,7 @@ from hydra.utils import call
 from omegaconf import DictConfig, OmegaConf
 
 import dpaudit.conf  # noqa: F401  (registers the config schema and the --help text)
-from dpaudit.conf import task_references
+from dpaudit.conf import DpauditConfig, task_references
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.registry import load_plugins
 
@@ -60,6 +60,7 @@ LAUNCHER_PLUGINS = {
 ONCE = ("Secure RNG turned off", "Optimal order is the")
 
 _SETTINGS = frozenset(f for f in AuditSettings.__dataclass_fields__)
+_TOP_LEVEL = frozenset(f for f in DpauditConfig.__dataclass_fields__)
 
 log = logging.getLogger("dpaudit.cli")
 
@@ -109,6 +110,13 @@ def unused_overrides(task, overrides: list[str]) -> list[str]:
 
 
 def _check_overrides(cfg: DictConfig, hc) -> None:
+    unknown = [k for k in cfg if k not in _TOP_LEVEL]
+    if unknown:  # only a `+key=value` can add a key the schema does not know
+        added = [o for o in hc.overrides.task if o.lstrip("+").split("=", 1)[0] in unknown]
+        raise ValueError(
+            f"unknown setting {unknown[0]!r} ({added[0] if added else 'in the config'}): the "
+            f"top-level settings are {', '.join(sorted(_TOP_LEVEL))}; `+` adds nothing that "
+            "dpaudit reads (use `dpaudit --help` for every key)")
     task = OmegaConf.to_container(cfg.task, resolve=False) if cfg.task is not None else {}
     unused = unused_overrides(task, list(hc.overrides.task))
     if unused:
@@ -206,10 +214,17 @@ def _one_line_errors() -> tuple[type, ...]:
 
 def _check_audit_settings(cfg: DictConfig) -> None:
     """Validate an audit's settings before its task is imported: a config error costs the
-    light settings module, not torch and Opacus (``run_audit`` checks them again)."""
-    if cfg.task.get("_target_") != AUDIT_TASK:
-        return
+    light settings module, not torch and Opacus (``run_audit`` checks them again). Another
+    task's arguments are checked against its function (``tasks.arguments``)."""
     task = OmegaConf.to_container(cfg.task, resolve=True)
+    if cfg.task.get("_target_") != AUDIT_TASK:
+        from hydra.utils import get_method
+
+        from dpaudit.tasks.arguments import check_task_arguments
+
+        target = str(task.get("_target_"))
+        check_task_arguments(get_method(target), task, target.rsplit(".", 1)[-1])
+        return
     AuditSettings.from_mappings(**{k: v for k, v in task.items() if not k.startswith("_")})
 
 

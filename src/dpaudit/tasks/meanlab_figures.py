@@ -30,8 +30,16 @@ from dpaudit.report.meanlab_plots import (
 )
 from dpaudit.seeds import as_generator
 from dpaudit.stats import auc, roc_curve, tpr_at_fpr
+from dpaudit.tasks.arguments import in_unit_interval, non_empty, positive
 
 FPRS = (0.01, 0.05, 0.1, 0.3)
+
+
+def _check_lab(n, d, a, rounds) -> None:
+    """The lab's sizes, refused by their ``task.`` names before any draw."""
+    for key, value in (("n", n), ("d", d), ("rounds", rounds)):
+        positive(key, value, integer=True)
+    in_unit_interval("a", a)
 
 
 def _lab(seed: int, d: int, a: float):
@@ -73,6 +81,7 @@ def lr_histograms(
     targets=("easy", "hard"),
 ) -> dict:
     """Figure 2 (a, b): the Eq. 5 LR score under H0 / H1 against N(-+m*/2, m*)."""
+    _check_lab(n, d, a, rounds)
     rng, dist = _lab(seed, d, a)
     res, panels = {"n": n, "d": d, "a": a, "rounds": rounds, "targets": {}}, []
     for name in targets:
@@ -122,6 +131,7 @@ def roc_targets(
     deltas=(1e-5,),
 ) -> dict:
     """Figure 2 (c, d): ROC of the LR attack on the exact mean vs Phi(z_a + sqrt(m*))."""
+    _check_lab(n, d, a, rounds)
     rng, dist = _lab(seed, d, a)
     res, curves = {"n": n, "d": d, "a": a, "rounds": rounds, "targets": {}}, []
     for name in targets:
@@ -149,6 +159,7 @@ def roc_noise(
     deltas=(1e-5,),
 ) -> dict:
     """Figure 2 (e): noisy mean, power Phi(z_a + sqrt(m~_gamma)) (Thm 4.1)."""
+    _check_lab(n, d, a, rounds)
     rng, dist = _lab(seed, d, a)
     z = make_target(dist, target, rng)
     res = {"n": n, "d": d, "rounds": rounds, "target": target, "scaling": scaling, "gammas": {}}
@@ -184,6 +195,7 @@ def roc_subsampling(
     Dotted: the formula that describes the mode (mixture for "shared", rho m* for
     "independent"); dashed: the other one, for contrast.
     """
+    _check_lab(n, d, a, rounds)
     rng, dist = _lab(seed, d, a)
     z = make_target(dist, target, rng)
     m = th.leakage_score(dist.mean, dist.var, z, n)
@@ -237,6 +249,10 @@ def reference_points(
     """Figure 6: the plug-in covariance score with n_0 references vs the oracle and the
     scalar product. family="gaussian" uses log-uniform variances in [1/spread, spread] and
     the target mu + radius * sigma (where the geometry correction matters)."""
+    _check_lab(n, d, a, rounds)
+    non_empty("n0s", n0s, lambda k, v: positive(k, v, integer=True))
+    if family not in ("bernoulli", "gaussian"):
+        raise ValueError(f"task.family must be 'bernoulli' or 'gaussian', got {family!r}")
     rng = as_generator(seed)
     if family == "bernoulli":
         dist = bernoulli_product(d, a, rng)
@@ -328,6 +344,10 @@ def linreg_sweep(
     ridges=(0.0,),
 ) -> dict:
     """Seed 004: membership advantage vs gamma = p/n for min-norm (and ridge) regression."""
+    for key, value in (("n", n), ("D", D), ("rounds", rounds)):
+        positive(key, value, integer=True)
+    non_empty("gammas", gammas, positive)
+    non_empty("ridges", ridges)
     rng = as_generator(seed)
     res = {"n": n, "D": D, "rounds": rounds, "noise_std": noise_std, "ridge": {}}
     series = []

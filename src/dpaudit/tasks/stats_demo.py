@@ -14,6 +14,7 @@ import numpy as np
 from dpaudit.report import format_table, write_json
 from dpaudit.report.provenance import stamped
 from dpaudit.stats import auc, epsilon_lower_bound, gdp_epsilon
+from dpaudit.tasks.arguments import in_unit_interval, non_empty, positive
 
 METHODS = ("gdp", "clopper_pearson", "one_run", "density", "density_tv")
 
@@ -28,6 +29,14 @@ def stats_demo(
     output_dir: str | None = None,
 ) -> dict:
     """Bound epsilon from n + n synthetic mu-GDP scores for each mu; print and save a table."""
+    non_empty("mus", mus, positive)
+    positive("n", n, integer=True)
+    in_unit_interval("delta", delta)
+    in_unit_interval("confidence", confidence)
+    non_empty("methods", methods)
+    for m in methods:
+        if m not in METHODS:
+            raise ValueError(f"task.methods: {m!r} is not one of {list(METHODS)}")
     rng = np.random.default_rng(seed)
     rows, kinds = [], {}
     for mu in mus:
