@@ -134,3 +134,23 @@ def test_describe_settings_has_every_field_with_allowed_values():
             assert f"  {name} " in text, name
     assert "allowed: gradient | input" in text
     assert all(line.strip() for line in text.splitlines())
+
+
+def test_conf_comments_cite_papers_by_authors_not_design_note_numbers():
+    """What a user reads when choosing an option names the papers as the docs do (authors
+    and title), never the design notes' file numbers ("seed 001")."""
+    import re
+    from importlib import resources
+
+    conf = resources.files("dpaudit.conf")
+    cited = []
+    for group in conf.iterdir():
+        if not group.is_dir():
+            continue
+        for f in group.iterdir():
+            if f.name.endswith(".yaml"):
+                for i, line in enumerate(f.read_text().splitlines(), 1):
+                    comment = line[line.find("#"):] if "#" in line else ""
+                    if re.search(r"\b[Ss]eed \d{3}\b", comment):
+                        cited.append(f"{group.name}/{f.name}:{i}")
+    assert cited == []
