@@ -94,3 +94,12 @@ def check_count(value, name: str, minimum: int = 0) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
+
+
+def quoted(values, limit: int = 5) -> str:
+    """At most ``limit`` of ``values`` for an error message, and how many more there are:
+    ``[6000, 6001, 6002, 6003, 6004, ... and 395 more]``."""
+    items = list(values)
+    shown = ", ".join(repr(v) for v in items[:limit])
+    more = f", ... and {len(items) - limit} more" if len(items) > limit else ""
+    return f"[{shown}{more}]"

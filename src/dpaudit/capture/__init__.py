@@ -10,10 +10,17 @@ The hook's phases live in their own modules: ``insertion`` (gradient canaries ad
 clipped sum before noise), ``view`` (the coordinate view and the released gradient),
 ``input_grads`` (input canaries' clipped gradients), ``accumulate`` (score accumulation);
 ``support`` lists the supported Opacus set-ups and refuses the others; ``patching`` is the one
-save/restore helper for the optimizer attributes dpaudit patches.
+save/restore helper for the optimizer attributes dpaudit patches; ``coordinates`` maps a user's
+parameters to the flat coordinates Dirac canaries take and finds the ones no data touch.
 """
 
 from dpaudit.capture.canary_kinds import GradientCanaries, InputCanaries
+from dpaudit.capture.coordinates import (
+    dead_coordinates,
+    flat_coordinate,
+    parameter_at,
+    trainable_dim,
+)
 from dpaudit.capture.hook import AuditHook, infer_sample_rate
 from dpaudit.capture.trace import Trace, load_trace
 
@@ -22,6 +29,10 @@ __all__ = [
     "GradientCanaries",
     "InputCanaries",
     "Trace",
+    "dead_coordinates",
+    "flat_coordinate",
     "infer_sample_rate",
     "load_trace",
+    "parameter_at",
+    "trainable_dim",
 ]

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from dpaudit._validate import quoted
 from dpaudit.names import CANARY_POLICIES
 
 POLICIES = CANARY_POLICIES
@@ -114,7 +115,8 @@ class GradientCanaries:
                 )
         bad = sorted({p for p in pols if p not in POLICIES})
         if bad:
-            raise ValueError(f"GradientCanaries: policy must be among {POLICIES}, got {bad}")
+            raise ValueError(
+                f"GradientCanaries: policy must be among {POLICIES}, got {quoted(bad)}")
         self.policies: tuple[str, ...] = pols
         if "bernoulli" in pols:
             q = inclusion_prob
@@ -269,8 +271,12 @@ class GradientCanaries:
         coords = [int(c) for c in coords]
         if not coords:
             raise ValueError("GradientCanaries.dirac: coords must be non-empty")
-        if any(c < 0 or c >= dim for c in coords):
-            raise ValueError(f"GradientCanaries.dirac: coords must lie in [0, {dim}), got {coords}")
+        outside = [c for c in coords if c < 0 or c >= dim]
+        if outside:
+            raise ValueError(
+                f"GradientCanaries.dirac: coords must lie in [0, {dim}) (the trainable "
+                f"parameters' flat coordinates, dpaudit.capture.flat_coordinate); "
+                f"{len(outside)} of {len(coords)} do not: {quoted(outside)}")
         if not norm > 0:
             raise ValueError(f"GradientCanaries.dirac: norm must be positive, got {norm!r}")
         indices = torch.tensor(coords, dtype=torch.int64).reshape(-1, 1)

@@ -1,0 +1,148 @@
+"""Own-loop coordinate helpers: (name, index) <-> flat coordinate, and the coordinates no data
+touch, checked against a one-example-at-a-time autograd reference on the own-loop model
+families; an audit from them leaves training bit for bit unchanged off the canaries."""
+
+import numpy as np
+import pytest
+import torch
+from opacus import PrivacyEngine
+from own_loop_models import BATCH, FAMILIES, FAMILIES_MODELS, VOCAB, data
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from dpaudit.capture import (
+    AuditHook,
+    GradientCanaries,
+    dead_coordinates,
+    flat_coordinate,
+    parameter_at,
+    trainable_dim,
+)
+
+N_EXAMPLES = 96
+UNUSED_TOKENS = 6  # token ids VOCAB-6 .. VOCAB-1 never occur: their embedding rows are dead
+
+
+def blanked(family: str) -> TensorDataset:
+    """The family's synthetic data with structural zeros: the first 8 features, the first
+    input channel, or the last token ids never used."""
+    x, y = data(FAMILIES[family].inputs, seed=0).tensors
+    x, y = x[:N_EXAMPLES].clone(), y[:N_EXAMPLES]
+    if FAMILIES[family].inputs == "tokens":
+        x = x % (VOCAB - UNUSED_TOKENS)
+    elif FAMILIES[family].inputs == "features":
+        x[:, :8] = 0
+    else:
+        x[:, 0] = 0
+    return TensorDataset(x, y)
+
+
+def reference_dead(model: nn.Module, ds: TensorDataset) -> np.ndarray:
+    """Coordinates whose gradient is exactly zero for every example, one example at a time."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    total = torch.zeros(sum(p.numel() for p in params), dtype=torch.float64)
+    x, y = ds.tensors
+    for i in range(len(x)):
+        loss = nn.functional.cross_entropy(model(x[i:i + 1]), y[i:i + 1])
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        flat = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)
+                          for g, p in zip(grads, params, strict=True)])
+        total += flat.abs().double()
+    return np.flatnonzero(total.numpy() == 0)
+
+
+def test_flat_coordinate_and_back_skip_frozen_parameters_and_opacus_prefix():
+    model = FAMILIES_MODELS["frozen_first_layer"]()  # 0.* frozen; 2.weight (32, 48) first
+    assert trainable_dim(model) == 32 * 48 + 32 + 4 * 32 + 4
+    assert flat_coordinate(model, "2.weight", (1, 2)) == 48 + 2
+    assert flat_coordinate(model, "2.bias", 0) == 32 * 48
+    assert flat_coordinate(model, "4.weight", -1) == 32 * 48 + 32 + 4 * 32 - 1
+    for c in (0, 50, 32 * 48, trainable_dim(model) - 1):
+        name, idx = parameter_at(model, c)
+        assert flat_coordinate(model, name, idx) == c
+    assert parameter_at(model, 32 * 48 + 32 + 5) == ("4.weight", (0, 5))
+    from opacus import GradSampleModule
+
+    wrapped = GradSampleModule(FAMILIES_MODELS["frozen_first_layer"]())
+    assert flat_coordinate(wrapped, "_module.2.weight", (1, 2)) == 50
+    assert flat_coordinate(wrapped, "2.weight", (1, 2)) == 50
+    with pytest.raises(ValueError, match=r"no trainable parameter '0.weight' \(it is frozen"):
+        flat_coordinate(model, "0.weight", 0)
+    with pytest.raises(ValueError, match=r"index \(32, 0\) does not fit 2.weight"):
+        flat_coordinate(model, "2.weight", (32, 0))
+    with pytest.raises(ValueError, match=r"coordinate must be an integer in \[0, "):
+        parameter_at(model, trainable_dim(model))
+
+
+def test_out_of_range_dirac_coordinates_quote_a_few_and_count_the_rest():
+    with pytest.raises(ValueError) as err:
+        GradientCanaries.dirac(list(range(6000, 6400)), norm=1.0, dim=2212)
+    msg = str(err.value)
+    assert "400 of 400 do not: [6000, 6001, 6002, 6003, 6004, ... and 395 more]" in msg
+    assert "6399" not in msg and len(msg) < 300
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_dead_coordinates_equal_the_reference_and_hold_the_structural_zeros(family):
+    torch.manual_seed(0)
+    model = FAMILIES_MODELS[family]()
+    ds = blanked(family)
+    found = dead_coordinates(model, DataLoader(ds, batch_size=32), batch_size=40)
+    np.testing.assert_array_equal(found, reference_dead(model, ds))
+    inputs = FAMILIES[family].inputs
+    if inputs == "tokens":  # the unused ids' embedding rows
+        name = next(n for n, _ in model.named_parameters() if n.endswith("weight"))
+        width = dict(model.named_parameters())[name].shape[1]
+        rows = [flat_coordinate(model, name, (t, j)) for t in range(VOCAB - UNUSED_TOKENS, VOCAB)
+                for j in range(width)]
+        assert set(rows) <= set(found.tolist())
+    elif family != "frozen_first_layer":  # the first layer's weights on the blank inputs
+        name, w = next((n, p) for n, p in model.named_parameters() if p.dim() >= 2)
+        blank = [flat_coordinate(model, name, (o, i, *([0] * (w.dim() - 2))))
+                 for o in range(w.shape[0]) for i in (range(8) if inputs == "features" else [0])]
+        assert set(blank) <= set(found.tolist())
+    assert len(found) > 0
+
+
+def _train(family: str, ds: TensorDataset, canaries: GradientCanaries | None, steps: int = 12):
+    torch.manual_seed(0)
+    model = FAMILIES_MODELS[family]()
+    loader = DataLoader(ds, batch_size=BATCH, generator=torch.Generator().manual_seed(0))
+    engine = PrivacyEngine()
+    model, opt, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(
+            [p for p in model.parameters() if p.requires_grad], lr=0.05),
+        data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0,
+        grad_sample_mode=FAMILIES[family].grad_sample_mode,
+        noise_generator=torch.Generator().manual_seed(1))
+    hook = AuditHook(opt, model, [canaries]) if canaries is not None else None
+    done = 0
+    with hook if hook is not None else torch.enable_grad():
+        while done < steps:
+            for x, y in loader:
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                done += 1
+                if done >= steps:
+                    break
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters() if p.requires_grad])
+
+
+@pytest.mark.parametrize("family", sorted(f for f in FAMILIES if f != "batch_memory_manager"))
+def test_an_audit_on_the_dead_coordinates_leaves_training_unchanged_off_them(family):
+    """The README's recipe without hand arithmetic: Dirac canaries on dead_coordinates; the
+    parameters off the "in" canaries' coordinates equal training without the hook bit for bit,
+    and those move by lr * T * C / B-ish (the canary's own signal), never stay put."""
+    torch.manual_seed(0)
+    ds = blanked(family)
+    dead = dead_coordinates(FAMILIES_MODELS[family](), ds)[:16]
+    member = np.arange(len(dead)) % 2 == 0
+    dim = trainable_dim(FAMILIES_MODELS[family]())
+    canaries = GradientCanaries.dirac(dead.tolist(), norm=1.0, dim=dim,
+                                      policy=["every_step" if m else "never" for m in member])
+    plain, audited = _train(family, ds, None), _train(family, ds, canaries)
+    off = np.ones(dim, dtype=bool)
+    off[dead[member]] = False
+    assert torch.equal(plain[torch.from_numpy(off)], audited[torch.from_numpy(off)])
+    assert bool((plain[dead[member]] != audited[dead[member]]).all())
