@@ -54,6 +54,48 @@ def _directory_lock(out: Path) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
 
+def write_sweep_page(summary: dict) -> Path:
+    """``sweep.html`` in the sweep directory (``report.html.sweep_page``): the jobs' table and
+    the plot of the swept setting (the first override whose numeric value differs between
+    jobs) against epsilon and sigma_upper, also saved as ``sweep.png``."""
+    from dpaudit.report.files import atomic_text
+    from dpaudit.report.html import sweep_page
+    from dpaudit.report.plots import plot_sweep
+
+    root = Path(summary["directory"])
+    rows = summary["jobs"]
+    key = swept_setting([r["overrides"] for r in rows])
+    plot = None
+    if key is not None:
+        for r in rows:
+            r["x"] = _numeric(_override_values(r["overrides"]).get(key))
+        plot = plot_sweep(rows, key, root / "sweep.png", title=str(root.name))
+        for r in rows:
+            r.pop("x", None)
+    return atomic_text(root / "sweep.html", sweep_page(summary, plot, key))
+
+
+def swept_setting(overrides: list[str]) -> str | None:
+    """The first override key whose numeric value differs between the jobs, or None."""
+    parsed = [_override_values(o) for o in overrides]
+    for key in (parsed[0] if parsed else {}):
+        values = [_numeric(p.get(key)) for p in parsed]
+        if all(v is not None for v in values) and len(set(values)) > 1:
+            return key
+    return None
+
+
+def _override_values(overrides: str) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in overrides.split() if "=" in item)
+
+
+def _numeric(text) -> float | None:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
 def _overrides(job: Path) -> str:
     path = job / ".hydra" / "overrides.yaml"
     if not path.exists():

@@ -32,6 +32,23 @@ def write_json(path: str | os.PathLike, obj) -> Path:
     return path
 
 
+def atomic_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically (temp file + rename), as ``write_json``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
 def write_new(path: str | os.PathLike, obj) -> Path:
     """Write ``obj`` as JSON to ``path`` only if no file is there: atomically and
     create-if-absent (temp file, then a hard link to ``path``, which fails if ``path`` exists,
@@ -100,7 +117,8 @@ def _umask() -> int:
     return mask
 
 
-def _cell(value, precision: int) -> str:
+def cell_text(value, precision: int = 3) -> str:
+    """A table cell as the console shows it (floats to ``precision`` places, nan)."""
     if isinstance(value, float):
         return "nan" if math.isnan(value) else f"{value:.{precision}f}"
     return str(value)
@@ -113,7 +131,7 @@ def format_table(
     if not rows:
         return "(no rows)"
     cols = list(columns) if columns is not None else list(rows[0].keys())
-    cells = [[_cell(r.get(c, ""), precision) for c in cols] for r in rows]
+    cells = [[cell_text(r.get(c, ""), precision) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     numeric = [all(isinstance(r.get(c), (int, float)) for r in rows) for c in cols]
 

@@ -402,3 +402,39 @@ def plot_white_box(checks: Mapping[str, dict], path: str | Path, title: str = ""
     """
     fig = white_box_figure(checks, title, note, status)
     return None if fig is None else save_figure(fig, path)
+
+
+def plot_sweep(rows: list[dict], key: str, path: str | Path, title: str = "") -> Path | None:
+    """A sweep's swept setting ``key`` against the certified, estimated and claimed epsilon
+    (left) and the effective noise's upper bound against the configured one (right), each
+    job's point in its verdict's colour. ``rows``: ``collect_sweep``'s jobs, with ``key``'s
+    value in ``row["x"]``. None when no row has a numeric x."""
+    pts = sorted((r for r in rows if isinstance(r.get("x"), (int, float))), key=lambda r: r["x"])
+    if not pts:
+        return None
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    x = [r["x"] for r in pts]
+
+    def finite(v):
+        return float(v) if isinstance(v, (int, float)) and np.isfinite(v) else np.nan
+
+    for name, style in (("eps_claimed", "--"), ("eps_estimate", ":"), ("eps_certified", "-")):
+        left.plot(x, [finite(r[name]) for r in pts], style, label=name.replace("_", " "))
+    left.scatter(x, [finite(r["eps_certified"]) for r in pts], zorder=3,
+                 c=[verdict_colour(r["status"]) for r in pts])
+    left.set_xlabel(key)
+    left.set_ylabel("epsilon")
+    left.legend(fontsize=8)
+    right.plot(x, [finite(r.get("sigma_configured")) for r in pts], "--", label="configured sigma")
+    right.plot(x, [finite(r.get("sigma_upper")) for r in pts], "-", label="sigma_upper (certified)")
+    right.scatter(x, [finite(r.get("sigma_upper")) for r in pts], zorder=3,
+                  c=[verdict_colour(r["status"]) for r in pts])
+    right.set_xlabel(key)
+    right.set_ylabel("noise multiplier")
+    right.set_yscale("log")
+    right.legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, path)

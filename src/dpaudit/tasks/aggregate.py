@@ -6,7 +6,9 @@
   reported, not invented.
 * A Hydra sweep directory (``dpaudit -m ...``): collect every job's ``results.json`` into
   ``sweep_summary.json`` (with each job's settings and the provenance of the summary) and a
-  table; jobs without results (unfinished) are listed as pending.
+  table; jobs without results (unfinished) are listed as pending. ``--html`` also writes
+  ``sweep.html``: the table with the verdicts coloured, the swept setting against epsilon and
+  sigma_upper, and links to each job's ``report.html``.
 
 ``dpaudit-aggregate --status DIR`` prints the progress of a multi-run audit or a Figure 3
 directory instead (runs done, in training by which worker, waiting, runs per minute, time
@@ -23,7 +25,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dpaudit.experiment.collect import collect_sweep, reaggregate
+from dpaudit.experiment.collect import collect_sweep, reaggregate, write_sweep_page
 from dpaudit.experiment.trainings.engine import directory_status, progress_line
 from dpaudit.experiment.trainings.multirun import (
     RUNS_DIR,
@@ -41,6 +43,9 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point ``dpaudit-aggregate DIR`` (exit 2 with one line on a user error)."""
     parser = argparse.ArgumentParser(prog="dpaudit-aggregate", description=__doc__.split("\n")[0])
     parser.add_argument("directory", type=Path, help="multi-run audit or Hydra sweep directory")
+    parser.add_argument("--html", action="store_true",
+                        help="a sweep: also write sweep.html (jobs, verdicts, the swept "
+                        "setting's plot, links to each job's report.html)")
     parser.add_argument("--status", action="store_true",
                         help="print the progress of a multi-run audit or Figure 3 directory "
                         "(evaluates nothing)")
@@ -60,6 +65,8 @@ def main(argv: list[str] | None = None) -> None:
             reaggregate(d)
         else:
             summary = collect_sweep(d)
+            if args.html:
+                print(f"page: {write_sweep_page(summary)}")
             if summary["unreadable"]:
                 bad = "; ".join(summary["unreadable"].values())
                 raise ValueError(f"{len(summary['unreadable'])} job(s) left out: {bad}")

@@ -37,7 +37,24 @@ def _fmt(x) -> str:
 
 
 def console_table(result: dict) -> str:
-    """Claim evidence per attack, bounds per (attack, method) by kind, and the verdict."""
+    """Claim evidence per attack, bounds per (attack, method) by kind, and the verdict: the
+    blocks of ``report_blocks`` as text (``report/html.py`` renders the same blocks)."""
+    lines: list[str] = []
+    for block in report_blocks(result):
+        if block.get("gap"):
+            lines.append("")
+        if block.get("title"):
+            lines.append(block["title"])
+        if "table" in block:
+            lines.append(format_table(block["table"]) if block["table"] else "(none)")
+        lines += block.get("lines", [])
+    return "\n".join(lines)
+
+
+def report_blocks(result: dict) -> list[dict]:
+    """The report of ``result`` as ordered blocks, each ``{"id", "title", "lines"}`` or
+    ``{"id", "title", "table": rows}`` (``gap``: a blank line before it on the console): one
+    formatting of every statistic for the console table and the HTML page."""
     th, v = result["theory"], result["verdict"]
     claim_rows = [
         {
@@ -76,37 +93,40 @@ def console_table(result: dict) -> str:
         for b in result["bounds"]
     ]
     per = result.get("per_test_confidence")
-    lines = [
-        f"threat model: {v['threat_model']}",
-        f"claim: {v['accountant']}, epsilon {v['claimed_epsilon']:.3f}"
-        + (f" (RDP {th['accountants']['rdp']['epsilon']:.3f}, "
-           f"PRV {th['accountants']['prv']['epsilon']:.3f})"),
-        f"confidence {v['confidence']:.0%} for all statements together"
-        + (f" (each at {per:.4g}, Bonferroni)" if per else "")
-        + (f"; a PRIVACY BUG needs a refutation at failure probability "
-           f"{v['refutation_level']:.2g}" if v.get("refutation_level") else ""),
-        "",
-        "claim test (certified unless marked):",
-        format_table(claim_rows),
-        "",
-        "epsilon lower bounds (certified) and estimates (under the model named):",
-        format_table(bound_rows),
+    blocks = [
+        {"id": "threat", "lines": [
+            f"threat model: {v['threat_model']}",
+            f"claim: {v['accountant']}, epsilon {v['claimed_epsilon']:.3f}"
+            + (f" (RDP {th['accountants']['rdp']['epsilon']:.3f}, "
+               f"PRV {th['accountants']['prv']['epsilon']:.3f})"),
+            f"confidence {v['confidence']:.0%} for all statements together"
+            + (f" (each at {per:.4g}, Bonferroni)" if per else "")
+            + (f"; a PRIVACY BUG needs a refutation at failure probability "
+               f"{v['refutation_level']:.2g}" if v.get("refutation_level") else ""),
+        ]},
+        {"id": "claim", "gap": True, "title": "claim test (certified unless marked):",
+         "table": claim_rows},
+        {"id": "bounds", "gap": True,
+         "title": "epsilon lower bounds (certified) and estimates (under the model named):",
+         "table": bound_rows},
     ]
     pld = {a: r for a, r in (th.get("histogram_pld") or {}).items() if r.get("epsilon")}
     if pld:
-        lines += ["", "per-step histogram PLD composed over the steps (estimate, no confidence; "
-                  "Koskela & Mohammadi Sec. 9.2): "
-                  + ", ".join(f"{a} epsilon {r['epsilon']:.3f}" for a, r in pld.items())]
-    lines += white_box_lines(result.get("white_box"))
+        blocks.append({"id": "pld", "gap": True, "lines": [
+            "per-step histogram PLD composed over the steps (estimate, no confidence; "
+            "Koskela & Mohammadi Sec. 9.2): "
+            + ", ".join(f"{a} epsilon {r['epsilon']:.3f}" for a, r in pld.items())]})
+    blocks += white_box_blocks(result.get("white_box"))
+    notes = []
     expected = (result.get("canary_info") or {}).get("expected_certified_epsilon") or {}
     if expected.get("advice"):  # said before training too: a 0 above is no surprise
-        lines += ["", f"as said before training: {expected['advice']}"]
+        notes.append(f"as said before training: {expected['advice']}")
     elif expected and v.get("certified_bound_applies") and not v["best_lower_bound"] > 0:
         cp_certified = any(
             b["method"] == "clopper_pearson" and b.get("kind") == "certified"
             for b in result["bounds"]
         )
-        lines += ["", (
+        notes.append(
             f"certified 0 where about {expected['epsilon']:.3g} was expected before training "
             f"for {expected['for']} (a simulated Clopper-Pearson bound): these attacks fell "
             "short of that one, or the draw was unlucky"
@@ -115,15 +135,16 @@ def console_table(result: dict) -> str:
             "one-run methods certify here (one_run, fdp_one_run_certified and the one-run "
             "claim test), and they need many canaries that each leak much; the "
             "Clopper-Pearson row is an estimate"
-        )]
+        )
     ceiling = ceiling_sentence((result.get("canary_info") or {}).get("certifiable_ceiling"))
     if ceiling:
-        lines += ["", ceiling[0].upper() + ceiling[1:] + "."]
+        notes.append(ceiling[0].upper() + ceiling[1:] + ".")
     note = (th.get("training_data") or {}).get("note")
     if note:
-        lines += ["", note]
-    lines += ["", v["message"]]
-    return "\n".join(lines)
+        notes.append(note)
+    blocks += [{"id": "note", "gap": True, "lines": [n]} for n in notes]
+    blocks.append({"id": "verdict", "gap": True, "lines": [v["message"]]})
+    return blocks
 
 
 def _rejected_word(claim: dict) -> str:
@@ -133,8 +154,8 @@ def _rejected_word(claim: dict) -> str:
     return "yes, short of bug level" if claim["rejected"] else "no"
 
 
-def white_box_lines(white_box: dict | None) -> list[str]:
-    """The white-box checks as a table, then what they could not examine."""
+def white_box_blocks(white_box: dict | None) -> list[dict]:
+    """The white-box checks (a table) and what they could not examine, as report blocks."""
     if not white_box:
         return []
     rows = []
@@ -150,13 +171,12 @@ def white_box_lines(white_box: dict | None) -> list[str]:
                 "checked": _short("; ".join(c.get("checked") or []), 60),
             }
         )
-    lines = ["", "white-box checks of the mechanism (certified; a statistical one refutes the "
-             "claim at its share of the PRIVACY BUG level, warns at its share of the bounds'):",
-             format_table(rows) if rows else "(none)"]
     missing = white_box.get("not_checked") or []
-    if missing:
-        lines += ["not checked: " + "; ".join(missing)]
-    return lines
+    return [{"id": "white_box", "gap": True,
+             "title": "white-box checks of the mechanism (certified; a statistical one refutes "
+             "the claim at its share of the PRIVACY BUG level, warns at its share of the "
+             "bounds'):", "table": rows,
+             "lines": ["not checked: " + "; ".join(missing)] if missing else []}]
 
 
 def _short(text: str, width: int = 48) -> str:
@@ -272,6 +292,26 @@ def _estimate_curves(result: dict, grid, delta: float) -> dict:
     return curves
 
 
+PLOT_CAPTIONS = {
+    "roc": "ROC of each attack against the claimed trade-off curve",
+    "histograms": "score histograms, members and non-members",
+    "white_box": "white-box records: the noise the optimizer added",
+    "candidates": "Algorithm 3's candidates and the canaries chosen",
+}
+
+
+def write_page(result: dict, out: Path, banner: str, staged: dict[str, Path]) -> Path:
+    """``report.html`` beside results.json: the same blocks as the console, the verdict
+    banner, the plots embedded (``report.html``)."""
+    from dpaudit.report.files import atomic_text
+    from dpaudit.report.html import audit_page
+
+    images = {PLOT_CAPTIONS.get(k, k): path for k, path in staged.items() if path.exists()}
+    text = audit_page(result, report_blocks(result), banner, images,
+                      title=f"dpaudit audit: {result['verdict']['status'].replace('_', ' ')}")
+    return atomic_text(out / "report.html", text)
+
+
 def write_audit_report(
     result: dict,
     split: dict,
@@ -385,6 +425,7 @@ def write_audit_report(
         path = write_json(out / "results.json", result)
         for tmp, final in staged.values():
             os.replace(tmp, final)
+        write_page(result, out, note, staged={k: f for k, (_, f) in staged.items()})
     finally:
         for tmp, _ in staged.values():
             if tmp.exists():

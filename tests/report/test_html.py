@@ -1,0 +1,136 @@
+"""report.html (one per audit) and sweep.html (dpaudit-aggregate --html): self-contained pages
+whose numbers are results.json's, checked as text here and in a real headless Chromium (Debian's
+chromium + chromedriver through selenium; skipped with the reason where none is installed)."""
+
+import base64
+import html
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpaudit.experiment import run_audit
+from dpaudit.experiment.judging.outputs import report_blocks
+from dpaudit.report.files import cell_text
+
+TINY = {"dp": {"steps": 20}, "canary": {"count": 200}, "progress": False}
+BUG = {"dp": {"steps": 20, "noise_multiplier": 10.0, "bug": "halved_noise"},
+       "canary": {"count": 200}, "progress": False, "fail_on_bug": False}
+
+
+def _bound_cells(result: dict) -> list[list[str]]:
+    """The bounds table's rows as the console (and so the page) shows them."""
+    (block,) = [b for b in report_blocks(result) if b["id"] == "bounds"]
+    return [[cell_text(v) for v in row.values()] for row in block["table"]]
+
+
+@pytest.fixture(scope="module")
+def default_audit(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("default")
+    run_audit(output_dir=out, **TINY)
+    return out
+
+
+def test_the_audit_page_is_self_contained_and_holds_results_numbers(default_audit):
+    page = (default_audit / "report.html").read_text()
+    result = json.loads((default_audit / "results.json").read_text())
+    assert page.startswith("<!DOCTYPE html>") and len(page.encode()) < 2_000_000
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)  # no network
+    assert page.count("data:image/png;base64,") == len(result["plots"])
+    v = result["verdict"]
+    assert f"{v['claimed_epsilon']:.3f}" in page and html.escape(v["message"]) in page
+    section = page[page.index('<section id="bounds">'):]
+    section = section[:section.index("</section>")]
+    cells = [html.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", section)]
+    expected = _bound_cells(result)
+    assert cells == [c for row in expected for c in row]  # the console's cells, in order
+    order = [page.index(f'id="{i}"') for i in ("verdict", "threat", "claim", "bounds",
+                                               "white_box", "plots", "canaries", "timing",
+                                               "provenance")]
+    assert order == sorted(order)  # the console's order, after the banner
+
+
+def _browser():
+    """A headless Chromium driven by selenium, or skip saying what is missing."""
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (chromium and driver):
+        pytest.skip("no chromium / chromedriver (Debian: apt-get install chromium "
+                    "chromium-driver; .ci/run installs them)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium not installed")
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1200,1600"):
+        opts.add_argument(arg)
+    opts.binary_location = chromium
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(driver), options=opts)
+
+
+def _check_in_browser(browser, page: Path) -> dict:
+    """Open ``page`` offline; every image loaded, no console error, prints to PDF."""
+    from selenium.webdriver.common.print_page_options import PrintOptions
+
+    browser.get(page.as_uri())
+    images = browser.execute_script(
+        "return Array.from(document.images).map(i => i.complete && i.naturalWidth > 0)")
+    assert images and all(images), page
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert errors == [], errors
+    pdf = base64.b64decode(browser.print_page(PrintOptions()))
+    assert pdf.startswith(b"%PDF-") and len(pdf) > 10_000
+    return {"banner": browser.find_element("id", "verdict").text
+            if browser.find_elements("id", "verdict") else None,
+            "cells": browser.execute_script(
+                "const t = document.querySelector('#bounds table');"
+                "return t ? Array.from(t.tBodies[0].rows).map(r => Array.from(r.cells)"
+                ".map(c => c.textContent)) : null")}
+
+
+@pytest.mark.slow
+def test_pages_in_a_real_browser(tmp_path, default_audit):
+    """The default audit, a planted bug, an own-loop report and a 6-job sweep: each page
+    opens without network, shows its verdict, holds results.json's numbers, loads every
+    image, logs no console error and prints to PDF."""
+    browser = _browser()
+    try:
+        bug = tmp_path / "bug"
+        run_audit(output_dir=bug, **{k: v for k, v in BUG.items() if k != "fail_on_bug"})
+        sys.path.insert(0, str(Path(__file__).parents[1] / "support"))
+        from own_loop_models import own_loop_audit
+
+        own = tmp_path / "own"
+        own_loop_audit("linear", output_dir=str(own), quiet=True)
+        for out, status in ((default_audit, "consistent"), (bug, "privacy_bug"),
+                            (own, None)):
+            result = json.loads((out / "results.json").read_text())
+            seen = _check_in_browser(browser, out / "report.html")
+            assert seen["banner"].startswith(
+                {"consistent": "CONSISTENT", "privacy_bug": "PRIVACY BUG",
+                 "estimate_above_claim": "ESTIMATE ABOVE CLAIM"}[result["verdict"]["status"]])
+            assert status is None or result["verdict"]["status"] == status
+            assert seen["cells"] == _bound_cells(result)
+        sweep = tmp_path / "sweep"
+        cmd = [sys.executable, "-m", "dpaudit", "-m", f"hydra.sweep.dir={sweep}", "dp.steps=20",
+               "canary.count=200", "progress=false", "dp.noise_multiplier=1,2,3,4,6,8"]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=900)
+        subprocess.run([sys.executable, "-m", "dpaudit.tasks.aggregate", "--html", str(sweep)],
+                       check=True, capture_output=True, timeout=300)
+        summary = json.loads((sweep / "sweep_summary.json").read_text())
+        _check_in_browser(browser, sweep / "sweep.html")
+        rows = browser.execute_script(
+            "return Array.from(document.querySelector('#jobs table').tBodies[0].rows)"
+            ".map(r => [r.cells[0].textContent, r.cells[0].querySelector('a').href,"
+            " r.cells[3].textContent])")
+        assert [r[0] for r in rows] == [j["job"] for j in summary["jobs"]] == list("012345")
+        assert [r[2] for r in rows] == [cell_text(j["eps_certified"]) for j in summary["jobs"]]
+        for job, href, _ in rows:  # each links to its job's own page, which opens
+            assert href.endswith(f"/{job}/report.html")
+            _check_in_browser(browser, sweep / job / "report.html")
+    finally:
+        browser.quit()
