@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from dpaudit.capture import (
     AuditHook,
     GradientCanaries,
+    InputCanaries,
     dead_coordinates,
     flat_coordinate,
     parameter_at,
@@ -115,7 +116,9 @@ def _train(family: str, ds: TensorDataset, canaries: GradientCanaries | None, st
         data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0,
         grad_sample_mode=FAMILIES[family].grad_sample_mode,
         noise_generator=torch.Generator().manual_seed(1))
-    hook = AuditHook(opt, model, [canaries]) if canaries is not None else None
+    x, y = ds.tensors  # 8 input canaries beside them, folded where exact (input_pass="auto")
+    sets = [canaries, InputCanaries(x[:8].clone(), y[:8].clone())]
+    hook = AuditHook(opt, model, sets, input_pass="auto") if canaries is not None else None
     done = 0
     with hook if hook is not None else torch.enable_grad():
         while done < steps:
@@ -131,9 +134,10 @@ def _train(family: str, ds: TensorDataset, canaries: GradientCanaries | None, st
 
 @pytest.mark.parametrize("family", sorted(f for f in FAMILIES if f != "batch_memory_manager"))
 def test_an_audit_on_the_dead_coordinates_leaves_training_unchanged_off_them(family):
-    """The README's recipe without hand arithmetic: Dirac canaries on dead_coordinates; the
-    parameters off the "in" canaries' coordinates equal training without the hook bit for bit,
-    and those move by lr * T * C / B-ish (the canary's own signal), never stay put."""
+    """The README's recipe without hand arithmetic: Dirac canaries on dead_coordinates, and
+    input canaries under the default input_pass="auto" (attention included); the parameters
+    off the "in" Dirac canaries' coordinates equal training without the hook bit for bit, and
+    those move (the canary's own signal)."""
     torch.manual_seed(0)
     ds = blanked(family)
     dead = dead_coordinates(FAMILIES_MODELS[family](), ds)[:16]

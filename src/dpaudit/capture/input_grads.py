@@ -36,7 +36,7 @@ import torch
 from opacus.optimizers import DPOptimizer
 from torch import nn
 
-from dpaudit.capture.fold import BatchFold, random_modules
+from dpaudit.capture.fold import BatchFold, random_modules, row_coupled_modules
 from dpaudit.capture.forward_watch import ForwardWatcher, Replay
 from dpaudit.capture.input_canaries import InputCanaries, argument_kind
 from dpaudit.capture.support import is_distributed, world_size
@@ -158,6 +158,8 @@ class InputGradients:
             # Under DDP the fold drifted by float rounding (3.7e-9 on a masked transformer,
             # while one process was exact): "auto" takes the separate pass, exact by design.
             return None
+        if self.input_pass == "auto" and row_coupled_modules(self.model):
+            return None  # exact by design: the separate pass (fold.row_coupled_modules)
         drawing = random_modules(self.model)
         if drawing:
             if self.input_pass == "batch":
