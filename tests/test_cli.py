@@ -349,3 +349,43 @@ def test_output_list_keeps_short_folders_and_the_top_level():
     assert _listed(files) == ["a.png", "results.json", "plots/x.png", "plots/y.png",
                               "runs/ (6 files: run_00000.json ... run_00005.json)"]
     assert _listed(files, most=6) == files
+
+
+# one option of every config group (the rest at their defaults), tiny: the settings the CLI
+# writes into results.json must be the API's for the same choices, key for key
+GROUP_OPTIONS = [
+    ("data=synthetic", {"data": {"name": "synthetic"}}),
+    ("model=logreg", {"model": {"name": "logreg"}}),
+    ("model=cnn", {"model": {"name": "cnn"}}),
+    ("canary=gradient_poisson", "canary/gradient_poisson"),
+    ("canary=input", "canary/input"),
+    ("attack=covariance", "attack/covariance"),
+    ("audit=multi_run", "audit/multi_run"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("override,api", GROUP_OPTIONS, ids=[o for o, _ in GROUP_OPTIONS])
+def test_the_api_and_the_cli_write_the_same_settings(tmp_path, override, api):
+    from importlib import resources
+
+    import yaml
+
+    from dpaudit.experiment import run_audit
+
+    if isinstance(api, str):  # the group file's own mapping, as an API user would pass it
+        group, name = api.split("/")
+        text = (resources.files("dpaudit.conf") / group / f"{name}.yaml").read_text()
+        api = {group: {k: v for k, v in yaml.safe_load(text).items() if k != "defaults"}}
+    tiny = {"dp": {"steps": 2}, "canary": {"count": 8}, "audit": {}}
+    extra = ["audit.runs=4"] if "multi_run" in override else []
+    if extra:
+        tiny["audit"]["runs"] = 4
+    proc = run_cli(tmp_path / "cli", override, "dp.steps=2", "canary.count=8", "progress=false",
+                   *extra)
+    assert proc.returncode in (0, 3), proc.stderr[-2000:]
+    groups = {g: {**api.get(g, {}), **tiny.get(g, {})} for g in {*tiny, *api}}  # as the CLI
+    run_audit(output_dir=tmp_path / "api", progress=False, **groups)
+    cli = json.loads((tmp_path / "cli" / "results.json").read_text())["settings"]
+    ours = json.loads((tmp_path / "api" / "results.json").read_text())["settings"]
+    assert cli == ours
