@@ -7,8 +7,9 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import IO
 
 from dpaudit._jsonable import to_jsonable
 
@@ -22,29 +23,24 @@ def write_json(path: str | os.PathLike, obj) -> Path:
     numpy arrays and scalars, dataclasses with ``to_dict`` and non-finite floats are converted
     (NaN -> "nan", inf -> "inf"; see ``dpaudit._jsonable``).
     """
-    path = Path(path)
-    tmp = _written_temp(path, obj)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write(path, _json_writer(obj))
 
 
 def atomic_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically (temp file + rename), as ``write_json``."""
+    return atomic_write(path, lambda fh: fh.write(text))
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[IO], object],
+                 binary: bool = False) -> Path:
+    """``write(fh)`` into a synced temporary file beside ``path``, then renamed onto it: a
+    reader never sees half a file; permissions from the umask (``write_json``)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = _written_temp(path, write, binary)
     try:
-        os.chmod(tmp, 0o666 & ~_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
         raise
     return path
 
@@ -57,7 +53,7 @@ def write_new(path: str | os.PathLike, obj) -> Path:
     system has no hard links the write falls back to ``write_json`` (a check, then a rename:
     another writer could slip in between) with a warning."""
     path = Path(path)
-    tmp = _written_temp(path, obj)
+    tmp = _written_temp(path, _json_writer(obj))
     try:
         try:
             os.link(tmp, path)
@@ -86,14 +82,23 @@ _NO_HARD_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.
                             errno.ENOSYS})
 
 
-def _written_temp(path: Path, obj) -> Path:
-    """``obj`` as JSON in a synced temporary file beside ``path`` (``.<name>.<random>.tmp``)."""
+def _json_writer(obj) -> Callable[[IO], None]:
+    def write(fh) -> None:
+        json.dump(to_jsonable(obj), fh, indent=2, allow_nan=False)
+
+    return write
+
+
+def _written_temp(path: Path, write: Callable[[IO], object], binary: bool = False) -> Path:
+    """``write(fh)`` into a synced temporary file beside ``path`` (``.<name>.<random>.tmp``,
+    UTF-8 text unless ``binary``), with the permissions an ordinary ``open`` would give."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600: use the user's umask instead
-        with os.fdopen(fd, "w") as fh:
-            json.dump(to_jsonable(obj), fh, indent=2, allow_nan=False)
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})
+                       ) as fh:
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
     except BaseException:

@@ -11,15 +11,13 @@ half a PNG.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
-from dpaudit.report.files import _umask
+from dpaudit.report.files import atomic_write
 from dpaudit.report.results import STATUSES
 from dpaudit.stats import roc_curve
 from dpaudit.stats.roc import theory_fpr
@@ -44,21 +42,11 @@ def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
     """Save ``fig`` to ``path`` atomically (parent folders created, format from the suffix,
     permissions from the umask like any file) and close it."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fmt = path.suffix.lstrip(".") or "png"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600: use the user's umask
-        with os.fdopen(fd, "wb") as fh:
-            fig.savefig(fh, dpi=dpi, format=fmt)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        return atomic_write(path, lambda fh: fig.savefig(fh, dpi=dpi, format=fmt), binary=True)
     finally:
         pyplot().close(fig)
-    return path
 
 
 def score_bins(values, cap: int = MAX_BINS) -> np.ndarray:
