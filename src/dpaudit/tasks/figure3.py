@@ -40,6 +40,7 @@ from dpaudit.experiment.trainings.engine import (
     ManyTrainings,
     WorkerDone,
     run_all,
+    run_number,
     run_path,
 )
 from dpaudit.experiment.trainings.multirun import checksum, quarantine
@@ -367,15 +368,9 @@ def _valid_runs(out: Path, fingerprint: str, membership: np.ndarray,
             ok = False
         if ok:
             good[d["run"]] = d
-        elif only is None or _number(f) in only:
+        elif only is None or run_number(f) in only:
             quarantine(f)
     return good
-
-
-def _number(path: Path) -> int | None:
-    """The run number in a run file's name (``run_<r>.json``), or None."""
-    stem = path.stem.removeprefix("run_")
-    return int(stem) if stem.isdigit() else None
 
 
 def _check(runs, canaries_per_class, n_references, candidates, subsample, sampling) -> None:

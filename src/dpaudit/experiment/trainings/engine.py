@@ -144,6 +144,12 @@ def run_path(out: str | Path, r: int) -> Path:
     return Path(out) / RUNS_DIR / f"run_{r:05d}.json"
 
 
+def run_number(path: str | Path) -> int | None:
+    """The run a run file's name says (``run_<r>.json`` -> r), or None."""
+    stem = Path(path).stem.removeprefix("run_")
+    return int(stem) if stem.isdigit() else None
+
+
 def claim_of(out: str | Path, r: int, wait: bool = False) -> FileLock:
     """The claim on run r: ``runs/.claims/run_<r>.lock`` (``flock``; the kernel drops it when
     its worker dies, so a dead worker's run is taken over and redone). ``wait``: block until
@@ -298,11 +304,8 @@ def _run_static(job: ManyTrainings, started: float) -> Evaluation | WorkerDone:
     claim = Path(out, RUNS_DIR, EVALUATING_FILE)
     note = ""
     if claim.exists():
-        try:
-            h = json.loads(claim.read_text() or "{}")
-            who = f"pid {h['pid']} on {h['host']}"
-        except (OSError, ValueError, KeyError, TypeError):
-            who = "another worker"
+        h = _read_holder(claim)
+        who = f"pid {h['pid']} on {h['host']}" if "pid" in h and "host" in h else "another worker"
         note = (f"{claim} names {who} as evaluating; if it is no longer running, delete that "
                 "file and rerun any worker")
     return WorkerDone(len(todo), note=note)
@@ -335,16 +338,25 @@ def _claim_evaluation(job: ManyTrainings, started: float, trained: int
 
 def _left_by_dead_process(path: Path) -> bool:
     """True if ``path`` names a holder on this host whose process has ended."""
+    holder = _read_holder(path)
+    if holder.get("host") != socket.gethostname():
+        return False
     try:
-        holder = json.loads(path.read_text() or "{}")
-        if holder.get("host") != socket.gethostname():
-            return False
         os.kill(int(holder["pid"]), 0)
     except ProcessLookupError:
         return True
     except (OSError, ValueError, KeyError, TypeError):
         return False
     return False
+
+
+def _read_holder(path: Path) -> dict:
+    """The holder a claim or lock file names (pid, host, ...); {} if unreadable or empty."""
+    try:
+        holder = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
+    return holder if isinstance(holder, dict) else {}
 
 
 def _holder(job: ManyTrainings, trained: int) -> dict:
@@ -381,10 +393,7 @@ def progress(out: str | Path, runs: int, recent: int = 20) -> dict:
     training = {}
     for r in range(runs if coordination == "locks" else 0):
         if not run_path(out, r).exists() and claimed(out, r):
-            try:
-                holder = json.loads(claim_of(out, r).path.read_text() or "{}")
-            except (OSError, ValueError):
-                holder = {}
+            holder = _read_holder(claim_of(out, r).path)
             training[r] = {"pid": holder.get("pid"), "host": holder.get("host")}
     last = stamps[-recent:]
     rate = 60 * (len(last) - 1) / (last[-1] - last[0]) if len(last) > 1 and last[-1] > last[0] \

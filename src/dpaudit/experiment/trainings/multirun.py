@@ -41,6 +41,7 @@ from dpaudit.experiment.trainings.engine import (
     progress,
     progress_line,
     run_all,
+    run_number,
     run_path,
 )
 from dpaudit.experiment.trainings.run import (
@@ -107,11 +108,6 @@ def checksum(payload: dict) -> str:
 def run_bit(settings: AuditSettings, r: int) -> bool:
     """Membership bit of run r: a seeded Bernoulli(inclusion) draw, independent of order."""
     return seeds.run_bit(settings.seed, r, settings.audit.inclusion)
-
-
-def _run_number(path: Path) -> int | None:
-    stem = path.stem.removeprefix("run_")
-    return int(stem) if stem.isdigit() else None
 
 
 def run_one(
@@ -194,7 +190,7 @@ def read_run(path: str | Path, settings: AuditSettings | None = None) -> RunReco
         raise RunFileError(path, "has no checksum (written by hand or by dpaudit before 0.2?)")
     if data["checksum"] != checksum(data):
         raise RunFileError(path, "checksum mismatch: the file was changed after it was written")
-    number = _run_number(path)
+    number = run_number(path)
     if number is not None and number != record.run:
         raise RunFileError(path, f"holds run {record.run}, not run {number}")
     if any(int(m) != record.bit for m in record.membership):
@@ -314,7 +310,7 @@ def _tidy(out: Path, settings: AuditSettings, only: set[int] | None = None
     worker's share; the others belong to other workers)."""
     good, bad = scan_runs(out, settings)
     for err in bad:
-        if only is not None and _run_number(err.path) not in only:
+        if only is not None and run_number(err.path) not in only:
             continue
         dest = quarantine(err.path)
         log.warning("%s; moved to %s, the run will be redone", err, dest)
