@@ -103,3 +103,23 @@ def quoted(values, limit: int = 5) -> str:
     shown = ", ".join(repr(v) for v in items[:limit])
     more = f", ... and {len(items) - limit} more" if len(items) > limit else ""
     return f"[{shown}{more}]"
+
+
+def _finite_number(v) -> bool:
+    """A finite Python int or float (not a bool): what a config or a keyword argument gives."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and bool(np.isfinite(v))
+
+
+def require_positive(key: str, v, integer: bool = False) -> None:
+    """Refuse ``key`` unless it is a positive finite number (an integer with ``integer``)."""
+    ok = _finite_number(v) and v > 0 and (not integer or int(v) == v)
+    if not ok:
+        raise ValueError(f"{key} must be a positive finite {'integer' if integer else 'number'}"
+                         f", got {v!r}")
+
+
+def require_unit(key: str, v, closed_right: bool = False) -> None:
+    """Refuse ``key`` unless it lies in (0, 1) ((0, 1] with ``closed_right``)."""
+    if not (_finite_number(v) and (0 < v < 1 or (closed_right and v == 1))):
+        raise ValueError(f"{key} must be {'in (0, 1]' if closed_right else 'in (0, 1)'}, "
+                         f"got {v!r}")

@@ -42,10 +42,10 @@ def test_unknown_keys_and_wrong_kinds_are_named(arguments, message):
 
 
 @pytest.mark.parametrize("arguments,message", [
-    ({"n": -3}, "task.n must be a positive integer, got -3"),
+    ({"n": -3}, "task.n must be a positive finite integer, got -3"),
     ({"mus": []}, "task.mus must be a non-empty list"),
-    ({"mus": [1.0, -1.0]}, "task.mus must be a positive number, got -1.0"),
-    ({"confidence": 1.0}, r"task.confidence must lie in \(0, 1\)"),
+    ({"mus": [1.0, -1.0]}, "task.mus must be a positive finite number, got -1.0"),
+    ({"confidence": 1.0}, r"task.confidence must be in \(0, 1\), got 1.0"),
     ({"methods": ["gdp", "magic"]}, "task.methods: 'magic' is not one of"),
 ])
 def test_stats_demo_checks_its_ranges_before_any_draw(arguments, message):

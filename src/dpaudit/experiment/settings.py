@@ -22,6 +22,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from dpaudit import names
+from dpaudit._validate import require_positive, require_unit
 from dpaudit.experiment.canary_designs import design_of
 from dpaudit.experiment.canary_designs.gradient import (
     DIRECTIONS,
@@ -72,20 +73,19 @@ def choices_of(f) -> tuple[str, ...] | None:
 
 
 def _fail(group: str, name: str, expected: str, got: Any) -> None:
-    key = f"{group}.{name}" if group else name
-    raise ValueError(f"{key} must be {expected}, got {got!r}")
+    raise ValueError(f"{_key(group, name)} must be {expected}, got {got!r}")
 
 
 def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _key(group: str, name: str) -> str:
+    return f"{group}.{name}" if group else name
+
+
 def _positive(group, name, v, integer=False):
-    ok = _number(v) and v > 0
-    if integer:
-        ok = ok and int(v) == v
-    if not ok:
-        _fail(group, name, "a positive finite " + ("integer" if integer else "number"), v)
+    require_positive(_key(group, name), v, integer)
 
 
 def _nonnegative(group, name, v):
@@ -99,9 +99,7 @@ def _choice(group, name, v, options):
 
 
 def _unit(group, name, v, closed_right=False):
-    ok = _number(v) and (0 < v < 1 or (closed_right and v == 1))
-    if not ok:
-        _fail(group, name, "in (0, 1]" if closed_right else "in (0, 1)", v)
+    require_unit(_key(group, name), v, closed_right)
 
 
 @dataclass

@@ -12,6 +12,8 @@ import numbers
 import typing
 from collections.abc import Callable, Mapping, Sequence
 
+from dpaudit._validate import require_positive, require_unit
+
 # filled in by the CLI or the launcher, never by the user
 _INJECTED = ("output_dir",)
 
@@ -89,19 +91,13 @@ def _is_kind(value, kind: str) -> bool:
 
 
 def positive(key: str, value, integer: bool = False) -> None:
-    """Refuse ``task.key`` unless it is a positive number (an integer with ``integer``)."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0
-    if integer:
-        ok = ok and isinstance(value, numbers.Integral)
-    if not ok:
-        raise ValueError(f"task.{key} must be a positive {'integer' if integer else 'number'}, "
-                         f"got {value!r}")
+    """Refuse ``task.key`` unless it is a positive finite number (an integer with ``integer``)."""
+    require_positive(f"task.{key}", value, integer)
 
 
 def in_unit_interval(key: str, value) -> None:
     """Refuse ``task.key`` unless it lies in (0, 1)."""
-    if not (isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value < 1):
-        raise ValueError(f"task.{key} must lie in (0, 1), got {value!r}")
+    require_unit(f"task.{key}", value)
 
 
 def non_empty(key: str, values, each: Callable[[str, object], None] | None = None) -> None:
