@@ -124,25 +124,27 @@ def dense_rows(prepared):
 
 def measure(settings, repeats: int, dense: bool) -> dict:
     """Set-up once, then plain and audited trainings alternated ``repeats`` times."""
-    from dpaudit.experiment.trainings.run import audit_run, prepare_run, resolve_device
-    from dpaudit.experiment.trainings.training import total_steps, train_plain
+    from dpaudit.experiment.plan import plan_audit
+    from dpaudit.experiment.trainings.run import audit_run, prepare_run
+    from dpaudit.experiment.trainings.training import train_plain
 
-    device = resolve_device(settings)
+    plan = plan_audit(settings)
+    device = plan.device
     with PeakMemory(device) as setup:
-        prepared = prepare_run(settings)
+        prepared = prepare_run(plan)
     if dense:
         prepared = dense_rows(prepared)
-    steps = total_steps(settings.dp, prepared.sample_rate)
+    steps = prepared.derived.steps
     plain, audited = [], []
     for _ in range(repeats):
         model = copy.deepcopy(prepared.model)
         with PeakMemory(device) as m:
             _, done = train_plain(model, prepared.setup.train_set, settings.dp,
-                                  prepared.sample_rate, seed=settings.seed)
+                                  prepared.sample_rate, steps, seed=settings.seed)
         plain.append((m.seconds / done, m.mb, m.extra_mb))
         del model
         with PeakMemory(device) as m:
-            run = audit_run(settings, prepared=prepared)
+            run = audit_run(plan, prepared=prepared)
         audited.append((m.seconds / run.steps, m.mb, m.extra_mb))
         del run
     return {

@@ -89,6 +89,7 @@ import json, statistics, sys, warnings
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 warnings.simplefilter("ignore")
+from dpaudit.experiment.plan import plan_audit, poisson_sample_rate, total_steps
 from dpaudit.experiment.trainings.run import audit_run, prepare_run
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.trainings.training import train_plain
@@ -101,19 +102,19 @@ groups = {k: task[k] for k in ("data", "model", "dp", "canary", "attack", "audit
                                "device", "progress") if k in task}
 settings = AuditSettings.from_mappings(**groups)
 from dataclasses import replace
-from dpaudit.experiment.trainings.training import total_steps
 train, _, _ = settings.data.load(settings.seed)
-if total_steps(settings.dp, settings.dp.poisson_sample_rate(len(train))) > MAX_STEPS:
+if total_steps(settings.dp, poisson_sample_rate(settings.dp.batch_size, len(train))) > MAX_STEPS:
     # the hook's cost is per step: the ratio of the first MAX_STEPS steps is the ratio
     settings = replace(settings, dp=replace(settings.dp, steps=MAX_STEPS))
-prepared = prepare_run(settings, warn=False)
+plan = plan_audit(settings)
+prepared = prepare_run(plan, warn=False)
 white_box = settings.audit.mode != "multi_run"
 audited, plain = [], []
 for _ in range(2):
     model = copy.deepcopy(prepared.model)
     plain.append(train_plain(model, prepared.setup.train_set, settings.dp, prepared.sample_rate,
-                             seed=settings.seed)[0])
-    audited.append(audit_run(settings, prepared=prepared, white_box=white_box).train_seconds)
+                             prepared.derived.steps, seed=settings.seed)[0])
+    audited.append(audit_run(plan, prepared=prepared, white_box=white_box).train_seconds)
 a, b = statistics.median(audited), statistics.median(plain)
 print("RATIO " + json.dumps({"audited_training_s": a, "plain_training_s": b, "ratio": a / b}))
 """

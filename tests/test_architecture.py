@@ -32,13 +32,15 @@ LAYERS = (
 )
 LEVEL = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
-# Inside experiment/: the canary designs (torch-free plug-ins the settings check with) and the
-# settings (the audit's schema) below its two wings, which never
+# Inside experiment/: the canary designs (torch-free plug-ins the settings check with), the
+# settings (the audit's schema) and the plan (the settings resolved once into typed records)
+# below its two wings, which never
 # import each other (trainings: set up, train and record runs, one or many; judging: evidence,
 # verdict and report from what the runs recorded); audit.py composes the two, collect.py
 # re-judges directories of runs on top of it; the package's __init__ only re-exports.
 EXPERIMENT_LAYERS = (
-    ("canary_designs",), ("settings",), ("trainings", "judging"), ("audit",), ("collect",),
+    ("canary_designs",), ("settings",), ("plan",), ("trainings", "judging"), ("audit",),
+    ("collect",),
 )
 EXPERIMENT_LEVEL = {name: i for i, layer in enumerate(EXPERIMENT_LAYERS) for name in layer}
 
@@ -248,3 +250,101 @@ def test_no_private_name_is_imported_from_another_package():
                 if alias.name.startswith("_") and _top(node.module) != _top(module):
                     crossing.append(f"{module} -> {node.module}.{alias.name}")
     assert crossing == []
+
+
+# The orchestration floor (experiment/plan.py): the settings are read there, once, and turned
+# into typed records; audit.py, the multi-run entry and collect.py (above audit) hand the
+# settings to it and write them into files. Everything else under experiment/ receives records.
+ORCHESTRATION = {
+    "dpaudit.experiment", "dpaudit.experiment.settings", "dpaudit.experiment.plan",
+    "dpaudit.experiment.audit", "dpaudit.experiment.trainings.multirun",
+    "dpaudit.experiment.collect",
+}
+
+
+def _below_orchestration():
+    for path in sorted((SRC / "experiment").rglob("*.py")):
+        module = _module_name(path)
+        if module not in ORCHESTRATION:
+            yield module, ast.parse(path.read_text(), str(path))
+
+
+def _settings_uses(tree) -> list[str]:
+    """Where a module imports ``AuditSettings`` (or the settings module whole), names it, or
+    has a parameter called ``settings``."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "dpaudit.experiment.settings":
+            out += [f"imports {a.name}" for a in node.names if a.name == "AuditSettings"]
+        elif isinstance(node, ast.ImportFrom) and node.module == "dpaudit.experiment":
+            out += [f"imports {a.name}" for a in node.names if a.name in ("settings",
+                                                                           "AuditSettings")]
+        elif isinstance(node, ast.Name) and node.id == "AuditSettings":
+            out.append(f"names AuditSettings (line {node.lineno})")
+        elif isinstance(node, ast.Constant) and node.value == "AuditSettings":
+            out.append(f"annotates AuditSettings (line {node.lineno})")
+        elif isinstance(node, ast.arg) and node.arg == "settings":
+            out.append(f"has a parameter 'settings' (line {node.lineno})")
+    return out
+
+
+def test_no_module_below_the_orchestration_imports_or_receives_the_settings():
+    """Trainings, judging, canary designs and scores take the plan's typed records
+    (``experiment.plan``), never ``AuditSettings``: a settings field renamed breaks no leaf and
+    no plug-in."""
+    found = {m: uses for m, tree in _below_orchestration() if (uses := _settings_uses(tree))}
+    assert found == {}
+    # the reader is not vacuous: the orchestration's own modules are flagged
+    plan = ast.parse((SRC / "experiment" / "plan.py").read_text())
+    assert "imports AuditSettings" in _settings_uses(plan)
+
+
+DERIVED = {  # value -> the one function computing it, in experiment/plan.py
+    "the data's sample rate q": "poisson_sample_rate",
+    "the number of steps T": "total_steps",
+    "Opacus' expected batch size": "expected_batch_size",
+    "the device": "resolve_device",
+}
+
+
+def _calls_and_definitions():
+    calls, defs = {}, {}
+    for path in sorted(SRC.rglob("*.py")):
+        module = _module_name(path)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef) and not any(
+                    ast.unparse(d) == "property" for d in node.decorator_list):
+                defs.setdefault(node.name, []).append(module)  # a property reads, not derives
+            elif isinstance(node, ast.Call):
+                f = node.func
+                name = f.id if isinstance(f, ast.Name) else getattr(f, "attr", None)
+                calls.setdefault(name, []).append(module)
+    return calls, defs
+
+
+@pytest.mark.parametrize("value", list(DERIVED))
+def test_each_derived_value_is_computed_by_one_function(value):
+    """q, T, the expected batch size and the device: one function each, in the plan, and
+    nothing under experiment/ calls it but the plan (the tasks' own orchestration, Figure 3,
+    may call the same function for its own runs)."""
+    name = DERIVED[value]
+    calls, defs = _calls_and_definitions()
+    assert defs.get(name) == ["dpaudit.experiment.plan"]
+    callers = {m for m in calls.get(name, []) if m.startswith("dpaudit.experiment")}
+    assert callers == {"dpaudit.experiment.plan"}
+
+
+def test_no_module_but_the_plan_derives_a_batch_size_or_asks_for_cuda():
+    """The recomputations the plan replaced: ``len(data) * sample_rate`` (Opacus' expected
+    batch) and ``torch.cuda.is_available()`` (the device) appear nowhere else in experiment/."""
+    found = []
+    for module, tree in _below_orchestration():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+                sides = [ast.unparse(node.left), ast.unparse(node.right)]
+                if any("len(" in s for s in sides) and any("sample_rate" in s for s in sides):
+                    found.append(f"{module}: {ast.unparse(node)}")
+            if isinstance(node, ast.Attribute) and node.attr == "is_available" and \
+                    ast.unparse(node.value).endswith("cuda"):
+                found.append(f"{module}: {ast.unparse(node)}")
+    assert found == []

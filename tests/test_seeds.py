@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from dpaudit import seeds
-from dpaudit.experiment.trainings.canary_setup import draw_membership
+from dpaudit.experiment.plan import draw_membership, plan_audit
+from dpaudit.experiment.settings import AuditSettings
 
 
 def test_stream_tags_are_the_historical_values():
@@ -23,7 +24,8 @@ def test_derived_draws_are_unchanged():
     assert seeds.run_seed(0, 1) == 3964924996 and seeds.run_seed(5, 3) == 727168946
     assert seeds.stream(0, seeds.MEMBERSHIP).random(3) == pytest.approx(
         [0.37542387796676535, 0.19925795097216392, 0.5266419246314594], abs=0)
-    assert np.array_equal(draw_membership(3, 0.5, 0), np.array([True, True, False]))
+    three = plan_audit(AuditSettings.from_mappings(canary={"count": 3}, device="cpu"))
+    assert np.array_equal(draw_membership(three), np.array([True, True, False]))
     assert np.random.default_rng([0, 2, seeds.RUN_BIT]).random() == 0.7314810047386062
 
 

@@ -123,3 +123,35 @@ def require_unit(key: str, v, closed_right: bool = False) -> None:
     if not (_finite_number(v) and (0 < v < 1 or (closed_right and v == 1))):
         raise ValueError(f"{key} must be {'in (0, 1]' if closed_right else 'in (0, 1)'}, "
                          f"got {v!r}")
+
+
+def refuse(key: str, expected: str, got) -> None:
+    """Raise the ValueError every config check raises: ``key must be <expected>, got <got>``."""
+    raise ValueError(f"{key} must be {expected}, got {got!r}")
+
+
+def require_nonnegative(key: str, v) -> None:
+    """Refuse ``key`` unless it is a non-negative finite number."""
+    if not (_finite_number(v) and v >= 0):
+        refuse(key, "a non-negative finite number", v)
+
+
+def require_choice(key: str, v, options) -> None:
+    """Refuse ``key`` unless it is one of ``options``."""
+    if v not in options:
+        refuse(key, f"one of {tuple(options)}", v)
+
+
+def require_integer(key: str, v, low: int, high: int) -> None:
+    """Refuse ``key`` unless it is an integer (not a bool) in [low, high)."""
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v < high:
+        refuse(key, f"an integer in [{low}, {high})", v)
+
+
+def require_level(key: str, v, confidence: float) -> float:
+    """Refuse ``key`` (a PRIVACY BUG level) unless it lies in (0, 1 - confidence]: it may not
+    be weaker than the bounds' own failure probability."""
+    if not (_finite_number(v) and 0.0 < v <= 1.0 - confidence + 1e-12):
+        refuse(key, f"a number in (0, 1 - confidence] = (0, {1.0 - confidence:.3g}] (the "
+               "PRIVACY BUG verdict's failure probability; default 1e-6)", v)
+    return float(v)

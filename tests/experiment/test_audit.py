@@ -7,8 +7,8 @@ import pytest
 
 from dpaudit.experiment import AuditSettings, audit_run, run_audit
 from dpaudit.experiment import settings as settings_module
+from dpaudit.experiment.plan import plan_audit, poisson_sample_rate, threat_model
 from dpaudit.experiment.trainings.run import RunRecord, prepare_run
-from dpaudit.experiment.trainings.threat import threat_model_for
 
 TINY = {
     "data": {"name": "digits"},
@@ -106,13 +106,13 @@ def test_stratified_selection_draws_count_over_five_score_strata():
         "attack": {"scores": ["scalar"]},
     }
     settings = AuditSettings.from_mappings(**cfg)
-    setup = prepare_run(settings, np.ones(10, dtype=bool)).setup
+    setup = prepare_run(plan_audit(settings), np.ones(10, dtype=bool)).setup
     chosen, scores = np.asarray(setup.chosen), np.asarray(setup.candidate_scores)
     assert len(chosen) == len(set(chosen.tolist())) == 10
     ranks = np.argsort(np.argsort(scores))  # 0 = lowest score
     strata = ranks[chosen] * 5 // len(scores)
     assert sorted(np.bincount(strata, minlength=5).tolist()) == [2] * 5
-    again = prepare_run(settings, np.ones(10, dtype=bool)).setup
+    again = prepare_run(plan_audit(settings), np.ones(10, dtype=bool)).setup
     assert np.array_equal(again.chosen, setup.chosen)
 
 
@@ -191,7 +191,7 @@ def test_covariance_and_glir_score_dirac_canaries_on_dead_coordinates(tmp_path, 
         "attack": {"scores": ["scalar", "covariance", "glir"], "estimator": estimator},
         "audit": {"methods": ["clopper_pearson", "gdp"]},
     }
-    run = audit_run(AuditSettings.from_mappings(**cfg), white_box=False)
+    run = audit_run(plan_audit(AuditSettings.from_mappings(**cfg)), white_box=False)
     info = run.canary_info["precision"]
     sigma, b = cfg["dp"]["noise_multiplier"], info["batch_size"]
     assert info["estimator"] == estimator and info["ridge"] == 0.0 and info["dim"] == 20
@@ -213,7 +213,7 @@ def test_attack_ridge_adds_to_the_noise_ridge_and_dense_beyond_its_size_is_named
         "canary": {"kind": "gradient", "count": 10},
         "attack": {"scores": ["scalar", "covariance"], "ridge": 1.0},
     }
-    run = audit_run(AuditSettings.from_mappings(**cfg), white_box=False)
+    run = audit_run(plan_audit(AuditSettings.from_mappings(**cfg)), white_box=False)
     info = run.canary_info["precision"]
     assert info["ridge"] == 1.0
     slope = np.polyfit(run.scores["scalar"], run.scores["covariance"], 1)[0]
@@ -224,7 +224,7 @@ def test_attack_ridge_adds_to_the_noise_ridge_and_dense_beyond_its_size_is_named
            "canary": {"kind": "input", "count": 4, "source": "mislabeled", "candidates": 20},
            "attack": {"scores": ["covariance"], "estimator": "dense"}}
     with pytest.raises(ValueError, match=r"^attack\.estimator=dense: dense estimator forms d x d"):
-        audit_run(AuditSettings.from_mappings(**big), white_box=False)
+        audit_run(plan_audit(AuditSettings.from_mappings(**big)), white_box=False)
 
 
 def test_allowed_names_come_from_the_registries():
@@ -251,14 +251,16 @@ def test_threat_model_built_once_sets_bernoulli_canaries_inclusion():
             "canary": {"kind": "gradient", "count": 10, "policy": "bernoulli"},
         }
     )
-    prepared = prepare_run(settings)
+    plan = plan_audit(settings)
+    prepared = prepare_run(plan)
     threat = prepared.threat
-    q = settings.dp.poisson_sample_rate(prepared.setup.n_base)
-    assert threat == threat_model_for(settings, q, 3, settings.dp.max_grad_norm)
+    q = poisson_sample_rate(64, prepared.setup.n_base)
+    assert threat == threat_model(plan, prepared.derived.realised, q, 3)
+    assert prepared.derived.realised.member_rate == q and prepared.derived.realised.norm == 1.0
     assert threat.sample_rate == q == prepared.sample_rate < 1.0
     assert prepared.setup.canaries.inclusion_prob == threat.sample_rate
     mixture = next(s for s in prepared.scores if type(s).__name__ == "MixtureLR")
     assert mixture.inclusion_prob == threat.sample_rate
-    run = audit_run(settings, prepared=prepared)
+    run = audit_run(plan, prepared=prepared)
     assert isinstance(run, RunRecord) and run.threat_model == threat and run.steps == 3
     assert RunRecord.from_dict(run.to_dict()).threat_model == threat  # JSON round trip

@@ -1,11 +1,13 @@
 """Canary designs as plug-ins: a design written outside the package (tests/support/
 my_design.py, one file) runs a whole audit; the built-in designs answer what they realise."""
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ from my_design import NAME, SparseSignDesign, register, unregister
 
 from dpaudit.experiment import AuditSettings, run_audit
 from dpaudit.experiment.canary_designs import DESIGNS, GradientDesign, InputDesign, design_of
-from dpaudit.experiment.trainings.threat import independent_canaries, threat_model_for
+from dpaudit.experiment.plan import independent_canaries, plan_audit, threat_model
 
 TINY = dict(canary={"kind": NAME, "count": 200, "options": {"support": 8}},
             dp={"steps": 20}, progress=False)
@@ -54,6 +56,44 @@ def test_its_options_and_refusals_are_checked_before_training(sparse_sign):
         DESIGNS.register("not_a_design", SparseSignDesign)  # the class, not an instance
 
 
+def test_the_example_design_reads_no_settings_field():
+    """The plug-in example of the docs (tests/support/my_design.py) never names the settings:
+    its options, the typed context and a Realisation are all it uses."""
+    import ast
+
+    import my_design
+
+    tree = ast.parse(Path(my_design.__file__).read_text())
+    names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert "settings" not in names and "AuditSettings" not in Path(my_design.__file__).read_text()
+    assert {"options", "count", "max_grad_norm"} <= names
+
+
+def test_a_design_written_for_the_old_interface_still_audits_with_a_warning(sparse_sign):
+    """tests/support/legacy_design.py is my_design.py as written for dpaudit 0.1 (hooks taking
+    the settings, ``ctx.settings`` in ``build``): it still audits, with a DeprecationWarning,
+    and its audit is the new design's number for number."""
+    import legacy_design
+
+    from dpaudit.experiment.canary_designs import legacy
+
+    legacy_design.register()
+    legacy._WARNED.discard(legacy_design.SparseSignDesign)
+    try:
+        with pytest.warns(DeprecationWarning, match=r"SparseSignDesign\.sample_rate, "
+                          r"canary_norm, check\(settings, \.\.\.\) is the dpaudit-0\.1"):
+            old = run_audit(**{**TINY, "canary": {**TINY["canary"], "kind": legacy_design.NAME}})
+        with pytest.raises(ValueError, match="support must be a positive integer"):
+            AuditSettings.from_mappings(canary={"kind": legacy_design.NAME,
+                                                "options": {"support": 0}})
+    finally:
+        legacy_design.unregister()
+    new = run_audit(**TINY)
+    for key in ("attacks", "claim", "bounds", "theory", "canary_info", "independent_canaries",
+                "verdict"):  # as JSON: a bound that does not apply is NaN on both sides
+        assert json.dumps(old[key], sort_keys=True) == json.dumps(new[key], sort_keys=True), key
+
+
 def test_without_registration_the_kind_is_refused_naming_the_designs():
     with pytest.raises(ValueError, match=r"canary.kind must be one of \('gradient', 'input'"):
         AuditSettings.from_mappings(canary={"kind": NAME})
@@ -70,12 +110,16 @@ def test_without_registration_the_kind_is_refused_naming_the_designs():
 ])
 def test_built_in_designs_say_what_they_realise(canary, mode, rate, kind, independent, scores):
     s = AuditSettings.from_mappings(canary=canary, audit={"mode": mode})
-    threat = threat_model_for(s, 0.05, 100, None)
+    plan = plan_audit(s)
+    c = plan.canary
+    ctx = dataclasses.replace(c.context, data_sample_rate=0.05)
+    # a Dirac design is on dead coordinates when the build found every canary on one
+    built = SimpleNamespace(info={"canaries_on_zero_gradient_coordinates": s.canary.count})
+    realised = c.design.realises(c.options, ctx, built)
+    threat = threat_model(plan, realised, 0.05, 100)
     assert (threat.sample_rate, threat.canary_kind) == (rate, kind)
-    # a Dirac design is independent when every canary is on a dead coordinate
-    info = {"canaries_on_zero_gradient_coordinates": s.canary.count}
-    assert independent_canaries(s, info) is independent
-    assert s.attack_scores() == scores
+    assert independent_canaries(plan.judging, c.count, realised) is independent
+    assert s.attack_scores() == list(plan.scores) == scores
     assert isinstance(design_of(s.canary), GradientDesign if kind == "gradient" else InputDesign)
 
 

@@ -9,6 +9,7 @@ import pytest
 from dpaudit.experiment import audit_report
 from dpaudit.experiment.audit import evaluate_audit
 from dpaudit.experiment.judging.evaluation import bound_rows
+from dpaudit.experiment.plan import plan_audit
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.threat_model import ThreatModel
 
@@ -38,7 +39,7 @@ def test_evaluate_audit_reads_audit_inclusion():
     rng = np.random.default_rng(1)
     member = rng.random(2000) < 0.3
     scores = {"scalar": rng.standard_normal(2000) + 3.0 * member}
-    out = evaluate_audit(s, scores, member, THREAT)
+    out = evaluate_audit(plan_audit(s).judging, scores, member, THREAT, independent=True)
     row = out["bounds"][0]
     assert row["kind"] == "certified" and row["epsilon"] > 1.0
     assert row["result"]["details"]["inclusion"] == 0.3

@@ -18,6 +18,7 @@ import pytest
 
 from dpaudit.experiment import AuditSettings, aggregate, run_audit
 from dpaudit.experiment.collect import collect_sweep
+from dpaudit.experiment.plan import plan_audit, recorded_threat_model
 from dpaudit.experiment.trainings.engine import claim_of
 from dpaudit.experiment.trainings.multirun import (
     DirectoryBusyError,
@@ -30,7 +31,6 @@ from dpaudit.experiment.trainings.multirun import (
     save_settings,
 )
 from dpaudit.experiment.trainings.run import RunRecord
-from dpaudit.experiment.trainings.threat import threat_model_for
 from dpaudit.tasks.aggregate import main as aggregate_main
 
 MULTI = {
@@ -118,7 +118,7 @@ def test_run_files_round_trip_and_describe_themselves(tmp_path):
     saved = json.loads(path.read_text())
     record_keys = {"scores", "membership", "steps", "sample_rate", "engine_accountants"}
     record_keys |= {"test_accuracy", "train_seconds", "canary_info", "chosen", "canary_norm"}
-    record_keys |= {"run", "bit", "fingerprint", "threat_model"}
+    record_keys |= {"run", "bit", "fingerprint", "threat_model", "independent"}
     self_description = {"schema_version", "settings", "provenance", "checksum", "worker"}
     assert set(saved) == record_keys | self_description  # candidate_scores left out
     assert saved["worker"]["index"] == 0 and saved["worker"]["pid"] == os.getpid()
@@ -130,9 +130,13 @@ def test_run_files_round_trip_and_describe_themselves(tmp_path):
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~_umask()  # not mkstemp's 0600
     record = read_run(path, settings)
     assert RunRecord.from_dict(record.to_dict()) == record
-    # The threat model is built once, when the run is prepared, from the settings.
-    assert record.threat_model == threat_model_for(
-        settings, record.sample_rate, record.steps, record.canary_norm
+    # The threat model and the canaries' independence are derived once, when the run is
+    # prepared, from the plan; a file without them is read as an older dpaudit's
+    assert saved["independent"] is True  # one canary per run
+    old = RunRecord.from_dict({k: v for k, v in saved.items() if k != "independent"})
+    assert old.independent is None
+    assert record.threat_model == recorded_threat_model(
+        plan_audit(settings), record.sample_rate, record.steps, record.canary_norm
     )
     assert saved["threat_model"]["sample_rate"] == 1.0  # every-step gradient canaries
 

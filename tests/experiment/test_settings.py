@@ -8,16 +8,20 @@ import numpy as np
 import pytest
 import torch
 
+from dpaudit.experiment.plan import (
+    Realisation,
+    draw_membership,
+    membership_counts,
+    plan_audit,
+    resolve_device,
+    threat_model,
+)
 from dpaudit.experiment.settings import AuditSettings
-from dpaudit.experiment.trainings.canary_setup import draw_membership
 from dpaudit.experiment.trainings.run import (
     expected_certified_bound,
     ideal_scores,
-    membership_counts,
-    resolve_device,
     warn_if_bounds_vanish,
 )
-from dpaudit.experiment.trainings.threat import threat_model_for
 from dpaudit.threat_model import ThreatModel
 
 
@@ -55,16 +59,16 @@ def test_multi_run_needs_two_runs():
 
 
 def test_membership_counts_match_the_draw_and_refuse_one_sided_audits():
-    s = AuditSettings.from_mappings(canary={"count": 40})
-    n_in, n_out = membership_counts(s)
-    assert n_in == int(draw_membership(40, 0.5, 0).sum()) and n_in + n_out == 40
+    plan = plan_audit(AuditSettings.from_mappings(canary={"count": 40}))
+    n_in, n_out = membership_counts(plan)
+    assert n_in == int(draw_membership(plan).sum()) and n_in + n_out == 40
     with pytest.raises(ValueError, match=r"canary\.count=20 with audit\.inclusion=0\.999"):
-        membership_counts(AuditSettings.from_mappings(canary={"count": 20},
-                                                      audit={"inclusion": 0.999}))
+        membership_counts(plan_audit(AuditSettings.from_mappings(
+            canary={"count": 20}, audit={"inclusion": 0.999})))
     multi = AuditSettings.from_mappings(canary={"count": 1},
                                         audit={"mode": "multi_run", "runs": 3, "inclusion": 0.99})
     with pytest.raises(ValueError, match=r"audit\.runs=3 with audit\.inclusion=0\.99"):
-        membership_counts(multi)
+        membership_counts(plan_audit(multi))
 
 
 def test_expected_bound_against_the_perfect_separation_ceiling():
@@ -85,17 +89,17 @@ def test_expected_bound_against_the_perfect_separation_ceiling():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
 def test_cuda_on_a_cpu_build_names_device_and_what_is_available():
     with pytest.raises(ValueError, match=r"device='cuda'.*available: cpu"):
-        resolve_device(AuditSettings(device="cuda"))
+        resolve_device("cuda")
 
 
 def test_bad_device_strings():
     with pytest.raises(ValueError, match=r"device='gpu0' is not a torch device"):
-        resolve_device(AuditSettings(device="gpu0"))
-    assert resolve_device(AuditSettings(device="cpu")) == torch.device("cpu")
+        resolve_device("gpu0")
+    assert resolve_device("cpu") == torch.device("cpu")
     n = torch.cuda.device_count()
     if n:
         with pytest.raises(ValueError, match="no such GPU"):
-            resolve_device(AuditSettings(device=f"cuda:{n}"))
+            resolve_device(f"cuda:{n}")
 
 
 @pytest.mark.parametrize("q", [1.0, 0.3])
@@ -122,9 +126,11 @@ def test_poisson_canary_defaults_say_before_training_that_they_certify_nothing()
             dp={"noise_multiplier": noise},
             canary={"kind": "gradient", "policy": "bernoulli", "count": count},
         )
-        threat = threat_model_for(settings, 64 / 1347, 100, 1.0)
+        plan = plan_audit(settings)
+        realised = Realisation(kind="gradient", norm=1.0)  # at the data's rate
+        threat = threat_model(plan, realised, 64 / 1347, 100)
         info = {}
-        warn_if_bounds_vanish(settings, membership_counts(settings), threat, info)
+        warn_if_bounds_vanish(plan, membership_counts(plan), threat, info)
         return info["expected_certified_epsilon"]
 
     with pytest.warns(UserWarning, match=r"expect epsilon bounds of 0: canary\.count=200 .*"

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from dpaudit.experiment import audit_run, run_audit
+from dpaudit.experiment.plan import plan_audit
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.stats import gdp_mu
 
@@ -67,7 +68,7 @@ def test_view_auto_equals_full_and_dead_coordinates_warning():
     runs = {}
     for view in ("full", "auto"):
         g = dict(groups, canary=dict(groups["canary"], view=view))
-        runs[view] = audit_run(AuditSettings.from_mappings(**g))
+        runs[view] = audit_run(plan_audit(AuditSettings.from_mappings(**g)))
     assert runs["auto"].canary_info["view"] == "auto"
     assert runs["auto"].canary_info["coordinates"] == runs["full"].canary_info["coordinates"]
     assert runs["auto"].canary_info["zero_gradient_coordinates"] == 30
@@ -77,7 +78,7 @@ def test_view_auto_equals_full_and_dead_coordinates_warning():
         )
     g = dict(groups, canary=dict(groups["canary"], count=40, view="auto"))
     with pytest.warns(UserWarning, match=r"canary.count=40 exceeds the 30 coordinates"):
-        run = audit_run(AuditSettings.from_mappings(**g))
+        run = audit_run(plan_audit(AuditSettings.from_mappings(**g)))
     assert run.canary_info["canaries_on_zero_gradient_coordinates"] == 30
 
 
@@ -166,7 +167,7 @@ def test_one_run_live_1e5_preset_composes_with_200k_live_weights():
     assert gaussian_mechanism_epsilon(6.0022907219891986, 100, 1e-5) == pytest.approx(
         8.0, rel=1e-9)
     settings = AuditSettings.from_mappings(**groups)
-    setup = prepare_run(settings).setup
+    setup = prepare_run(plan_audit(settings)).setup
     info = setup.info
     live = info["dim"] - info["zero_gradient_coordinates"]
     assert info["dim"] == 784 * 400 + 400 + 400 * 10 + 10
@@ -190,7 +191,7 @@ def test_random_live_placement_and_its_errors():
             seed=seed,
             progress=False,
         )
-        return audit_run(s).canary_info
+        return audit_run(plan_audit(s)).canary_info
 
     a, b, c = run(200), run(200), run(200, seed=1)
     assert a["zero_gradient_coordinates"] == 30

@@ -1,7 +1,11 @@
 """A user's canary design, in one file outside the package: sparse random-sign gradient
-canaries, each ``norm`` spread evenly over ``support`` random coordinates with random signs,
+canaries, each of norm C spread evenly over ``support`` random coordinates with random signs,
 inserted at every step. ``register()`` adds it as ``canary.kind=sparse_sign``; importing the
-module from a config's ``plugins`` list registers it too (``REGISTER_ON_IMPORT``)."""
+module from a config's ``plugins`` list registers it too (``REGISTER_ON_IMPORT``).
+
+It reads no settings field: its own options (``SparseSignOptions``, from ``canary.options``),
+the typed context (``ctx.count``, ``ctx.max_grad_norm``) and the model; it says what it
+realises in a ``Realisation`` (docs/plugins.md)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ from dpaudit.experiment.canary_designs import (
     BuildContext,
     CanaryDesign,
     CanarySetup,
+    DesignContext,
+    Realisation,
     register_canary_design,
 )
 
@@ -33,22 +39,19 @@ class SparseSignDesign(CanaryDesign):
     Options = SparseSignOptions
     refused_scores = {"mixture_lr": "these canaries enter every step"}  # noqa: RUF012
 
-    def check(self, settings) -> None:
-        if self.options(settings.canary).support < 1:
+    def check(self, options: SparseSignOptions, ctx: DesignContext) -> None:
+        if options.support < 1:
             raise ValueError("canary.options.support must be a positive integer")
 
-    def sample_rate(self, settings, data_rate):
-        return 1.0  # every member enters every step
-
-    def canary_norm(self, settings, measured):
-        return measured
+    def realises(self, options, ctx: DesignContext, setup=None) -> Realisation:
+        # every member enters every step, with norm C; random supports overlap the data's
+        return Realisation(kind="gradient", member_rate=1.0, norm=ctx.max_grad_norm,
+                           on_dead_coordinates=None if setup is None else False)
 
     def build(self, ctx: BuildContext) -> CanarySetup:
-        support = self.options(ctx.settings.canary).support
+        support, norm, count = ctx.options.support, ctx.max_grad_norm, ctx.count
         params = dict(ctx.model.named_parameters())
         dim = sum(params[n].numel() for n in ctx.param_names)
-        norm = ctx.settings.dp.max_grad_norm
-        count = ctx.settings.canary.count
         vectors = torch.zeros(count, dim)
         for k in range(count):
             coords = ctx.rng.choice(dim, size=support, replace=False)

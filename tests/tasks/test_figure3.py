@@ -18,8 +18,9 @@ from torch.utils.data import TensorDataset
 
 from dpaudit.attacks import ScalarProduct
 from dpaudit.capture import InputCanaries
+from dpaudit.experiment.plan import total_steps
 from dpaudit.experiment.settings import DPSettings
-from dpaudit.experiment.trainings.training import train_audited
+from dpaudit.experiment.trainings.training import shuffle_sample_rate, train_audited
 from dpaudit.gradients import resolve_parameter_names
 from dpaudit.models import build_model
 from dpaudit.tasks.figure3 import figure3
@@ -136,11 +137,12 @@ def test_shuffle_sampling_makes_one_pass_per_epoch():
     model = nn.Sequential(nn.Linear(4, 2))
     canary = InputCanaries(data.tensors[0][:1], data.tensors[1][:1])
     kw = {"canaries": canary, "scores": [ScalarProduct()], "progress": False}
-    out = train_audited(model, data, None, dp, 0.5, sampling="shuffle", **kw)
+    steps = total_steps(dp, shuffle_sample_rate(n, b))  # what the Figure 3 task passes
+    out = train_audited(model, data, None, dp, 0.5, sampling="shuffle", steps=steps, **kw)
     assert out.sample_rate == pytest.approx(1 / math.ceil(n / b))
     assert out.steps == 2 * math.ceil(n / b)  # 2 epochs of 4 batches, not 2 / 0.5 = 4 steps
     with pytest.raises(ValueError, match="sampling"):
-        train_audited(model, data, None, dp, 0.5, sampling="random", **kw)
+        train_audited(model, data, None, dp, 0.5, sampling="random", steps=steps, **kw)
 
 
 @pytest.mark.parametrize(

@@ -17,9 +17,9 @@ from __future__ import annotations
 import re
 import sys
 import textwrap
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, make_dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, get_type_hints
 
 import yaml
 from hydra.core.config_store import ConfigStore
@@ -31,8 +31,27 @@ from dpaudit.papers import humanize
 SCHEMA_NAME = "dpaudit_schema"
 
 
+def _composable(cls: type) -> type:
+    """A mutable twin of the frozen settings dataclass ``cls`` (its groups twinned too), for
+    Hydra's schema: OmegaConf makes a frozen dataclass's node read-only, and Hydra composes the
+    defaults and the command line onto the schema's nodes. The fields, defaults and metadata
+    (help, choices) are ``cls``'s own; the audit itself still gets the frozen settings."""
+    specs, hints = [], get_type_hints(cls)
+    for f in fields(cls):
+        kind = _composable(GROUPS[f.name]) if f.name in GROUPS else hints[f.name]
+        if f.default_factory is not MISSING:
+            factory = kind if f.name in GROUPS else f.default_factory
+            spec = field(default_factory=factory, metadata=f.metadata)
+        else:
+            spec = field(default=f.default, metadata=f.metadata)
+        specs.append((f.name, kind, spec))
+    twin = make_dataclass(cls.__name__, specs, namespace={"__doc__": cls.__doc__})
+    twin.__module__ = __name__
+    return twin
+
+
 @dataclass
-class DpauditConfig(AuditSettings):
+class DpauditConfig(_composable(AuditSettings)):
     """The top-level config of the CLI: the audit's settings, plus ``fail_on_bug``, the
     preset's ``task`` (a Hydra ``_target_`` callable and its arguments) and ``plugins``
     (``dpaudit.registry.load_plugins``: extensions registered before anything is checked)."""

@@ -21,6 +21,8 @@ _LAZY = {
     "RunRecord": "dpaudit.experiment.trainings.run",
     "audit_run": "dpaudit.experiment.trainings.run",
     "AuditSettings": "dpaudit.experiment.settings",
+    "AuditPlan": "dpaudit.experiment.plan",
+    "plan_audit": "dpaudit.experiment.plan",
 }
 
 
@@ -36,12 +38,14 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "BUGS",
+    "AuditPlan",
     "AuditSettings",
     "RunRecord",
     "aggregate",
     "audit_report",
     "audit_run",
     "evaluate",
+    "plan_audit",
     "plant_bug",
     "run_audit",
     "run_multi",

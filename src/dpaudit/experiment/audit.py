@@ -17,10 +17,16 @@ import numpy as np
 from dpaudit.capture.records import WhiteBoxRecords
 from dpaudit.experiment.judging.evaluation import evaluate_scores, split_scores
 from dpaudit.experiment.judging.outputs import audit_mode, write_audit_report
+from dpaudit.experiment.plan import (
+    AuditPlan,
+    Judging,
+    plan_audit,
+    recorded_independence,
+    recorded_threat_model,
+)
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.trainings.multirun import WorkerDone, run_multi
-from dpaudit.experiment.trainings.run import RunRecord, audit_run, resolve_device
-from dpaudit.experiment.trainings.threat import independent_canaries, threat_model_for
+from dpaudit.experiment.trainings.run import RunRecord, audit_run
 from dpaudit.report.results import AuditResult
 from dpaudit.threat_model import ThreatModel
 
@@ -33,26 +39,31 @@ MULTI_RUN_NO_RECORDS = (
 )
 
 
-def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None) -> dict:
-    """Evidence, theory and verdict for pooled scores (one run, or runs aggregated)."""
-    threat = run.threat_model or threat_model_for(
-        settings, run.sample_rate, run.steps, run.canary_norm
+def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None,
+             plan: AuditPlan | None = None) -> dict:
+    """Evidence, theory and verdict for pooled scores (one run, or runs aggregated);
+    ``plan``: the settings' ``AuditPlan`` (built here when not given)."""
+    plan = plan_audit(settings) if plan is None else plan
+    threat = run.threat_model or recorded_threat_model(
+        plan, run.sample_rate, run.steps, run.canary_norm
     )
+    independent = (run.independent if run.independent is not None
+                   else recorded_independence(plan, run.canary_info))
     evidence = evaluate_audit(
-        settings,
+        plan.judging,
         run.scores,
         run.membership,
         threat,
-        canary_info=run.canary_info,
+        independent=independent,
         engine_accountants=run.engine_accountants,
         white_box=run.white_box,
-        white_box_reason=(MULTI_RUN_NO_RECORDS if settings.audit.mode == "multi_run"
+        white_box_reason=(MULTI_RUN_NO_RECORDS if plan.judging.mode == "multi_run"
                           else None),
         per_step=run.per_step,
     )
     result = {
         "settings": settings.to_dict(),
-        "audit_mode": audit_mode(settings.audit.mode),
+        "audit_mode": audit_mode(plan.judging.mode),
         "steps": run.steps,
         "sample_rate": run.sample_rate,
         "test_accuracy": run.test_accuracy,
@@ -99,18 +110,19 @@ def run_audit(
     else:
         settings.check()
     start = time.perf_counter()
+    plan = plan_audit(settings)  # the settings resolved once: below here, typed records only
 
     def judge(run: RunRecord) -> dict:  # evaluate the run(s) and write the report
         ran = time.perf_counter()
-        result = evaluate(settings, run, {"wall_seconds": ran - start})
+        result = evaluate(settings, run, {"wall_seconds": ran - start}, plan)
         result["timing"] = audit_timing(run, ran - start, time.perf_counter() - ran)
         result = AuditResult.from_dict(result).to_dict()  # what results.json holds
         if output_dir is not None:
-            write_report(result, run, Path(output_dir), settings)
+            write_report(result, run, Path(output_dir), plan)
         return result
 
-    if settings.audit.mode != "multi_run":
-        return judge(audit_run(settings))
+    if plan.judging.mode != "multi_run":
+        return judge(audit_run(plan))
     if output_dir is None:
         raise ValueError("output_dir is required for audit.mode='multi_run' (runs are saved)")
     # judged under the evaluation's claim: no other worker writes this report meanwhile
@@ -150,39 +162,40 @@ def audit_timing(run: RunRecord, run_seconds: float, evaluation_seconds: float) 
 
 
 def evaluate_audit(
-    settings,
+    judging: Judging,
     scores: dict,
     membership,
     threat: ThreatModel,
     *,
-    canary_info: dict | None = None,
+    independent: bool,
     engine_accountants: dict | None = None,
     white_box: WhiteBoxRecords | None = None,
     white_box_reason: str | None = None,
     per_step: dict | None = None,
 ) -> dict:
-    """``evaluate_scores`` for an audit described by ``AuditSettings`` (methods, confidence,
-    the PRIVACY BUG level, independence of its canaries from the design and ``canary_info``;
-    ``white_box``: the run's records, or ``white_box_reason`` why there are none)."""
+    """``evaluate_scores`` for an audit's ``Judging`` record (methods, confidence, the PRIVACY
+    BUG level, the membership design; ``independent``: each canary an independent experiment,
+    ``plan.independent_canaries``; ``white_box``: the run's records, or ``white_box_reason``
+    why there are none)."""
     split = split_scores({k: np.asarray(v) for k, v in scores.items()}, membership)
     steps_split = None if per_step is None else split_scores(per_step, membership)
     return evaluate_scores(
         split,
         threat,
-        methods=settings.audit.methods,
-        confidence=settings.audit.confidence,
-        independent=independent_canaries(settings, canary_info),
+        methods=judging.methods,
+        confidence=judging.confidence,
+        independent=independent,
         training_accountants=engine_accountants,
-        inclusion=settings.audit.inclusion,
+        inclusion=judging.inclusion,
         white_box=white_box,
         white_box_reason=white_box_reason,
         per_step=steps_split,
-        refutation_level=settings.audit.refutation_level,
+        refutation_level=judging.refutation_level,
     )
 
 
-def write_report(result: dict, run, out: Path, settings) -> None:
-    """``write_audit_report`` for an audit's ``RunRecord`` and its ``AuditSettings``."""
+def write_report(result: dict, run, out: Path, plan: AuditPlan) -> None:
+    """``write_audit_report`` for an audit's ``RunRecord`` on its plan's device."""
     split = split_scores({k: np.asarray(v) for k, v in run.scores.items()}, run.membership)
     write_audit_report(
         result,
@@ -190,6 +203,6 @@ def write_report(result: dict, run, out: Path, settings) -> None:
         out,
         candidate_scores=run.candidate_scores,
         chosen=run.chosen,
-        selection=(run.canary_info or {}).get("selection", ""),  # the design says which
-        device=str(resolve_device(settings)),
+        selection=run.selection or "",
+        device=str(plan.device),
     )

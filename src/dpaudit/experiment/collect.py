@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 
 from dpaudit.experiment.audit import evaluate, write_report
+from dpaudit.experiment.plan import plan_audit
 from dpaudit.experiment.trainings.multirun import (
     RUNS_DIR,
     DirectoryLock,
@@ -34,11 +35,12 @@ def reaggregate(directory: str | Path) -> dict:
     out = Path(directory)
     with _directory_lock(out):
         settings = load_settings(out)
+        plan = plan_audit(settings)
         run = aggregate(out, settings)
         missing = sorted(set(range(settings.audit.runs)) - set(run.runs))
         extra = {"runs_done": len(run.runs), "runs_missing": missing}
-        result = evaluate(settings, run, extra)
-        write_report(result, run, out, settings)
+        result = evaluate(settings, run, extra, plan)
+        write_report(result, run, out, plan)
     if missing:
         print(f"{len(missing)} of {settings.audit.runs} runs missing: rerun the audit to add them")
     return result

@@ -19,11 +19,20 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import MISSING, asdict, dataclass, field, fields
+from types import SimpleNamespace
 from typing import Any
 
 from dpaudit import names
-from dpaudit._validate import require_positive, require_unit
-from dpaudit.experiment.canary_designs import design_of
+from dpaudit._validate import (
+    refuse,
+    require_choice,
+    require_integer,
+    require_level,
+    require_nonnegative,
+    require_positive,
+    require_unit,
+)
+from dpaudit.experiment.canary_designs import CanaryDesign, DesignContext, design_of
 from dpaudit.experiment.canary_designs.gradient import (
     DIRECTIONS,
     GRADIENT_POLICIES,
@@ -72,37 +81,11 @@ def choices_of(f) -> tuple[str, ...] | None:
     return None if ch is None else tuple(ch)
 
 
-def _fail(group: str, name: str, expected: str, got: Any) -> None:
-    raise ValueError(f"{_key(group, name)} must be {expected}, got {got!r}")
-
-
 def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _key(group: str, name: str) -> str:
-    return f"{group}.{name}" if group else name
-
-
-def _positive(group, name, v, integer=False):
-    require_positive(_key(group, name), v, integer)
-
-
-def _nonnegative(group, name, v):
-    if not (_number(v) and v >= 0):
-        _fail(group, name, "a non-negative finite number", v)
-
-
-def _choice(group, name, v, options):
-    if v not in options:
-        _fail(group, name, f"one of {options}", v)
-
-
-def _unit(group, name, v, closed_right=False):
-    require_unit(_key(group, name), v, closed_right)
-
-
-@dataclass
+@dataclass(frozen=True)
 class DataSettings:
     """The training data (``data`` group): a registered data set and its split."""
 
@@ -130,13 +113,13 @@ class DataSettings:
         )
 
     def check(self) -> None:
-        _choice("data", "name", self.name, _registry_names("DATASETS"))
+        require_choice("data.name", self.name, _registry_names("DATASETS"))
         if self.n_train is not None:
-            _positive("data", "n_train", self.n_train, integer=True)
-        _unit("data", "test_fraction", self.test_fraction)
+            require_positive("data.n_train", self.n_train, integer=True)
+        require_unit("data.test_fraction", self.test_fraction)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelSettings:
     """The model trained with DP-SGD (``model`` group)."""
 
@@ -144,11 +127,11 @@ class ModelSettings:
     width: int = _opt(400, "hidden width (mlp) / channels per conv layer (cnn); unused by logreg")
 
     def check(self) -> None:
-        _choice("model", "name", self.name, _registry_names("MODELS"))
-        _positive("model", "width", self.width, integer=True)
+        require_choice("model.name", self.name, _registry_names("MODELS"))
+        require_positive("model.width", self.width, integer=True)
 
 
-@dataclass
+@dataclass(frozen=True)
 class DPSettings:
     """DP-SGD with Poisson sampling (``dp`` group): sample rate = batch_size / n_train."""
 
@@ -171,39 +154,30 @@ class DPSettings:
         "dpaudit.experiment.BUG_ZOO (scaled_noise: the noise is bug_factor x sigma)"
     )
 
-    def poisson_sample_rate(self, n_train: int) -> float:
-        """q = 1 / round(n_train / batch_size) on ``n_train`` examples without canaries: Opacus'
-        accountant reads 1 / len(loader), so q is the reciprocal of a whole number of steps
-        per epoch and both sides agree exactly; the same in every run of an audit."""
-        if self.batch_size > n_train:
-            raise ValueError(
-                f"dp.batch_size ({self.batch_size}) exceeds the training set size ({n_train})"
-            )
-        return 1.0 / max(1, round(n_train / self.batch_size))
-
     def check(self) -> None:
-        _positive("dp", "noise_multiplier", self.noise_multiplier)
-        _positive("dp", "max_grad_norm", self.max_grad_norm)
-        _positive("dp", "batch_size", self.batch_size, integer=True)
-        _positive("dp", "epochs", self.epochs)
+        require_positive("dp.noise_multiplier", self.noise_multiplier)
+        require_positive("dp.max_grad_norm", self.max_grad_norm)
+        require_positive("dp.batch_size", self.batch_size, integer=True)
+        require_positive("dp.epochs", self.epochs)
         if self.steps is not None:
-            _positive("dp", "steps", self.steps, integer=True)
-        _positive("dp", "lr", self.lr)
-        _choice("dp", "optimizer", self.optimizer, OPTIMIZERS)
+            require_positive("dp.steps", self.steps, integer=True)
+        require_positive("dp.lr", self.lr)
+        require_choice("dp.optimizer", self.optimizer, OPTIMIZERS)
         if not (_number(self.momentum) and 0 <= self.momentum < 1):
-            _fail("dp", "momentum", "in [0, 1)", self.momentum)
-        _unit("dp", "delta", self.delta)
+            refuse("dp.momentum", "in [0, 1)", self.momentum)
+        require_unit("dp.delta", self.delta)
         if self.max_physical_batch_size is not None:
-            _positive("dp", "max_physical_batch_size", self.max_physical_batch_size, integer=True)
-        _choice("dp", "bug", self.bug, _registry_names("BUGS"))
+            require_positive("dp.max_physical_batch_size", self.max_physical_batch_size,
+                             integer=True)
+        require_choice("dp.bug", self.bug, _registry_names("BUGS"))
         if self.bug_factor is not None and not _number(self.bug_factor):
-            _fail("dp", "bug_factor", "null or a finite number", self.bug_factor)
+            refuse("dp.bug_factor", "null or a finite number", self.bug_factor)
         from dpaudit.bugs import check_bug
 
         check_bug(self.bug, self.bug_factor)
 
 
-@dataclass
+@dataclass(frozen=True)
 class CanarySettings:
     """The canaries (``canary`` group): gradient canaries inserted by the audit hook, or input
     canaries (seed 001 Algorithm 3) added to the training data."""
@@ -241,28 +215,28 @@ class CanarySettings:
     )
 
     def check(self) -> None:
-        _choice("canary", "kind", self.kind, _registry_names("CANARY_DESIGNS"))
-        _positive("canary", "count", self.count, integer=True)
-        _choice("canary", "direction", self.direction, DIRECTIONS)
-        _choice("canary", "placement", self.placement, PLACEMENTS)
+        require_choice("canary.kind", self.kind, _registry_names("CANARY_DESIGNS"))
+        require_positive("canary.count", self.count, integer=True)
+        require_choice("canary.direction", self.direction, DIRECTIONS)
+        require_choice("canary.placement", self.placement, PLACEMENTS)
         if self.norm is not None:
-            _positive("canary", "norm", self.norm)
-        _choice("canary", "policy", self.policy, GRADIENT_POLICIES)
-        _choice("canary", "view", self.view, VIEWS)
+            require_positive("canary.norm", self.norm)
+        require_choice("canary.policy", self.policy, GRADIENT_POLICIES)
+        require_choice("canary.view", self.view, VIEWS)
         if self.inclusion_prob is not None:
-            _unit("canary", "inclusion_prob", self.inclusion_prob, closed_right=True)
-        _choice("canary", "source", self.source, _registry_names("INPUT_SOURCES"))
-        _choice("canary", "selection", self.selection, CANARY_SELECTIONS)
-        _positive("canary", "candidates", self.candidates, integer=True)
-        _positive("canary", "n_references", self.n_references, integer=True)
-        _choice("canary", "estimator", self.estimator, _registry_names("ESTIMATORS"))
-        _positive("canary", "crafted_value", self.crafted_value)
+            require_unit("canary.inclusion_prob", self.inclusion_prob, closed_right=True)
+        require_choice("canary.source", self.source, _registry_names("INPUT_SOURCES"))
+        require_choice("canary.selection", self.selection, CANARY_SELECTIONS)
+        require_positive("canary.candidates", self.candidates, integer=True)
+        require_positive("canary.n_references", self.n_references, integer=True)
+        require_choice("canary.estimator", self.estimator, _registry_names("ESTIMATORS"))
+        require_positive("canary.crafted_value", self.crafted_value)
         if not isinstance(self.options, dict):
-            _fail("canary", "options", "a mapping of a registered design's options",
+            refuse("canary.options", "a mapping of a registered design's options",
                   self.options)
 
 
-@dataclass
+@dataclass(frozen=True)
 class AttackSettings:
     """The membership scores computed from the released gradients (``attack`` group)."""
 
@@ -287,20 +261,20 @@ class AttackSettings:
         attacks = _registry_names("ATTACKS")
         if self.scores is not None:
             if isinstance(self.scores, str) or not self.scores:
-                _fail("attack", "scores", f"null or a non-empty list from {attacks}", self.scores)
+                refuse("attack.scores", f"null or a non-empty list from {attacks}", self.scores)
             for s in self.scores:
-                _choice("attack", "scores", s, attacks)
-        _choice("attack", "estimator", self.estimator, _registry_names("ESTIMATORS"))
-        _positive("attack", "n_references", self.n_references, integer=True)
-        _nonnegative("attack", "ridge", self.ridge)
+                require_choice("attack.scores", s, attacks)
+        require_choice("attack.estimator", self.estimator, _registry_names("ESTIMATORS"))
+        require_positive("attack.n_references", self.n_references, integer=True)
+        require_nonnegative("attack.ridge", self.ridge)
         if self.explained_variance is not None:
             if self.estimator != "woodbury":
-                _fail("attack", "explained_variance", "null unless attack.estimator=woodbury "
+                refuse("attack.explained_variance", "null unless attack.estimator=woodbury "
                       "(it truncates woodbury's reference span)", self.explained_variance)
-            _unit("attack", "explained_variance", self.explained_variance, closed_right=True)
+            require_unit("attack.explained_variance", self.explained_variance, closed_right=True)
 
 
-@dataclass
+@dataclass(frozen=True)
 class AuditGroupSettings:
     """How membership is drawn and how the scores are turned into bounds (``audit`` group)."""
 
@@ -331,34 +305,25 @@ class AuditGroupSettings:
                              COORDINATIONS)
 
     def check(self) -> None:
-        _choice("audit", "mode", self.mode, MODES)
-        _choice("audit", "coordination", self.coordination, COORDINATIONS)
-        _positive("audit", "workers", self.workers, integer=True)
-        if not isinstance(self.worker, int) or isinstance(self.worker, bool) or not (
-            0 <= self.worker < self.workers
-        ):
-            _fail("audit", "worker", f"an integer in [0, audit.workers) = [0, {self.workers})",
-                  self.worker)
-        _positive("audit", "runs", self.runs, integer=True)
+        require_choice("audit.mode", self.mode, MODES)
+        require_choice("audit.coordination", self.coordination, COORDINATIONS)
+        require_positive("audit.workers", self.workers, integer=True)
+        require_integer("audit.worker", self.worker, 0, self.workers)
+        require_positive("audit.runs", self.runs, integer=True)
         if self.mode == "multi_run" and self.runs < 2:
-            _fail("audit", "runs", "at least 2 with audit.mode=multi_run (one membership bit "
+            refuse("audit.runs", "at least 2 with audit.mode=multi_run (one membership bit "
                   "per run: a bound needs runs with and runs without the canary)", self.runs)
         methods = _registry_names("METHODS")
         if not self.methods:
-            _fail("audit", "methods", f"a non-empty list from {methods}", self.methods)
+            refuse("audit.methods", f"a non-empty list from {methods}", self.methods)
         for m in self.methods:
-            _choice("audit", "methods", m, methods)
-        _unit("audit", "confidence", self.confidence)
-        _unit("audit", "inclusion", self.inclusion)
-        if (isinstance(self.refutation_level, bool)
-                or not isinstance(self.refutation_level, (int, float))
-                or not 0.0 < self.refutation_level <= 1.0 - self.confidence + 1e-12):
-            _fail("audit", "refutation_level", "a number in (0, 1 - audit.confidence] (the "
-                  "PRIVACY BUG verdict's failure probability; default 1e-6)",
-                  self.refutation_level)
+            require_choice("audit.methods", m, methods)
+        require_unit("audit.confidence", self.confidence)
+        require_unit("audit.inclusion", self.inclusion)
+        require_level("audit.refutation_level", self.refutation_level, self.confidence)
 
 
-@dataclass
+@dataclass(frozen=True)
 class AuditSettings:
     """Everything that defines one audit; ``AuditSettings()`` is the default audit.
 
@@ -418,25 +383,26 @@ class AuditSettings:
         for part in (self.data, self.model, self.dp, self.canary, self.attack, self.audit):
             part.check()
         if not (isinstance(self.seed, int) and not isinstance(self.seed, bool)):
-            _fail("", "seed", "an integer", self.seed)
+            refuse("seed", "an integer", self.seed)
         if self.device is not None and not (isinstance(self.device, str) and self.device):
-            _fail("", "device", "null or a torch device string (cpu, cuda, cuda:N)", self.device)
+            refuse("device", "null or a torch device string (cpu, cuda, cuda:N)", self.device)
         if self.dp.bug == "realised_batch_size" and self.dp.max_physical_batch_size:
-            _fail("dp", "max_physical_batch_size", "unset with bug=realised_batch_size", 1)
-        design = design_of(self.canary)
-        design.check(self)
+            refuse("dp.max_physical_batch_size", "unset with bug=realised_batch_size", 1)
+        design, options, ctx = self.design(), self.design_options(), self.design_context()
+        design.check(options, ctx)
         refused = [a for a in self.attack_scores() if a in design.refused_scores]
         if refused:
-            _fail("attack", "scores", f"without {refused[0]!r} with canary.kind="
-                  f"{self.canary.kind} ({design.refused_scores[refused[0]]})",
-                  self.attack_scores())
+            refuse("attack.scores", f"without {refused[0]!r} with canary.kind="
+                   f"{self.canary.kind} ({design.refused_scores[refused[0]]})",
+                   self.attack_scores())
         if self.audit.mode == "one_run" and "batch_size" in self.attack_scores():
-            _fail("attack", "scores", "without 'batch_size' in a one-run audit: that score reads "
-                  "only the released gradient's norm, the same for every canary of one training, "
-                  "so it cannot tell members apart (use it with audit=multi_run)",
-                  self.attack_scores())
+            refuse("attack.scores", "without 'batch_size' in a one-run audit: that score reads "
+                   "only the released gradient's norm, the same for every canary of one "
+                   "training, so it cannot tell members apart (use it with audit=multi_run)",
+                   self.attack_scores())
         c = self.canary
-        if self.audit.mode == "multi_run" and c.count > 1 and not design.shares_a_run(self):
+        if (self.audit.mode == "multi_run" and c.count > 1
+                and not design.realises(options, ctx).shares_a_run):
             raise ValueError(
                 f"canary.count={c.count} with audit.mode=multi_run needs canaries that do not "
                 "see each other (canary.kind=gradient with canary.direction=dirac): all "
@@ -444,12 +410,29 @@ class AuditSettings:
                 "records and the one-record claim does not apply; use canary.count=1"
             )
 
+    def design(self) -> CanaryDesign:
+        """The canary design ``canary.kind`` names, through the typed interface (a release-0.5
+        design gets a read-only view of these settings: ``canary_designs.legacy``)."""
+        view = SimpleNamespace(**{f.name: getattr(self, f.name) for f in fields(self)})
+        return design_of(self.canary, view)
+
+    def design_options(self) -> Any:
+        """The design's own typed options (its ``Options`` record)."""
+        return self.design().options(self.canary)
+
+    def design_context(self, data_sample_rate: float | None = None) -> DesignContext:
+        """The ``DesignContext`` a design reads (``data_sample_rate``: the data's q, once the
+        data are loaded)."""
+        return DesignContext(count=self.canary.count, max_grad_norm=self.dp.max_grad_norm,
+                             seed=self.seed, mode=self.audit.mode,
+                             data_sample_rate=data_sample_rate)
+
     def attack_scores(self) -> list[str]:
         """The attacks this audit computes: ``attack.scores``, or when it is null the canary
         design's default (``CanaryDesign.default_scores``)."""
         if self.attack.scores is not None:
             return list(self.attack.scores)
-        return design_of(self.canary).default_scores(self)
+        return self.design().default_scores(self.design_options())
 
     def to_dict(self) -> dict:
         """The settings as plain JSON-ready dicts (what ``from_mappings`` reads back)."""

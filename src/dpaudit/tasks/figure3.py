@@ -34,6 +34,7 @@ from dpaudit.attacks import CovarianceScore, ScalarProduct
 from dpaudit.canaries import predicted_leakage, rank_candidates, select_canaries
 from dpaudit.capture import InputCanaries
 from dpaudit.covariance import noise_aware
+from dpaudit.experiment.plan import poisson_sample_rate, resolve_device, total_steps
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.trainings.engine import (
     RUNS_DIR,
@@ -44,8 +45,7 @@ from dpaudit.experiment.trainings.engine import (
     run_path,
 )
 from dpaudit.experiment.trainings.multirun import checksum, quarantine
-from dpaudit.experiment.trainings.run import resolve_device
-from dpaudit.experiment.trainings.training import SAMPLINGS, train_audited
+from dpaudit.experiment.trainings.training import SAMPLINGS, shuffle_sample_rate, train_audited
 from dpaudit.gradients import per_sample_clipped_grads, resolve_parameter_names
 from dpaudit.models import LOSS, build_model
 from dpaudit.names import COORDINATIONS
@@ -127,7 +127,7 @@ def figure3(
         raise ValueError(f"task.coordination must be one of {list(COORDINATIONS)}, got "
                          f"{coordination!r}")
     t0 = time.perf_counter()
-    dev = resolve_device(settings)
+    dev = resolve_device(settings.device)
     d, m, dps = settings.data, settings.model, settings.dp
     train, test, info = d.load(seed)
     x_all, y_all = train.tensors
@@ -170,7 +170,7 @@ def figure3(
         )
     b = float(dps.batch_size)
     precision = noise_aware(ranking.precision, dps.noise_multiplier, dps.max_grad_norm, b)
-    q = dps.poisson_sample_rate(n_pool)
+    q = poisson_sample_rate(dps.batch_size, n_pool)
     membership = rng.random((int(runs), canary_pos.size)) < 0.5
     for cls in CLASSES:  # refused here, before any training, rather than after all of it
         mem = membership[:, np.asarray(sel.labels) == cls]
@@ -196,16 +196,20 @@ def figure3(
 
     def train_run(r: int) -> Path:
         start = time.perf_counter()
+        data = TensorDataset(x_all[keeps[r]], y_all[keeps[r]])
+        # "shuffle" makes one pass over the data per epoch; Poisson samples at q
+        rate = shuffle_sample_rate(len(data), dps.batch_size) if sampling == "shuffle" else q
         outcome = train_audited(
             copy.deepcopy(model0),
-            TensorDataset(x_all[keeps[r]], y_all[keeps[r]]),
+            data,
             test,
             dps,
-            sample_rate=q,  # Poisson only; "shuffle" makes one pass per epoch
+            sample_rate=q,
             canaries=canaries,
             scores=[CovarianceScore(precision), ScalarProduct()],
             params=names,
             seed=seeds.run_seed(seed, r),
+            steps=total_steps(dps, rate),
             progress=False,
             sampling=sampling,
         )

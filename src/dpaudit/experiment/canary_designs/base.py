@@ -1,12 +1,20 @@
 """What a canary design is: the interface every design implements, and what it builds.
 
-A design turns the audit's settings into canaries at theta_0 (``build`` -> ``CanarySetup``)
-and says what it realises: the kind of canary of the ``ThreatModel`` (``threat_kind``), the
-per-step rate at which a member enters the noisy sum (``sample_rate``), the canary's norm
-(``canary_norm``), whether its canaries are independent one-canary experiments
-(``independent``), which attack scores it refuses and which it scores by default. Its own
-settings are a typed record (``Options``), read from the ``canary`` group's fields of the same
-names and from ``canary.options`` (the open mapping a registered design reads).
+A design sees only typed inputs: its own options (``Options``, a frozen dataclass read from
+the ``canary`` group's fields of the same names and from ``canary.options``) and a small
+``DesignContext`` (how many canaries, the clip norm, the seed, the audit mode, the data's
+sample rate). It builds its canaries at theta_0 from a ``BuildContext`` (``build`` ->
+``CanarySetup``) and declares what it realises of the threat model as a ``Realisation``
+(``realises``): the kind of canary, the per-step rate at which a member enters the noisy
+sum, its norm, whether several canaries may share one run's membership bit, and whether
+every canary sits on coordinates no data gradient touches. The rules for writing and for
+changing this interface are in docs/plugins.md.
+
+Designs written against the dpaudit-0.1 interface (hooks that took the whole settings:
+``check(settings)``, ``sample_rate(settings, q)``, ``canary_norm(settings, measured)``,
+``independent(settings, info)``, ``shares_a_run(settings)``, ``default_scores(settings)``,
+``ctx.settings`` in ``build``) keep working for this release with a ``DeprecationWarning``
+(``legacy.py``).
 
 Torch-free at import: the settings check (and ``dpaudit --help``) uses designs before torch is
 loaded; ``build`` imports what it needs.
@@ -16,10 +24,57 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+LEGACY_REMOVED_IN = "0.3"  # the release that drops the 0.1 interface (legacy.py)
+
+
+def warn_legacy(what: str, instead: str) -> None:
+    """A ``DeprecationWarning``: ``what`` is dpaudit 0.1's interface; use ``instead``."""
+    warnings.warn(f"{what} is the dpaudit-0.1 canary-design interface, deprecated and removed "
+                  f"in {LEGACY_REMOVED_IN}: use {instead} (docs/plugins.md)",
+                  DeprecationWarning, stacklevel=3)
+
+
+@dataclass(frozen=True)
+class DesignContext:
+    """What a design may read besides its own options.
+
+    ``count``: the number of canaries K; ``max_grad_norm``: the clip norm C; ``seed``: the
+    audit's seed (a design draws from ``dpaudit.seeds.stream(seed, tag)``, or from the
+    ``BuildContext``'s generator); ``mode``: ``"one_run"`` or ``"multi_run"``;
+    ``data_sample_rate``: the training data's Poisson rate q, None where the data are not
+    loaded yet (the settings check)."""
+
+    count: int
+    max_grad_norm: float
+    seed: int
+    mode: str = "one_run"
+    data_sample_rate: float | None = None
+
+
+@dataclass(frozen=True)
+class Realisation:
+    """What a design realises of the threat model (``CanaryDesign.realises``).
+
+    ``kind``: the ``ThreatModel``'s canary kind (``"gradient"`` / ``"input"``);
+    ``member_rate``: the per-step probability that a member enters the noisy sum (1: every
+    step), None for "with the data, at the data's Poisson rate"; ``norm``: a gradient
+    canary's norm (None: input canaries, whose sensitivity is the clip norm);
+    ``shares_a_run``: several canaries may share one run's membership bit in a multi-run audit
+    (they cannot see each other); ``on_dead_coordinates``: every canary sits on coordinates no
+    data gradient touches, so each is an independent one-canary experiment although they train
+    together (None before the canaries are built)."""
+
+    kind: str
+    member_rate: float | None = None
+    norm: float | None = None
+    shares_a_run: bool = False
+    on_dead_coordinates: bool | None = None
 
 
 @dataclass
@@ -31,9 +86,12 @@ class CanarySetup:
     to it; ``n_base``: training examples besides the canaries (the same in every run);
     ``inclusion_prob``: the per-step rate of Bernoulli gradient canaries (None otherwise);
     ``info``: what the report shows about the canaries (written once, by the design and the
-    run's set-up); ``candidate_scores`` / ``chosen``: a ranked candidate pool and the chosen
-    indices; ``coordinates``: the hook's coordinate view (None: the full selection);
-    ``precision``: the reference estimator of a design that ranked candidates with one."""
+    run's set-up); ``candidate_scores`` / ``chosen`` / ``selection``: a ranked candidate pool,
+    the chosen indices and how they were chosen; ``coordinates``: the hook's coordinate view
+    (None: the full selection); ``noise_probes``: coordinates of the selection no example's
+    gradient touches (the white-box noise probes); ``precision``: the reference estimator of a
+    design that ranked candidates with one; ``realised``: what the design realises
+    (``CanaryDesign.realises``, filled in by the run's set-up)."""
 
     canaries: Any
     membership: np.ndarray
@@ -45,18 +103,23 @@ class CanarySetup:
     info: dict = field(default_factory=dict)
     candidate_scores: np.ndarray | None = None
     chosen: np.ndarray | None = None
+    selection: str = ""
     coordinates: np.ndarray | None = None
+    noise_probes: list[int] | None = None
     precision: Any = None
+    realised: Realisation | None = None
 
 
 @dataclass(frozen=True)
 class BuildContext:
-    """What a design builds its canaries from: the audit's ``settings``, the ``model`` at
-    theta_0 (on its device), the training data (without canaries), reference examples for
-    gradient statistics, the parameters the canaries live in, the membership bits, the canary
-    set-up's seeded generator and the device."""
+    """What a design builds its canaries from: its typed ``options``, the ``DesignContext``
+    (``count``, ``max_grad_norm``, ``seed``, ``data_sample_rate``: read them here), the
+    ``model`` at theta_0 (on its device), the training data (without canaries), reference
+    examples for gradient statistics, the parameters the canaries live in, the membership
+    bits, the canary set-up's seeded generator and the device."""
 
-    settings: Any
+    options: Any
+    context: DesignContext
     model: Any
     train_set: Any
     references: tuple
@@ -64,6 +127,35 @@ class BuildContext:
     membership: np.ndarray
     rng: np.random.Generator
     device: Any
+    legacy_settings: Any = None  # a dpaudit-0.1 design's ``ctx.settings`` (legacy.py)
+
+    @property
+    def count(self) -> int:
+        return self.context.count
+
+    @property
+    def max_grad_norm(self) -> float:
+        return self.context.max_grad_norm
+
+    @property
+    def seed(self) -> int:
+        return self.context.seed
+
+    @property
+    def data_sample_rate(self) -> float | None:
+        return self.context.data_sample_rate
+
+    @property
+    def settings(self) -> Any:
+        """Deprecated (dpaudit 0.1's ``ctx.settings``): read ``ctx.options``, ``ctx.count``,
+        ``ctx.max_grad_norm``, ``ctx.seed`` instead. A read-only view of the settings groups,
+        for one release."""
+        warn_legacy("BuildContext.settings", "ctx.options, ctx.count, ctx.max_grad_norm, "
+                    "ctx.seed, ctx.data_sample_rate")
+        if self.legacy_settings is None:
+            raise AttributeError("BuildContext.settings: no settings view (the design was "
+                                 "built outside an audit); use the typed fields")
+        return self.legacy_settings
 
     def setup(self, canaries, **kw) -> CanarySetup:
         """A ``CanarySetup`` of these canaries with this context's membership, references and
@@ -88,8 +180,9 @@ class NoOptions:
 
 
 class CanaryDesign(abc.ABC):
-    """One canary design (module doc). Subclass it, implement ``build``, and register an
-    instance with ``register_canary_design``; ``canary.kind=<name>`` selects it."""
+    """One canary design (module doc). Subclass it, implement ``build`` (and ``realises``
+    unless the defaults fit), and register an instance with ``register_canary_design``;
+    ``canary.kind=<name>`` selects it."""
 
     threat_kind: str = "gradient"  # the ThreatModel's canary: "gradient" or "input"
     Options: type = NoOptions
@@ -108,35 +201,23 @@ class CanaryDesign(abc.ABC):
         values = {n: getattr(canary, n) for n in names if hasattr(canary, n)}
         return self.Options(**{**values, **extra})
 
-    def check(self, settings) -> None:
-        """Refuse settings this design cannot audit, naming the field (default: its options
-        must build)."""
-        self.options(settings.canary)
+    def check(self, options, ctx: DesignContext) -> None:  # noqa: B027 - optional hook
+        """Refuse options this design cannot audit in ``ctx`` (a ValueError naming the
+        field; default: accept)."""
 
     @abc.abstractmethod
     def build(self, ctx: BuildContext) -> CanarySetup:
         """The canaries at the model's current (initial) parameters."""
 
-    def sample_rate(self, settings, data_rate: float) -> float:
-        """Per-step probability that a member canary enters the noisy sum (default: with the
-        data, at the data's Poisson rate)."""
-        return float(data_rate)
+    def realises(self, options, ctx: DesignContext,
+                 setup: CanarySetup | None = None) -> Realisation:
+        """What this design realises (``Realisation``); ``setup``: the canaries built, None
+        before the build (then ``on_dead_coordinates`` is None). Default: canaries of
+        ``threat_kind`` entering with the data at its rate, norm unknown, not sharing a run,
+        not on dead coordinates."""
+        return Realisation(kind=self.threat_kind,
+                           on_dead_coordinates=None if setup is None else False)
 
-    def canary_norm(self, settings, measured: float | None) -> float | None:
-        """A gradient canary's norm (``measured``: the one it was built with, when known);
-        None for input canaries, whose sensitivity is the clip norm."""
-        return None
-
-    def independent(self, settings, canary_info: dict) -> bool:
-        """Whether each canary's (score, membership) is an independent one-canary experiment
-        although the canaries are trained together in one run (default: no)."""
-        return False
-
-    def default_scores(self, settings) -> list[str]:
+    def default_scores(self, options) -> list[str]:
         """The attack scores of ``attack.scores: null``."""
         return ["scalar"]
-
-    def shares_a_run(self, settings) -> bool:
-        """Whether several canaries may share one run's membership bit in a multi-run audit
-        (they must not see each other: default no)."""
-        return False

@@ -26,6 +26,8 @@ from dpaudit.experiment.canary_designs.base import (
     BuildContext,
     CanaryDesign,
     CanarySetup,
+    DesignContext,
+    Realisation,
     tensors,
 )
 from dpaudit.names import CANARY_POLICIES
@@ -56,41 +58,50 @@ class GradientDesign(CanaryDesign):
     Options = GradientOptions
 
     def build(self, ctx: BuildContext) -> CanarySetup:
-        o = self.options(ctx.settings.canary)
-        # Bernoulli canaries enter a step at the threat model's canary sample rate (one rule,
-        # ``sample_rate``; the data's q: gradient canaries leave the training data as it is)
-        data_q = ctx.settings.dp.poisson_sample_rate(len(ctx.train_set))
-        q_c = self.sample_rate(ctx.settings, data_q) if o.policy == "bernoulli" else None
+        o = ctx.options
+        # Bernoulli canaries enter a step at the threat model's canary rate (one rule,
+        # ``member_rate``; the data's q: gradient canaries leave the training data as it is)
+        q_c = member_rate(o, ctx.data_sample_rate) if o.policy == "bernoulli" else None
         return _build(ctx, o, q_c)
 
-    def sample_rate(self, settings, data_rate: float) -> float:
-        """The members' per-step rate (capture's ``policy_sample_rate``: 1 every step, q_c
-        Bernoulli); q_c is ``canary.inclusion_prob``, by default the data's rate."""
-        from dpaudit.capture.gradient_canaries import policy_sample_rate
+    def realises(self, options, ctx: DesignContext,
+                 setup: CanarySetup | None = None) -> Realisation:
+        """Gradient canaries of norm ``canary.norm`` (default C) entering at ``member_rate``;
+        Dirac canaries may share a run; on dead coordinates when every one sits where the
+        data's gradient is exactly zero at theta_0 (the build counts them)."""
+        rate = (member_rate(options, ctx.data_sample_rate)
+                if ctx.data_sample_rate is not None or options.policy != "bernoulli"
+                or options.inclusion_prob is not None else None)
+        dead = None
+        if setup is not None:
+            dead = options.direction == "dirac" and setup.info.get(
+                "canaries_on_zero_gradient_coordinates") == ctx.count
+        return Realisation(
+            kind=self.threat_kind, member_rate=rate, norm=canary_norm(options, ctx),
+            shares_a_run=options.direction == "dirac", on_dead_coordinates=dead,
+        )
 
-        o = self.options(settings.canary)
-        q_c = o.inclusion_prob if o.inclusion_prob is not None else data_rate
-        return policy_sample_rate(o.policy, float(q_c))
-
-    def canary_norm(self, settings, measured: float | None) -> float | None:
-        """The norm the canaries were built with (``measured``), else ``canary.norm``."""
-        return measured if measured is not None else self.options(settings.canary).norm
-
-    def independent(self, settings, canary_info: dict) -> bool:
-        o, count = self.options(settings.canary), settings.canary.count
-        return (o.direction == "dirac"
-                and canary_info.get("canaries_on_zero_gradient_coordinates") == count)
-
-    def default_scores(self, settings) -> list[str]:
+    def default_scores(self, options) -> list[str]:
         # Bernoulli canaries: the per-step mixture likelihood ratio, the Neyman-Pearson test
         # of the subsampled Gaussian (the epoch-summed scalar product has almost no power
         # there: a claim of sigma x 0.8 at q = 0.1 was rejected in 0-0.5% of audits)
-        if self.options(settings.canary).policy == "bernoulli":
+        if options.policy == "bernoulli":
             return ["mixture_lr"]
         return ["scalar"]
 
-    def shares_a_run(self, settings) -> bool:
-        return self.options(settings.canary).direction == "dirac"
+
+def member_rate(o: GradientOptions, data_rate: float | None) -> float:
+    """The members' per-step rate (capture's ``policy_sample_rate``: 1 every step, q_c
+    Bernoulli); q_c is ``canary.inclusion_prob``, by default the data's rate."""
+    from dpaudit.capture.gradient_canaries import policy_sample_rate
+
+    q_c = o.inclusion_prob if o.inclusion_prob is not None else data_rate
+    return policy_sample_rate(o.policy, float(q_c) if q_c is not None else 1.0)
+
+
+def canary_norm(o: GradientOptions, ctx: DesignContext) -> float:
+    """The canaries' norm: ``canary.norm``, by default the clip norm C."""
+    return ctx.max_grad_norm if o.norm is None else float(o.norm)
 
 
 def _build(ctx: BuildContext, o: GradientOptions, q_c: float | None) -> CanarySetup:
@@ -101,9 +112,8 @@ def _build(ctx: BuildContext, o: GradientOptions, q_c: float | None) -> CanarySe
     from dpaudit.gradients import per_sample_clipped_grads
     from dpaudit.models import LOSS
 
-    settings, count = ctx.settings, ctx.settings.canary.count
-    C = settings.dp.max_grad_norm
-    norm = C if o.norm is None else float(o.norm)
+    count, C = ctx.count, ctx.max_grad_norm
+    norm = canary_norm(o, ctx.context)
     if norm > C * (1 + NORM_SLACK):
         raise ValueError(
             f"canary.norm={norm} exceeds the clip norm dp.max_grad_norm={C}: such a canary "
@@ -121,7 +131,7 @@ def _build(ctx: BuildContext, o: GradientOptions, q_c: float | None) -> CanarySe
     view = None
     if o.direction == "dirac":
         activity = data_gradient_activity(ctx.model, ctx.train_set, C, params)
-        tiebreak = seeds.stream(settings.seed, seeds.DIRAC_TIEBREAK).random(dim)
+        tiebreak = seeds.stream(ctx.seed, seeds.DIRAC_TIEBREAK).random(dim)
         dead = int((activity == 0).sum())
         if o.placement == "random_live":
             live = np.flatnonzero(activity > 0)
@@ -130,7 +140,7 @@ def _build(ctx: BuildContext, o: GradientOptions, q_c: float | None) -> CanarySe
                     f"canary.count={count} exceeds the {len(live)} live coordinates of "
                     f"{params} (canary.placement=random_live): lower canary.count"
                 )
-            pick = seeds.stream(settings.seed, seeds.LIVE_PLACEMENT).choice(
+            pick = seeds.stream(ctx.seed, seeds.LIVE_PLACEMENT).choice(
                 len(live), count, False
             )
             coords = np.sort(live[pick])
@@ -158,10 +168,10 @@ def _build(ctx: BuildContext, o: GradientOptions, q_c: float | None) -> CanarySe
         # white-box checks (coordinates of the selection, e.g. weights of always-blank pixels)
         info["noise_probes"] = np.sort(coords[activity[coords] == 0]).tolist()
     else:
-        vectors = random_direction_canaries(dim=dim, num=count, norm=norm, seed=settings.seed)
+        vectors = random_direction_canaries(dim=dim, num=count, norm=norm, seed=ctx.seed)
         vectors = vectors.to(ref_grads.device, ref_grads.dtype)
     policies = [o.policy if b else "never" for b in ctx.membership]
-    inclusion_seed = [settings.seed, seeds.BERNOULLI_INCLUSION]
+    inclusion_seed = [ctx.seed, seeds.BERNOULLI_INCLUSION]
     if vectors is None:  # view auto: the same canaries as the dense e_1 ... e_K, O(K) memory
         canaries = GradientCanaries.dirac(np.arange(count), norm, count, policy=policies,
                                           inclusion_prob=q_c, seed=inclusion_seed,
@@ -169,7 +179,9 @@ def _build(ctx: BuildContext, o: GradientOptions, q_c: float | None) -> CanarySe
     else:
         canaries = GradientCanaries(vectors, policy=policies, inclusion_prob=q_c,
                                     seed=inclusion_seed)
-    return ctx.setup(canaries, inclusion_prob=q_c, info=info, coordinates=view)
+    probes = info.get("noise_probes") or []
+    return ctx.setup(canaries, inclusion_prob=q_c, info=info, coordinates=view,
+                     noise_probes=probes if len(probes) >= 3 else None)
 
 
 def data_gradient_activity(model, train_set, max_grad_norm: float, params: list[str],

@@ -18,6 +18,8 @@ from dpaudit.experiment.canary_designs.base import (
     BuildContext,
     CanaryDesign,
     CanarySetup,
+    DesignContext,
+    Realisation,
     tensors,
 )
 
@@ -46,16 +48,23 @@ class InputDesign(CanaryDesign):
         "mixture_lr": "it is the likelihood ratio of a gradient canary's per-step inclusion",
     }
 
-    def check(self, settings) -> None:
-        o, count = self.options(settings.canary), settings.canary.count
-        if o.selection == "stratified" and count % STRATA:
+    def check(self, options, ctx: DesignContext) -> None:
+        count = ctx.count
+        if options.selection == "stratified" and count % STRATA:
             raise ValueError(
                 f"canary.count must be a multiple of {STRATA} with canary.selection=stratified "
                 f"(count / {STRATA} canaries from each of {STRATA} score strata), got {count!r}"
             )
 
     def build(self, ctx: BuildContext) -> CanarySetup:
-        return _build(ctx, self.options(ctx.settings.canary))
+        return _build(ctx, ctx.options)
+
+    def realises(self, options, ctx: DesignContext,
+                 setup: CanarySetup | None = None) -> Realisation:
+        """Input canaries, entering with the data at its rate; canaries trained together may
+        influence each other's scores (never on dead coordinates, never sharing a run)."""
+        return Realisation(kind=self.threat_kind,
+                           on_dead_coordinates=None if setup is None else False)
 
 
 def _candidates(o: InputOptions, train_set, num_classes, rng):
@@ -76,7 +85,7 @@ def _build(ctx: BuildContext, o: InputOptions) -> CanarySetup:
     from dpaudit.capture import InputCanaries
     from dpaudit.models import LOSS
 
-    k, rng, train_set = ctx.settings.canary.count, ctx.rng, ctx.train_set
+    k, rng, train_set = ctx.count, ctx.rng, ctx.train_set
     num_classes = int(ctx.model(ctx.references[0][:1]).shape[1])
     cand, held_out = _candidates(o, train_set, num_classes, rng)
     cand = InputCandidates(cand.inputs.to(ctx.device), cand.targets.to(ctx.device), cand.kind,
@@ -86,7 +95,7 @@ def _build(ctx: BuildContext, o: InputOptions) -> CanarySetup:
         ctx.references,
         (cand.inputs, cand.targets),
         LOSS,
-        ctx.settings.dp.max_grad_norm,
+        ctx.max_grad_norm,
         method=o.estimator,
         param_names=ctx.param_names,
         keep_grads=False,
@@ -131,5 +140,5 @@ def _build(ctx: BuildContext, o: InputOptions) -> CanarySetup:
         "candidate_pool": len(cand),
     }
     return ctx.setup(canaries, train_set=train, n_base=len(base_idx), info=info,
-                     candidate_scores=ranking.scores, chosen=chosen,
+                     candidate_scores=ranking.scores, chosen=chosen, selection=o.selection,
                      precision=ranking.precision)

@@ -33,6 +33,12 @@ import numpy as np
 
 from dpaudit import seeds
 from dpaudit._jsonable import to_jsonable
+from dpaudit.experiment.plan import (
+    AuditPlan,
+    membership_counts,
+    plan_audit,
+    recorded_threat_model,
+)
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.trainings.engine import (
     RUNS_DIR,
@@ -48,11 +54,8 @@ from dpaudit.experiment.trainings.run import (
     PreparedRun,
     RunRecord,
     audit_run,
-    membership_counts,
     prepare_run,
-    resolve_device,
 )
-from dpaudit.experiment.trainings.threat import threat_model_for
 from dpaudit.report import write_json, write_new
 from dpaudit.report.lock import LOCK_FILE, DirectoryBusyError, DirectoryLock
 from dpaudit.report.provenance import SCHEMA_VERSION, provenance
@@ -111,25 +114,28 @@ def run_bit(settings: AuditSettings, r: int) -> bool:
 
 
 def run_one(
-    settings: AuditSettings, out: Path, r: int, prepared: dict[bool, PreparedRun] | None = None
+    settings: AuditSettings, out: Path, r: int, prepared: dict[bool, PreparedRun] | None = None,
+    plan: AuditPlan | None = None,
 ) -> Path:
     """Train run r and write its self-checking record (skips the work if a file exists).
 
     ``prepared`` is a cache, membership bit -> ``PreparedRun``, shared by the runs of one
     audit: the data, initial model, canaries and scores are set up once per bit, not once
-    per run (the records are the same either way).
+    per run (the records are the same either way). ``plan``: the settings' ``AuditPlan``
+    (built here when not given); the settings themselves go into the file.
     """
     path = run_path(out, r)
     if path.exists():
         return path
+    plan = plan_audit(settings) if plan is None else plan
     bit = run_bit(settings, r)
-    membership = np.full(settings.canary.count, bit)
+    membership = np.full(plan.canary.count, bit)
     cache = {} if prepared is None else prepared
     if bit not in cache:
-        cache[bit] = prepare_run(settings, membership, warn=not cache)  # one warning per audit
+        cache[bit] = prepare_run(plan, membership, warn=not cache)  # one warning per audit
     record = audit_run(
-        dataclasses.replace(settings, progress=False),  # one bar: the audit's, over its runs
-        run_seed=seeds.run_seed(settings.seed, r),
+        plan.quiet(),  # one bar: the audit's, over its runs
+        run_seed=seeds.run_seed(plan.seed, r),
         membership=membership,
         prepared=cache[bit],
         white_box=False,  # the runs' evidence is their scores; per-step records are not kept
@@ -140,7 +146,7 @@ def run_one(
     payload = to_jsonable(record.to_dict())
     payload["schema_version"] = SCHEMA_VERSION
     payload["settings"] = to_jsonable(settings.to_dict())
-    payload["provenance"] = provenance(str(resolve_device(settings)))
+    payload["provenance"] = provenance(str(plan.device))
     payload["worker"] = {"index": settings.audit.worker, "pid": os.getpid(),
                          "host": socket.gethostname()}  # who trained it (sharded audits)
     payload["checksum"] = checksum(payload)
@@ -277,7 +283,7 @@ def save_settings(out: str | Path, settings: AuditSettings, new: bool = False) -
             "schema_version": SCHEMA_VERSION,
             "fingerprint": fingerprint(settings),
             "settings": settings.to_dict(),
-            "provenance": provenance(str(resolve_device(settings))),
+            "provenance": provenance(str(plan_audit(settings).device)),
         },
     )
 
@@ -326,14 +332,14 @@ def run_multi(settings: AuditSettings, out: Path,
     time), or ``WorkerDone`` when another worker evaluates. A directory holding other
     settings is refused; invalid run files are set aside and their runs redone."""
     out = Path(out)
-    a = settings.audit
-    membership_counts(settings)  # a draw without both kinds of run is refused before any file
+    a, plan = settings.audit, plan_audit(settings)
+    membership_counts(plan)  # a draw without both kinds of run is refused before any file
     prepared: dict[bool, PreparedRun] = {}
     job = ManyTrainings(
         out=out,
         runs=a.runs,
         setup=lambda: _check_settings(settings, out),
-        train=lambda r: run_one(settings, out, r, prepared),
+        train=lambda r: run_one(settings, out, r, prepared, plan),
         tidy=lambda only: set(_tidy(out, settings, only)),
         worker=a.worker,
         workers=a.workers,
@@ -409,8 +415,9 @@ def aggregate(out: str | Path, settings: AuditSettings | None = None) -> RunReco
         membership.extend(rec.membership)
     first = records[0]
     threat = first.threat_model
-    if threat is None and settings is not None:
-        threat = threat_model_for(settings, first.sample_rate, first.steps, first.canary_norm)
+    if threat is None and settings is not None:  # run files written before threat models
+        threat = recorded_threat_model(plan_audit(settings), first.sample_rate, first.steps,
+                                       first.canary_norm)
     return RunRecord(
         scores=scores,
         membership=membership,
@@ -421,6 +428,7 @@ def aggregate(out: str | Path, settings: AuditSettings | None = None) -> RunReco
         canary_info=first.canary_info,
         threat_model=threat,
         canary_norm=first.canary_norm,
+        independent=first.independent,
         runs=sorted(good),
         train_seconds=_summed([r.train_seconds for r in records]),
     )

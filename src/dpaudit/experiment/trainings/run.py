@@ -1,10 +1,11 @@
 """Preparing and training one audited run, and its typed record (DESIGN 3, steps 1-4).
 
-``prepare_run`` loads the data, builds the model at theta_0, sets up the canaries and the
-attack scores and builds the run's ``ThreatModel`` once; ``audit_run`` trains a copy of the
-prepared state and returns a ``RunRecord``. The record is what a multi-run audit writes to
-``runs/run_<r>.json`` (``to_dict`` / ``from_dict``) and what the evaluation reads, for one run
-or for runs pooled by ``multirun.aggregate``.
+``prepare_run`` loads the data, builds the model at theta_0, sets up the canaries, derives
+the run's plan once (``plan.derive``: q, T, the threat model) and builds the attack scores;
+``audit_run`` trains a copy of the prepared state and returns a ``RunRecord``. Both take the
+audit's ``plan.AuditPlan``, never its settings. The record is what a multi-run audit writes
+to ``runs/run_<r>.json`` (``to_dict`` / ``from_dict``) and what the evaluation reads, for one
+run or for runs pooled by ``multirun.aggregate``.
 """
 
 from __future__ import annotations
@@ -15,19 +16,16 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from dpaudit import seeds
 from dpaudit.attacks import StepScore
 from dpaudit.canaries import predicted_leakage
 from dpaudit.capture.records import WhiteBoxRecords
-from dpaudit.experiment.settings import AuditSettings
-from dpaudit.experiment.trainings.canary_setup import CanarySetup, draw_membership, setup_canaries
+from dpaudit.experiment.plan import AuditPlan, RunPlan, derive, membership_counts
+from dpaudit.experiment.trainings.canary_setup import CanarySetup, setup_canaries
 from dpaudit.experiment.trainings.scores import build_scores
-from dpaudit.experiment.trainings.threat import threat_model_for
-from dpaudit.experiment.trainings.training import total_steps, train_audited
+from dpaudit.experiment.trainings.training import train_audited
 from dpaudit.forecast import (
     ceiling_sentence,
     certifiable_ceiling,
@@ -40,71 +38,8 @@ from dpaudit.papers import cite
 from dpaudit.threat_model import ThreatModel
 
 
-def available_devices() -> list[str]:
-    """The torch devices this build and machine can use (``cpu``, ``cuda:N``, ``mps``)."""
-    out = ["cpu"]
-    if torch.cuda.is_available():
-        out += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        out.append("mps")
-    return out
-
-
-def resolve_device(settings: AuditSettings) -> torch.device:
-    """``settings.device``, or CUDA when available, else CPU.
-
-    A device this torch build or machine cannot use is a ValueError naming ``device`` and the
-    devices that are available (before any data is loaded or model trained).
-    """
-    name = settings.device
-    if not name:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    have = ", ".join(available_devices())
-    try:
-        dev = torch.device(name)
-    except (RuntimeError, ValueError) as err:
-        msg = f"device={name!r} is not a torch device ({err}); available: {have}"
-        raise ValueError(msg) from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(
-                f"device={name!r}, but CUDA is not available to this torch build "
-                f"(torch {torch.__version__}, torch.cuda.is_available() is False); available: "
-                f"{have} (device=null picks CUDA when there is one, else CPU)"
-            )
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"device={name!r}: there is no such GPU; available: {have}")
-    elif dev.type != "cpu" and dev.type not in {d.split(":")[0] for d in available_devices()}:
-        raise ValueError(f"device={name!r} is not available here; available: {have}")
-    return dev
-
-
-def membership_counts(settings: AuditSettings) -> tuple[int, int]:
-    """(members, non-members) among the scores the audit will pool, from the seeded draws
-    alone (no training). An audit without both is refused: a ValueError says why."""
-    a, c = settings.audit, settings.canary
-    if a.mode == "multi_run":
-        with_canary = sum(seeds.run_bit(settings.seed, r, a.inclusion) for r in range(a.runs))
-        if with_canary in (0, a.runs):
-            raise ValueError(
-                f"audit.runs={a.runs} with audit.inclusion={a.inclusion} (seed {settings.seed}) "
-                f"draws {with_canary} runs with the canary and {a.runs - with_canary} without: a "
-                "bound compares both; raise audit.runs or bring audit.inclusion toward 0.5"
-            )
-        return with_canary * c.count, (a.runs - with_canary) * c.count
-    members = int(draw_membership(c.count, a.inclusion, settings.seed).sum())
-    if members in (0, c.count):
-        raise ValueError(
-            f"canary.count={c.count} with audit.inclusion={a.inclusion} (seed {settings.seed}) "
-            f"draws {members} members and {c.count - members} non-members: a bound compares "
-            "both; raise canary.count or bring audit.inclusion toward 0.5"
-        )
-    return members, c.count - members
-
-
 def warn_if_bounds_vanish(
-    settings: AuditSettings, counts, threat: ThreatModel, info: dict, warn: bool = True
+    plan: AuditPlan, counts, threat: ThreatModel, info: dict, warn: bool = True
 ) -> None:
     """Say before training, naming what to change, when this audit's certified bounds are
     expected to be 0: too few canaries, or too little leakage per canary, for the scores of
@@ -119,16 +54,16 @@ def warn_if_bounds_vanish(
         mu = float(np.mean(pred["mu_composed"]))
         source = f"the predicted mean mu={mu:.3g} of these input canaries ({cite('001')})"
     elif threat.canary_kind == "gradient":
-        scores = ideal_scores(threat, n_in, n_out, settings.seed)
+        scores = ideal_scores(threat, n_in, n_out, plan.seed)
         source = (
             f"the exact mu={threat.mu():.3g} of every-step gradient canaries"
             if threat.mu() is not None
             else "the most powerful attack on Poisson gradient canaries (q_c = "
             f"{threat.sample_rate:.3g}) of a correct run"
         )
-    a = settings.audit
+    a = plan.judging
     expected = expected_certified_bound(
-        n_in, n_out, mu, a.confidence, threat.delta, settings.seed, scores=scores
+        n_in, n_out, mu, a.confidence, threat.delta, plan.seed, scores=scores
     )
     info["expected_certified_epsilon"] = {"epsilon": expected, "for": source}
     claimed = threat.claimed_epsilon()
@@ -145,7 +80,7 @@ def warn_if_bounds_vanish(
         else "use canaries that leak more"
     )
     message = (
-        f"expect epsilon bounds of 0: canary.count={settings.canary.count} gives {n_in} "
+        f"expect epsilon bounds of 0: canary.count={plan.canary.count} gives {n_in} "
         f"member and {n_out} non-member scores, too few to certify a positive epsilon at "
         f"{a.confidence:.0%} confidence for {source} (a simulated Clopper-Pearson bound is "
         f"0); raise {more}, or {leak}"
@@ -176,6 +111,8 @@ class RunRecord:
     train_seconds: float | None = None
     candidate_scores: list[float] | None = None
     chosen: list[int] | None = None
+    selection: str | None = None  # how ``chosen`` was chosen (the candidate plot's label)
+    independent: bool | None = None  # each canary an independent experiment (plan.derive)
     run: int | None = None
     bit: int | None = None
     fingerprint: str | None = None
@@ -221,70 +158,71 @@ _FIELDS = frozenset(f.name for f in fields(RunRecord))
 _REQUIRED = tuple(f.name for f in fields(RunRecord) if f.default is MISSING)
 _RUNTIME_ONLY = frozenset({"white_box", "per_step"})
 _OMITTED_WHEN_NONE = frozenset(
-    {"threat_model", "candidate_scores", "run", "bit", "fingerprint", "runs"}
+    {"threat_model", "candidate_scores", "selection", "independent", "run", "bit",
+     "fingerprint", "runs"}
 )
 
 
 @dataclass
 class PreparedRun:
-    """What every run with the same membership shares: it depends on ``settings.seed`` only.
+    """What every run with the same membership shares: it depends on the plan's seed only.
 
     The data split, the initial model (after the canaries were chosen at theta_0), the canary
-    setup, the attack scores before their first step and the run's threat model. Preparing
-    them once lets a multi-run audit train R runs without reloading data, re-ranking canaries
-    or re-estimating precisions; ``audit_run`` trains a deep copy, so the prepared objects are
+    setup, the attack scores before their first step and what the run derives from the plan
+    (``plan.RunPlan``: q, T, the expected batch size, the threat model). Preparing them once
+    lets a multi-run audit train R runs without reloading data, re-ranking canaries or
+    re-estimating precisions; ``audit_run`` trains a deep copy, so the prepared objects are
     never modified.
     """
 
     model: nn.Module
     test: Dataset
     setup: CanarySetup
-    sample_rate: float
+    derived: RunPlan
     scores: list[StepScore]
-    threat: ThreatModel
+
+    @property
+    def sample_rate(self) -> float:
+        return self.derived.sample_rate
+
+    @property
+    def threat(self) -> ThreatModel:
+        return self.derived.threat
 
 
 def prepare_run(
-    settings: AuditSettings, membership: np.ndarray | None = None, warn: bool = True
+    plan: AuditPlan, membership: np.ndarray | None = None, warn: bool = True
 ) -> PreparedRun:
-    """Load the data, build the model at theta_0, set up the canaries, the threat model and
-    the attack scores.
+    """Load the data, build the model at theta_0, set up the canaries, derive the run's
+    plan (``plan.derive``: q, T, the threat model) and build the attack scores.
 
-    The data's sample rate q is computed on the training data without the canaries (input
-    canaries drawn from the training data are held out of it first), so it is the same in
-    every run of an audit. Refused before anything is loaded: a device that is not available
-    (``resolve_device``) and an audit without members or non-members (``membership_counts``);
-    a warning names canary.count when the bounds are expected to be 0 (``warn=False``: not
-    again, for the second membership bit of a multi-run audit).
+    Refused before anything is loaded: an audit without members or non-members
+    (``plan.membership_counts``); a warning names canary.count when the bounds are expected to
+    be 0 (``warn=False``: not again, for the second membership bit of a multi-run audit).
     """
-    seed, dp = settings.seed, settings.dp
-    device = resolve_device(settings)
-    counts = membership_counts(settings)  # refuses an audit without members or non-members
-    train, test, info = settings.data.load(seed)
-    m = settings.model
+    seed = plan.seed
+    counts = membership_counts(plan)  # refuses an audit without members or non-members
+    train, test, info = plan.data.load(seed)
+    m = plan.model
     model = build_model(m.name, info.input_shape, info.num_classes, m.width, seed=seed)
-    model = model.to(device)
-    setup = setup_canaries(settings, model, train, membership)
-    sample_rate = dp.poisson_sample_rate(setup.n_base)  # the data's q, canaries held out
-    threat = threat_model_for(
-        settings, sample_rate, total_steps(dp, sample_rate), setup.info.get("norm")
-    )
-    expected_b = max(1, int(len(setup.train_set) * sample_rate))  # Opacus' expected batch
-    scores = build_scores(settings, model, setup, expected_b, threat)
+    model = model.to(plan.device)
+    setup = setup_canaries(plan, model, train, membership)
+    derived = derive(plan, setup)
+    setup.realised = derived.realised
+    scores = build_scores(plan.scores, plan.attack, model, setup, derived.expected_batch_size,
+                          derived.threat)
     if setup.precision is not None:
-        setup.info["predicted_leakage"] = predict_input_leakage(
-            settings, model, setup, sample_rate, expected_b
-        )
-    warn_if_bounds_vanish(settings, counts, threat, setup.info, warn=warn)
-    return PreparedRun(model, test, setup, sample_rate, scores, threat)
+        setup.info["predicted_leakage"] = predict_input_leakage(plan, model, setup, derived)
+    warn_if_bounds_vanish(plan, counts, derived.threat, setup.info, warn=warn)
+    return PreparedRun(model, test, setup, derived, scores)
 
 
-def predict_input_leakage(settings, model, setup, sample_rate: float, batch_size: int) -> dict:
+def predict_input_leakage(plan: AuditPlan, model, setup, derived: RunPlan) -> dict:
     """Seed 001's prediction for the chosen input canaries, so reports put it next to the
     measurement: noise-aware Mahalanobis score at theta_0 -> per-step and composed GDP mu
     (over the expected q T inclusions), epsilon, and the AUC of the epoch-summed covariance
     score (``dpaudit.canaries.predicted_leakage``)."""
-    dp = settings.dp
+    dp = plan.dp
     grads = per_sample_clipped_grads(
         model,
         setup.canaries.inputs,
@@ -293,14 +231,14 @@ def predict_input_leakage(settings, model, setup, sample_rate: float, batch_size
         dp.max_grad_norm,
         param_names=setup.param_names,
     )
-    steps = total_steps(dp, sample_rate)
+    steps = derived.steps
     pred = predicted_leakage(
         grads,
         setup.precision,
         dp.noise_multiplier,
         dp.max_grad_norm,
-        batch_size,
-        inclusions=max(1, round(sample_rate * steps)),
+        derived.expected_batch_size,
+        inclusions=max(1, round(derived.sample_rate * steps)),
         delta=dp.delta,
         total_steps=steps,
     )
@@ -310,7 +248,7 @@ def predict_input_leakage(settings, model, setup, sample_rate: float, batch_size
 
 
 def audit_run(
-    settings: AuditSettings,
+    plan: AuditPlan,
     run_seed: int | None = None,
     membership: np.ndarray | None = None,
     prepared: PreparedRun | None = None,
@@ -318,34 +256,35 @@ def audit_run(
 ) -> RunRecord:
     """Train once with the audit hook; return scores, membership and the run's bookkeeping.
 
-    The data split, the initial model and the canaries depend on ``settings.seed`` only (a
+    The data split, the initial model and the canaries depend on the plan's seed only (a
     fixed target across the runs of a multi-run audit); sampling and noise on ``run_seed``.
-    ``prepared`` (from ``prepare_run`` with the same settings and membership) skips the setup;
+    ``prepared`` (from ``prepare_run`` with the same plan and membership) skips the setup;
     the result is the same as without it. ``white_box=False`` skips the per-step white-box
     records (``train_audited``): a multi-run audit's runs do not use them.
     """
-    run_seed = settings.seed if run_seed is None else run_seed
+    run_seed = plan.seed if run_seed is None else run_seed
     if prepared is None:
-        prepared = prepare_run(settings, membership)
+        prepared = prepare_run(plan, membership)
     elif membership is not None and not np.array_equal(
         np.asarray(membership, dtype=bool), prepared.setup.membership
     ):
         raise ValueError("membership differs from the membership the run was prepared with")
-    setup = prepared.setup
+    setup, derived = prepared.setup, prepared.derived
     model, scores = copy.deepcopy((prepared.model, prepared.scores))
     outcome = train_audited(
         model,
         setup.train_set,
         prepared.test,
-        settings.dp,
-        prepared.sample_rate,
+        plan.dp,
+        derived.sample_rate,
         setup.canaries,
         scores,
         params=setup.param_names,
         seed=run_seed,
-        progress=settings.progress,
+        steps=derived.steps,
+        progress=plan.progress,
         coordinates=setup.coordinates,
-        noise_probes=_noise_probes(setup),
+        noise_probes=setup.noise_probes,
         white_box=white_box,
     )
     return RunRecord(
@@ -356,19 +295,15 @@ def audit_run(
         engine_accountants={k: v.to_dict() for k, v in outcome.accountants.items()},
         test_accuracy=outcome.test_accuracy,
         canary_info=setup.info,
-        threat_model=prepared.threat,
-        canary_norm=setup.info.get("norm"),
+        threat_model=derived.threat,
+        canary_norm=derived.realised.norm,
         train_seconds=outcome.seconds,
         candidate_scores=None
         if setup.candidate_scores is None
         else setup.candidate_scores.tolist(),
         chosen=None if setup.chosen is None else setup.chosen.tolist(),
+        selection=setup.selection or None,
+        independent=derived.independent,
         white_box=outcome.white_box,
         per_step=outcome.per_step,
     )
-
-
-def _noise_probes(setup: CanarySetup) -> list[int] | None:
-    """The dead coordinates the white-box noise-independence test probes (>= 3), or None."""
-    probes = setup.info.get("noise_probes") or []
-    return probes if len(probes) >= 3 else None

@@ -24,7 +24,7 @@ from dpaudit.attacks import (
 )
 from dpaudit.covariance import PrecisionOperator, estimate_precision, noise_ridge
 from dpaudit.experiment.canary_designs import CanarySetup
-from dpaudit.experiment.settings import AuditSettings
+from dpaudit.experiment.settings import AttackSettings
 from dpaudit.gradients import per_sample_clipped_grads
 from dpaudit.models import LOSS
 from dpaudit.registry import Registry, callable_entry
@@ -33,10 +33,12 @@ from dpaudit.threat_model import ThreatModel
 
 @dataclass
 class ScoreContext:
-    """What a score builder may use: the settings, the model at theta_0, the canary setup,
-    Opacus' expected batch size and the run's threat model."""
+    """What a score builder may use: the model at theta_0, the canary setup, Opacus' expected
+    batch size, the run's threat model (its noise multiplier, clip norm, rate, steps) and the
+    ``attack`` group's options (estimator, references, ridge, explained variance). A builder
+    never sees the audit's settings (docs/plugins.md)."""
 
-    settings: AuditSettings
+    attack: AttackSettings
     model: nn.Module
     setup: CanarySetup
     expected_batch_size: float
@@ -52,15 +54,16 @@ class ScoreContext:
         reference gradient is the same (Dirac canaries on dead coordinates). What was built is
         kept in ``precision_info`` (estimator, references, b, the two ridges, woodbury's rank),
         which ``build_scores`` adds to the canary info."""
-        a, dp, setup = self.settings.attack, self.settings.dp, self.setup
+        a, threat, setup = self.attack, self.threat, self.setup
         x, y = setup.references
         k = min(a.n_references, len(x))
         grads = per_sample_clipped_grads(
-            self.model, x[:k], y[:k], LOSS, dp.max_grad_norm, param_names=setup.param_names
+            self.model, x[:k], y[:k], LOSS, threat.max_grad_norm, param_names=setup.param_names
         )
         if setup.coordinates is not None:  # the hook's coordinate view
             grads = grads[:, torch.as_tensor(setup.coordinates, device=grads.device)]
-        noise = noise_ridge(dp.noise_multiplier, dp.max_grad_norm, self.expected_batch_size)
+        noise = noise_ridge(threat.noise_multiplier, threat.max_grad_norm,
+                            self.expected_batch_size)
         extra = {"explained_variance": a.explained_variance} if a.estimator == "woodbury" else {}
         try:
             op = estimate_precision(grads, a.estimator, ridge=noise + a.ridge, **extra)
@@ -81,7 +84,7 @@ class ScoreContext:
 
 def _mixture_lr(ctx: ScoreContext) -> StepScore:
     """Mixture likelihood ratio at the canaries' per-step sample rate (the threat model's);
-    gradient canaries only (``AuditSettings.check``)."""
+    gradient canaries only (the settings refuse it for input canaries)."""
     return MixtureLR(inclusion_prob=ctx.threat.sample_rate)
 
 
@@ -104,25 +107,27 @@ def register_score(
         name: the new score's name.
         builder: ``builder(ctx)`` returning a fresh ``dpaudit.attacks.StepScore`` (its
             ``update`` sees each step's released gradient and the canaries' gradients; higher
-            score means "member"); ``ctx`` is a ``ScoreContext`` (settings, model at theta_0,
-            canary setup, Opacus' expected batch size, threat model, and ``ctx.precision``).
+            score means "member"); ``ctx`` is a ``ScoreContext`` (model at theta_0, canary
+            setup, Opacus' expected batch size, threat model, the ``attack`` group's options,
+            and ``ctx.precision``).
         replace: allow replacing an existing entry.
     """
     return SCORES.register(name, builder, replace=replace)
 
 
 def build_scores(
-    settings: AuditSettings,
+    names: tuple[str, ...],
+    attack: AttackSettings,
     model,
     setup: CanarySetup,
     expected_batch_size: float,
     threat: ThreatModel,
 ) -> list[StepScore]:
-    """One ``StepScore`` per requested attack (``SCORES``), in the order requested;
-    covariance-type scores share one precision estimated from references at theta_0."""
-    ctx = ScoreContext(settings, model, setup, expected_batch_size, threat)
+    """One ``StepScore`` per attack of ``names`` (``SCORES``), in that order; covariance-type
+    scores share one precision estimated from references at theta_0."""
+    ctx = ScoreContext(attack, model, setup, expected_batch_size, threat)
     out = []
-    for name in settings.attack_scores():
+    for name in names:
         score = SCORES.get_or_fail(name, "attack.scores")(ctx)
         if not isinstance(score, StepScore):
             raise TypeError(f"the builder of attack score {name!r} must return a StepScore, "

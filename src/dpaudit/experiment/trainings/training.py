@@ -56,11 +56,9 @@ def make_optimizer(model: nn.Module, dp: DPSettings) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=dp.lr, momentum=dp.momentum)
 
 
-def total_steps(dp: DPSettings, sample_rate: float) -> int:
-    """Optimizer steps of the run: ``dp.steps`` or epochs / q."""
-    if dp.steps is not None:
-        return int(dp.steps)
-    return max(1, round(dp.epochs / sample_rate))
+def shuffle_sample_rate(n_train: int, batch_size: int) -> float:
+    """The rate of shuffled batches of ``batch_size``: 1 / (batches per epoch)."""
+    return 1.0 / math.ceil(n_train / batch_size)
 
 
 @torch.no_grad()
@@ -122,13 +120,12 @@ def _physical_batches(loader, dp: DPSettings, opt):
 
 
 def train_plain(model: nn.Module, train_set: Dataset, dp: DPSettings, sample_rate: float,
-                seed: int = 0) -> tuple[float, int]:
+                steps: int, seed: int = 0) -> tuple[float, int]:
     """The same DP-SGD training as ``train_audited`` without the audit: no hook, no canary
-    scores, no planted bug (Poisson sampling at ``sample_rate``, ``total_steps`` optimizer
-    steps). Returns (seconds, optimizer steps taken): the baseline of the audited / plain
-    training ratio (``benchmarks/presets.py --ratio``). ``model`` is trained in place."""
+    scores, no planted bug (Poisson sampling at ``sample_rate``, ``steps`` optimizer steps).
+    Returns (seconds, optimizer steps taken): the baseline of the audited / plain training
+    ratio (``benchmarks/presets.py --ratio``). ``model`` is trained in place."""
     device = next(model.parameters()).device
-    steps = total_steps(dp, sample_rate)
     start = time.perf_counter()
     with _seeded(device, seed):
         engine, model, opt, loader = _make_private(model, train_set, dp, sample_rate, seed,
@@ -163,6 +160,8 @@ def train_audited(
     scores: list[StepScore],
     params=None,
     seed: int = 0,
+    *,
+    steps: int,
     reference: tuple | None = None,
     progress: bool = True,
     coordinates=None,
@@ -171,17 +170,18 @@ def train_audited(
     check_clipping: bool = True,
     white_box: bool = True,
 ) -> TrainingOutcome:
-    """Train ``model`` with DP-SGD on ``train_set``, Poisson sampling at ``sample_rate``.
+    """Train ``model`` with DP-SGD on ``train_set`` for ``steps`` optimizer steps (the plan's
+    T: ``experiment.plan.total_steps``), Poisson sampling at ``sample_rate``.
 
     ``canaries`` / ``scores`` / ``params`` / ``reference`` / ``coordinates`` (a coordinate
     view) go to ``AuditHook``, with ``noise_probes`` (coordinates no example touches) and
     ``check_clipping`` for the white-box checks (``experiment.judging.white_box``, whose records the
     outcome carries); ``white_box=False`` (a multi-run audit's runs, whose evidence is the
     scores across runs) skips them: no probes, no clipping check, no per-step values. The model
-    is trained in place on its own device for ``total_steps(dp, sample_rate)`` steps.
-    ``sampling="shuffle"`` (seed 001's Figure 3 setting; not for audits, Opacus' accountants
-    assume Poisson sampling) draws shuffled batches of ``dp.batch_size`` instead, each example
-    once per epoch, and ``sample_rate`` becomes 1 / (batches per epoch). The planted bug
+    is trained in place on its own device. ``sampling="shuffle"`` (seed 001's Figure 3
+    setting; not for audits, Opacus' accountants assume Poisson sampling) draws shuffled
+    batches of ``dp.batch_size`` instead, each example once per epoch, and ``sample_rate``
+    becomes 1 / (batches per epoch) (``shuffle_sample_rate``). The planted bug
     ``dp.bug=shuffled_batches`` draws such batches too, while the audit keeps claiming Poisson
     sampling at ``sample_rate``.
     """
@@ -189,9 +189,8 @@ def train_audited(
     if sampling not in SAMPLINGS:
         raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
     if sampling == "shuffle":
-        sample_rate = 1.0 / math.ceil(len(train_set) / dp.batch_size)
+        sample_rate = shuffle_sample_rate(len(train_set), dp.batch_size)
     shuffled = sampling == "shuffle" or dp.bug == "shuffled_batches"
-    steps = total_steps(dp, sample_rate)
     start = time.perf_counter()
     with _seeded(device, seed):
         engine, model, opt, loader = _make_private(model, train_set, dp, sample_rate, seed,
