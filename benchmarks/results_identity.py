@@ -4,8 +4,8 @@ Runs six configurations (the default audit, Poisson gradient canaries, input can
 multi-run audit, the own loop through ``audit_report`` and a registered canary design) into
 ``<out>/<name>/`` and writes ``<out>/digests.json``: per configuration the sha256 of
 results.json with the keys that record when and how long (``timing``, ``wall_seconds``,
-``provenance``) removed. Two such directories, made before and after a change, must agree
-(``--compare``):
+``provenance``) removed, every other key and value in the file's order. Two such
+directories, made before and after a change, must agree (``--compare``):
 
     python benchmarks/results_identity.py /tmp/before        # on the old commit
     python benchmarks/results_identity.py /tmp/after         # on the new one
@@ -52,7 +52,7 @@ def stripped(path: Path) -> dict:
 
 def digest(out: Path) -> dict:
     res = stripped(out / "results.json")
-    text = json.dumps(res, sort_keys=True).encode()
+    text = json.dumps(res).encode()  # in the file's own key order: the order must hold too
     return {"results_sha256": hashlib.sha256(text).hexdigest(),
             "status": res["verdict"]["status"],
             "best_lower_bound": res["verdict"]["best_lower_bound"],

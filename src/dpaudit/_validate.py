@@ -155,3 +155,15 @@ def require_level(key: str, v, confidence: float) -> float:
         refuse(key, f"a number in (0, 1 - confidence] = (0, {1.0 - confidence:.3g}] (the "
                "PRIVACY BUG verdict's failure probability; default 1e-6)", v)
     return float(v)
+
+
+def check_delta(value, name: str = "delta", *, zero_ok: bool = False, why: str = "") -> float:
+    """``value`` as a float when it is a delta of (epsilon, delta)-DP: in (0, 1), or in [0, 1)
+    with ``zero_ok`` (pure DP). ``why`` is added to the error (e.g. which method needs
+    delta > 0 and which take 0)."""
+    v = check_real(value, name)
+    ok = np.isfinite(v) and (0.0 <= v < 1.0 if zero_ok else 0.0 < v < 1.0)
+    if not ok:
+        where = "[0, 1)" if zero_ok else "(0, 1)"
+        raise ValueError(f"{name} must lie in {where}{' ' + why if why else ''}, got {value!r}")
+    return v

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, fields, replace
 import numpy as np
 from scipy.special import ndtr, ndtri
 
+from dpaudit._validate import check_delta
 from dpaudit.accounting import (
     AccountantEpsilon,
     ProfileRocInverse,
@@ -75,8 +76,7 @@ class ThreatModel:
             raise ValueError(f"sample_rate must lie in (0, 1], got {self.sample_rate!r}")
         if int(self.steps) != self.steps or self.steps < 1:
             raise ValueError(f"steps must be a positive integer, got {self.steps!r}")
-        if not 0.0 < float(self.delta) < 1.0:
-            raise ValueError(f"delta must lie in (0, 1), got {self.delta!r}")
+        check_delta(self.delta)
         if self.canary_kind not in CANARY_KINDS:
             raise ValueError(f"canary_kind must be one of {CANARY_KINDS}, got {self.canary_kind!r}")
         if self.canary_norm is not None:

@@ -25,13 +25,13 @@ def _null(n_in, n_out, seed=0):
 def test_one_run_rows_take_the_inclusion_and_refuse_implausible_splits():
     split = {"scalar": _null(200, 5000)}
     rows = bound_rows(split, ["one_run", "fdp_one_run", "clopper_pearson"], 1e-5, 0.99)
-    by = {r["method"]: r for r in rows}
+    by = {r.method: r for r in rows}
     for m in ("one_run", "fdp_one_run"):  # told 1/2: the split is refused, named
-        assert by[m]["kind"] == "not applicable" and "inclusion" in by[m]["error"]
-    assert by["clopper_pearson"]["kind"] == "certified"  # threshold bounds condition on n
+        assert by[m].kind == "not applicable" and "inclusion" in by[m].error
+    assert by["clopper_pearson"].kind == "certified"  # threshold bounds condition on n
     rows = bound_rows(split, ["one_run"], 1e-5, 0.99, inclusion=200 / 5200)
-    assert rows[0]["kind"] == "certified" and rows[0]["epsilon"] == 0.0
-    assert rows[0]["result"]["details"]["inclusion"] == pytest.approx(200 / 5200)
+    assert rows[0].kind == "certified" and rows[0].epsilon == 0.0
+    assert rows[0].result["details"]["inclusion"] == pytest.approx(200 / 5200)
 
 
 def test_evaluate_audit_reads_audit_inclusion():
@@ -39,10 +39,11 @@ def test_evaluate_audit_reads_audit_inclusion():
     rng = np.random.default_rng(1)
     member = rng.random(2000) < 0.3
     scores = {"scalar": rng.standard_normal(2000) + 3.0 * member}
-    out = evaluate_audit(plan_audit(s).judging, scores, member, THREAT, independent=True)
-    row = out["bounds"][0]
-    assert row["kind"] == "certified" and row["epsilon"] > 1.0
-    assert row["result"]["details"]["inclusion"] == 0.3
+    split = {k: (v[member], v[~member]) for k, v in scores.items()}
+    out = evaluate_audit(plan_audit(s).judging, split, member, THREAT, independent=True)
+    row = out.bounds[0]
+    assert row.kind == "certified" and row.epsilon > 1.0
+    assert row.result["details"]["inclusion"] == 0.3
 
 
 def test_audit_report_takes_and_checks_inclusion():
@@ -79,5 +80,5 @@ def test_effective_noise_search_builds_few_claimed_curves(monkeypatch):
                          delta=1e-5)
     rng = np.random.default_rng(0)
     c = claim_evidence(rng.normal(3.0, 1, 50), rng.normal(0, 1, 50), threat, 0.99)
-    assert 0 < c["sigma_upper"] < 10.0 and c["rejected"]
+    assert 0 < c.sigma_upper < 10.0 and c.rejected
     assert len(built) <= 12, built

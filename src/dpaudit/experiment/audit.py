@@ -9,13 +9,14 @@ The Hydra task over it is ``dpaudit.tasks.audit.audit_task``.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
 import numpy as np
 
 from dpaudit.capture.records import WhiteBoxRecords
-from dpaudit.experiment.judging.evaluation import evaluate_scores, split_scores
+from dpaudit.experiment.judging.evaluation import Evidence, evaluate_scores, split_scores
 from dpaudit.experiment.judging.outputs import audit_mode, write_audit_report
 from dpaudit.experiment.plan import (
     AuditPlan,
@@ -39,10 +40,18 @@ MULTI_RUN_NO_RECORDS = (
 )
 
 
+def run_split(run: RunRecord) -> dict:
+    """Attack name -> (member scores, non-member scores) of a run's (or pooled runs')
+    scores: made once per evaluation, read by the evidence and by the report's plots."""
+    return split_scores({k: np.asarray(v) for k, v in run.scores.items()}, run.membership)
+
+
 def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None,
-             plan: AuditPlan | None = None) -> dict:
-    """Evidence, theory and verdict for pooled scores (one run, or runs aggregated);
-    ``plan``: the settings' ``AuditPlan`` (built here when not given)."""
+             plan: AuditPlan | None = None, split: dict | None = None) -> AuditResult:
+    """Evidence, theory and verdict for pooled scores (one run, or runs aggregated), as the
+    ``AuditResult`` results.json holds (``extra``: keys of other origins, e.g. a multi-run
+    audit's ``runs_done``); ``plan``: the settings' ``AuditPlan`` and ``split``: the run's
+    ``run_split`` (each made here when not given)."""
     plan = plan_audit(settings) if plan is None else plan
     threat = run.threat_model or recorded_threat_model(
         plan, run.sample_rate, run.steps, run.canary_norm
@@ -51,7 +60,7 @@ def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None,
                    else recorded_independence(plan, run.canary_info))
     evidence = evaluate_audit(
         plan.judging,
-        run.scores,
+        run_split(run) if split is None else split,
         run.membership,
         threat,
         independent=independent,
@@ -61,18 +70,16 @@ def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None,
                           else None),
         per_step=run.per_step,
     )
-    result = {
-        "settings": settings.to_dict(),
-        "audit_mode": audit_mode(plan.judging.mode),
-        "steps": run.steps,
-        "sample_rate": run.sample_rate,
-        "test_accuracy": run.test_accuracy,
-        **evidence,
-        "canary_info": run.canary_info,
-        "engine_accountants": run.engine_accountants,
-    }
-    result.update(extra or {})
-    return result
+    return evidence.result(
+        settings=settings.to_dict(),
+        audit_mode=audit_mode(plan.judging.mode),
+        steps=run.steps,
+        sample_rate=run.sample_rate,
+        test_accuracy=run.test_accuracy,
+        canary_info=run.canary_info,
+        engine_accountants=run.engine_accountants,
+        **(extra or {}),
+    )
 
 
 def run_audit(
@@ -114,11 +121,12 @@ def run_audit(
 
     def judge(run: RunRecord) -> dict:  # evaluate the run(s) and write the report
         ran = time.perf_counter()
-        result = evaluate(settings, run, {"wall_seconds": ran - start}, plan)
-        result["timing"] = audit_timing(run, ran - start, time.perf_counter() - ran)
-        result = AuditResult.from_dict(result).to_dict()  # what results.json holds
+        split = run_split(run)
+        typed = evaluate(settings, run, {"wall_seconds": ran - start}, plan, split)
+        timing = audit_timing(run, ran - start, time.perf_counter() - ran)
+        result = dataclasses.replace(typed, timing=timing).to_dict()  # what results.json holds
         if output_dir is not None:
-            write_report(result, run, Path(output_dir), plan)
+            write_report(result, split, run, Path(output_dir), plan)
         return result
 
     if plan.judging.mode != "multi_run":
@@ -163,7 +171,7 @@ def audit_timing(run: RunRecord, run_seconds: float, evaluation_seconds: float) 
 
 def evaluate_audit(
     judging: Judging,
-    scores: dict,
+    split: dict,
     membership,
     threat: ThreatModel,
     *,
@@ -172,12 +180,12 @@ def evaluate_audit(
     white_box: WhiteBoxRecords | None = None,
     white_box_reason: str | None = None,
     per_step: dict | None = None,
-) -> dict:
+) -> Evidence:
     """``evaluate_scores`` for an audit's ``Judging`` record (methods, confidence, the PRIVACY
-    BUG level, the membership design; ``independent``: each canary an independent experiment,
+    BUG level, the membership design) on ``split`` (``run_split``; ``membership`` splits the
+    per-step scores alike); ``independent``: each canary an independent experiment,
     ``plan.independent_canaries``; ``white_box``: the run's records, or ``white_box_reason``
     why there are none)."""
-    split = split_scores({k: np.asarray(v) for k, v in scores.items()}, membership)
     steps_split = None if per_step is None else split_scores(per_step, membership)
     return evaluate_scores(
         split,
@@ -194,9 +202,9 @@ def evaluate_audit(
     )
 
 
-def write_report(result: dict, run, out: Path, plan: AuditPlan) -> None:
-    """``write_audit_report`` for an audit's ``RunRecord`` on its plan's device."""
-    split = split_scores({k: np.asarray(v) for k, v in run.scores.items()}, run.membership)
+def write_report(result: dict, split: dict, run, out: Path, plan: AuditPlan) -> None:
+    """``write_audit_report`` for an audit's ``RunRecord`` (``split``: its ``run_split``) on
+    its plan's device."""
     write_audit_report(
         result,
         split,

@@ -37,9 +37,7 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any, NamedTuple
 
-import numpy as np
-
-from dpaudit._validate import check_open_unit, check_real, check_scores
+from dpaudit._validate import check_delta, check_open_unit, check_scores
 from dpaudit.registry import Registry
 from dpaudit.stats.clopper_pearson import threshold_bound
 from dpaudit.stats.density import density_bound
@@ -142,18 +140,11 @@ ORIENTATION_P_VALUE = 1e-3
 
 
 def _check_delta(delta: float, method: str, zero_ok: bool) -> float:
-    d = check_real(delta, "delta")
     if zero_ok:
-        if not np.isfinite(d) or not 0.0 <= d < 1.0:
-            raise ValueError(f"delta must lie in [0, 1) for method={method!r}, got {delta!r}")
-        return d
-    if not np.isfinite(d) or not 0.0 < d < 1.0:
-        raise ValueError(
-            f"delta must lie in (0, 1) for method={method!r} (it needs delta > 0; pure DP, "
-            f"delta = 0, is supported by {[m for m, s in METHOD_REGISTRY.items() if s.zero_delta]})"
-            f", got {delta!r}"
-        )
-    return d
+        return check_delta(delta, zero_ok=True, why=f"for method={method!r}")
+    pure = [m for m, s in METHOD_REGISTRY.items() if s.zero_delta]
+    return check_delta(delta, why=f"for method={method!r} (it needs delta > 0; pure DP, "
+                       f"delta = 0, is supported by {pure})")
 
 
 def epsilon_lower_bound(

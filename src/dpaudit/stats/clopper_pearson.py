@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import ndtri
 
-from dpaudit._validate import check_rates, check_real
+from dpaudit._validate import check_delta, check_rates
 from dpaudit.stats.gdp import gdp_epsilon
 from dpaudit.stats.joint_gdp import joint_gdp_mu
 from dpaudit.stats.result import ASSUME_GDP, EpsilonBound
@@ -44,9 +44,7 @@ def eps_from_rates(fpr, fnr, delta: float):
     """
     fpr = check_rates(fpr, "fpr")
     fnr = check_rates(fnr, "fnr")
-    delta = check_real(delta, "delta")
-    if not 0.0 <= delta < 1.0:
-        raise ValueError(f"delta must lie in [0, 1), got {delta!r}")
+    delta = check_delta(delta, zero_ok=True)
     with np.errstate(divide="ignore", invalid="ignore"):
         a = np.log(np.maximum(1.0 - delta - fnr, 0.0)) - np.log(fpr)
         b = np.log(np.maximum(1.0 - delta - fpr, 0.0)) - np.log(fnr)

@@ -54,6 +54,7 @@ import numpy as np
 from scipy.special import expit, log_ndtr, logit, ndtr, ndtri, stdtr
 from scipy.stats import binom, poisson
 
+from dpaudit._validate import check_delta
 from dpaudit.stats.gdp import gdp_epsilon
 
 CURVE_MARGIN = 1e-9
@@ -77,10 +78,7 @@ def _round_down(beta: np.ndarray, alpha: np.ndarray) -> np.ndarray:
 
 
 def _check_delta(delta: float) -> float:
-    d = float(delta)
-    if not np.isfinite(d) or not 0.0 <= d < 1.0:
-        raise ValueError(f"delta must lie in [0, 1), got {delta!r}")
-    return d
+    return check_delta(delta, zero_ok=True)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ import pytest
 from scipy.special import ndtr, ndtri
 
 from dpaudit.accounting import roc_inverse_from_profile, tradeoff_from_profile
-from dpaudit.experiment.judging.evaluation import evaluate_scores, per_test_confidence
+from dpaudit.experiment.judging.evaluation import evaluate_scores
+from dpaudit.experiment.judging.levels import per_test_confidence
 from dpaudit.stats import epsilon_lower_bound, gdp_epsilon
 from dpaudit.stats.one_run.bounds import fdp_one_run_certified_bound
 from dpaudit.stats.one_run.claim import (
@@ -212,43 +213,43 @@ def test_audit_of_canaries_trained_together_certifies_through_the_one_run_test()
     s_in, s_out = _gauss(3.0, 4000, seed=6)  # mu 3 against a claimed mu of 1
     out = evaluate_scores({"scalar": (s_in, s_out)}, THREAT, methods=["one_run"],
                           independent=False)
-    assert out["per_test_confidence"] == pytest.approx(per_test_confidence(0.95, 1, 1, 1))
-    c = out["one_run_claim"]["scalar"]
-    assert c["certified"] and c["applicable"] and c["rejected"]
-    assert c["mu_lower"] > 1.0 and c["sigma_upper"] == pytest.approx(10.0 / c["mu_lower"])
-    assert not out["claim"]["scalar"]["certified"]  # the threshold test is an estimate here
-    v = out["verdict"]
+    assert out.per_test_confidence == pytest.approx(per_test_confidence(0.95, 1, 1, 1))
+    c = out.one_run_claim["scalar"]
+    assert c.certified and c.applicable and c.rejected
+    assert c.mu_lower > 1.0 and c.sigma_upper == pytest.approx(10.0 / c.mu_lower)
+    assert not out.claim["scalar"].certified  # the threshold test is an estimate here
+    v = out.verdict
     # rejected at the bounds' 95%, not at the PRIVACY BUG level 1e-6: a warning, named
-    assert not c["refuted"] and v["status"] != "privacy_bug"
+    assert not c.refuted and v.status != "privacy_bug"
     assert any("scalar (one-run)" in w and "not at the PRIVACY BUG level" in w
-               for w in v["warnings"])
-    assert v["sigma_upper_certified"] and v["sigma_upper"] == c["sigma_upper"]
+               for w in v.warnings)
+    assert v.sigma_upper_certified and v.sigma_upper == c.sigma_upper
     # with the PRIVACY BUG level at the bounds' own 5%, the same evidence refutes the claim
     loose = evaluate_scores({"scalar": (s_in, s_out)}, THREAT, methods=["one_run"],
-                            independent=False, refutation_level=0.05)["verdict"]
-    assert loose["status"] == "privacy_bug" and "scalar (one-run)" in loose["claim_rejected_by"]
+                            independent=False, refutation_level=0.05).verdict
+    assert loose.status == "privacy_bug" and "scalar (one-run)" in loose.claim_rejected_by
     # a larger leak (mu 4 against the claimed 1) refutes it at 1e-6
     s_in, s_out = _gauss(4.0, 4000, seed=6)
     strong = evaluate_scores({"scalar": (s_in, s_out)}, THREAT, methods=["one_run"],
-                             independent=False)["verdict"]
-    assert strong["status"] == "privacy_bug" and strong["refutation_level"] == 1e-6
+                             independent=False).verdict
+    assert strong.status == "privacy_bug" and strong.refutation_level == 1e-6
     # independent canaries: no one-run claim test (the threshold test is certified there)
     ind = evaluate_scores({"scalar": (s_in, s_out)}, THREAT, methods=["one_run"])
-    assert ind["one_run_claim"] == {}
-    assert ind["per_test_confidence"] == pytest.approx(per_test_confidence(0.95, 1, 1))
+    assert ind.one_run_claim == {}
+    assert ind.per_test_confidence == pytest.approx(per_test_confidence(0.95, 1, 1))
 
 
 def test_audit_keeps_a_true_claim_and_says_when_the_design_does_not_fit():
     s_in, s_out = _gauss(1.0, 4000, seed=7)
     out = evaluate_scores({"scalar": (s_in, s_out)}, THREAT, methods=["one_run"],
                           independent=False)
-    c = out["one_run_claim"]["scalar"]
-    assert not c["rejected"] and 0 < c["mu_lower"] < 1.0
-    assert out["verdict"]["status"] != "privacy_bug"
+    c = out.one_run_claim["scalar"]
+    assert not c.rejected and 0 < c.mu_lower < 1.0
+    assert out.verdict.status != "privacy_bug"
     few = evaluate_scores({"scalar": (s_in[:100], s_out)}, THREAT, methods=["one_run"],
                           independent=False, inclusion=0.5)
-    f = few["one_run_claim"]["scalar"]
-    assert not f["applicable"] and "inclusion" in f["error"] and not f["rejected"]
+    f = few.one_run_claim["scalar"]
+    assert not f.applicable and "inclusion" in f.error and not f.rejected
 
 
 def _exact_levels(mech, m, k_plus, k_minus):
@@ -312,13 +313,13 @@ def test_the_audit_fixes_its_guess_counts_from_the_claim():
     s_in, s_out = _gauss(1.5, 4000, seed=2)
     out = evaluate_scores({"scalar": (s_in, s_out)}, THREAT, methods=["fdp_one_run_certified"],
                           independent=False)
-    c = out["one_run_claim"]["scalar"]
-    level = 1.0 - out["per_test_confidence"]
+    c = out.one_run_claim["scalar"]
+    level = 1.0 - out.per_test_confidence
     m = s_in.size + s_out.size
     # the claim test's count refutes the claim soonest; the certified epsilon's maximises it
     # when the run is as claimed (mu = 1); neither looks at the scores
-    assert c["test"]["guesses"] == c["test"]["k_plus"] == soonest_guess_count(
+    assert c.test["guesses"] == c.test["k_plus"] == soonest_guess_count(
         m, level, THREAT.roc_inverse)
-    row = out["bounds"][0]["result"]["details"]
+    row = out.bounds[0].result["details"]
     assert row["design_mu"] == pytest.approx(1.0)
     assert row["k_plus"] == claim_guess_count(m, level, Family("epsdelta", 1e-5), 1.0)

@@ -166,11 +166,12 @@ def test_one_run_not_applicable_when_m_delta_is_large():
     null = epsilon_lower_bound(sc[inc] * 0, sc[~inc] * 0, delta=1e-6, method="one_run")
     assert null.epsilon == 0.0 and null.applicable and null.note is None
     # the audit's table row: not applicable, epsilon nan, not counted by the verdict
-    from dpaudit.experiment.judging.evaluation import _best, bound_rows
+    from dpaudit.experiment.judging.evaluation import bound_rows
+    from dpaudit.experiment.judging.verdict import best
 
     rows = bound_rows({"a": (sc[inc], sc[~inc])}, ["one_run"], 2.5e-3, 0.95)
-    assert rows[0]["kind"] == "not applicable" and np.isnan(rows[0]["epsilon"])
-    assert rows[0]["error"].startswith("not applicable") and _best(rows, "certified") is None
+    assert rows[0].kind == "not applicable" and np.isnan(rows[0].epsilon)
+    assert rows[0].error.startswith("not applicable") and best(rows, "certified") is None
 
 
 def test_vectorised_p_value_lower_bound_never_exceeds_the_p_value():

@@ -1,4 +1,4 @@
-"""From per-canary scores to evidence and a verdict (DESIGN 3 steps 5-6, DESIGN 4.5).
+"""From per-canary scores to typed evidence (DESIGN 3 steps 5-6, DESIGN 4.5).
 
 Two kinds of evidence, never mixed up:
 
@@ -9,52 +9,36 @@ Two kinds of evidence, never mixed up:
 * **estimates** under a named model (gdp, gaussian, density_tv, fdp_one_run, and the
   accountant's epsilon at sigma_upper for the subsampled case).
 
-All certified bounds of an audit hold *simultaneously*: the failure probability
-1 - confidence is split evenly (Bonferroni) over every (attack, method) pair and every attack's
-claim test (and one-run claim test), so the bounds' confidence is the stated one. Estimates are
-computed at the same per-test confidence so they can be compared. The white-box tests are a
-family of their own (``white_box``): no bound rests on them.
-
-A PRIVACY BUG must be beyond doubt: a gate that fails one correct run in twenty is switched
-off, while real bugs leave p-values many orders smaller. So the statements that can refute the
-claim (each attack's claim test, the one-run claim tests, the white-box checks) are also judged
-at their own, much smaller failure probability ``refutation_level`` (1e-6 by default), split
-evenly over them. Only a refutation at that level makes the verdict ``privacy_bug``; evidence
-at the bounds' level but not at the refutation level (a claim test or a white-box check
-rejecting at 95% only, a certified epsilon above the claim) is a warning in the verdict
-(``warnings``), named with its p-value or level.
+Each piece is built typed where it is made: a claim test is a ``ClaimRow``, a bound a
+``BoundRow``, a white-box check a ``CheckResult``, the verdict a ``Verdict`` (``verdict.py``);
+``evaluate_scores`` returns them together as ``Evidence``, which becomes the audit's
+``AuditResult`` with its context (``Evidence.result``). How the confidence and the PRIVACY BUG
+level are split over the statements is ``levels.py``.
 
 The threshold-based certified methods and the claim test need each canary's (score,
 membership) to be an independent draw of the one-canary experiment; when the audit's design
-does not give that (``independent``, from the trainings wing's
-``threat.independent_canaries``), their numbers are reported
-as estimates under that assumption. What certifies then covers canaries trained together: the
-one-run claim test (``one_run_claim_evidence``: the claimed curve, mu_lower and sigma_upper
-from the guess-count recursion of Mahloujifar et al., ``stats.one_run``; one more
+does not give that (``independent``: ``plan.independent_canaries``), their numbers are
+reported as estimates under that assumption. What certifies then covers canaries trained
+together: the one-run claim test (``one_run_claim_evidence``: the claimed curve, mu_lower and
+sigma_upper from the guess-count recursion of Mahloujifar et al., ``stats.one_run``; one more
 statement per attack in the Bonferroni split) and the one_run / fdp_one_run_certified epsilon
 bounds.
-
-Verdict: ``privacy_bug`` only when certified evidence rejects the claim;
-``estimate_above_claim`` when only an estimate exceeds it; ``consistent`` otherwise.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
 from dpaudit.capture.records import WhiteBoxRecords
-from dpaudit.experiment.judging.white_box import (
-    count_tests,
-    describe,
-    fired,
-    not_checked,
-    warned,
-    white_box_evidence,
-)
-from dpaudit.report.results import CONSISTENT, ESTIMATE_ABOVE_CLAIM, PRIVACY_BUG
+from dpaudit.experiment.judging.levels import REFUTATION_LEVEL, split_levels
+from dpaudit.experiment.judging.verdict import verdict
+from dpaudit.experiment.judging.white_box import count_tests, not_checked, white_box_evidence
+from dpaudit.report.results import AuditResult, BoundRow, ClaimRow, Verdict
 from dpaudit.stats import epsilon_lower_bound
 from dpaudit.stats.bounds import METHOD_REGISTRY
 from dpaudit.stats.claim import claim_test, mu_lower_bound, noise_upper_bound
@@ -70,7 +54,6 @@ from dpaudit.stats.roc import SUMMARY_FPRS, roc_summary
 from dpaudit.threat_model import ThreatModel
 
 DEFAULT_METHODS = ("clopper_pearson", "one_run", "fdp_one_run_certified", "gdp", "gaussian")
-REFUTATION_LEVEL = 1e-6  # the PRIVACY BUG verdict's failure probability (module doc)
 INDEPENDENCE = (
     "canaries' scores independent of each other (one training run whose canaries can "
     "influence each other's scores; only the one_run method covers that dependence)"
@@ -149,14 +132,6 @@ def training_note(threat: ThreatModel, training_epsilon: float | None) -> str:
     )
 
 
-def per_test_confidence(
-    confidence: float, n_attacks: int, n_methods: int, extra: int = 0
-) -> float:
-    """Bonferroni: the confidence of each of the n_attacks x (n_methods + 1) statements, plus
-    ``extra`` (the one-run claim tests)."""
-    return 1.0 - (1.0 - confidence) / max(1, n_attacks * (n_methods + 1) + extra)
-
-
 # what epsilon_at_sigma_upper is (threat.estimated_epsilon)
 EPS_AT_SIGMA_UPPER_KIND = "estimate (DP-SGD family: same q, T, C; PRV accountant)"
 SIGMA_UPPER_FLOOR = 0.5  # effective noise multiplier below which sigma_upper is not resolved
@@ -165,7 +140,7 @@ SIGMA_UPPER_FLOOR = 0.5  # effective noise multiplier below which sigma_upper is
 def claim_evidence(
     s_in, s_out, threat: ThreatModel, confidence: float, *, certified: bool = True,
     refutation: float | None = None,
-) -> dict:
+) -> ClaimRow:
     """Claim test, mu_lower and sigma_upper of one attack (certified when ``certified``) at
     ``confidence``; ``refuted``: the test also rejects at ``1 - refutation`` (this
     statement's share of the PRIVACY BUG level; checked only when it rejects at
@@ -189,19 +164,18 @@ def claim_evidence(
         # (q = 1/2, T = 48: 1 s at 0.5, 23 s at 0.1, 114 s at 0.05): "at most the floor"
         floor = SIGMA_UPPER_FLOOR * threat.sensitivity
         sigma_ub = noise_upper_bound(rows, family, start, sigma_min=floor)
-    eps_at = _epsilon_at(threat, sigma_ub)
-    return {
-        "test": test.to_dict(),
-        "rejected": test.rejected,
-        "refuted": refuted,
-        "refutation_level": refutation,
-        "certified": certified,
-        "mu_lower": mu_lb,
-        "sigma_upper": sigma_ub,
-        "noise_multiplier": threat.noise_multiplier,
-        "epsilon_at_sigma_upper": eps_at,
-        "epsilon_at_sigma_upper_kind": EPS_AT_SIGMA_UPPER_KIND,
-    }
+    return ClaimRow(
+        rejected=test.rejected,
+        certified=certified,
+        mu_lower=mu_lb,
+        sigma_upper=sigma_ub,
+        noise_multiplier=threat.noise_multiplier,
+        epsilon_at_sigma_upper=_epsilon_at(threat, sigma_ub),
+        epsilon_at_sigma_upper_kind=EPS_AT_SIGMA_UPPER_KIND,
+        test=test.to_dict(),
+        refuted=refuted,
+        refutation_level=refutation,
+    )
 
 
 def _family_curve(threat: ThreatModel, sigma: float):
@@ -217,26 +191,25 @@ ONE_RUN_CLAIM_METHOD = (
 def one_run_claim_evidence(
     s_in, s_out, threat: ThreatModel, confidence: float, *, inclusion: float = 0.5,
     refutation: float | None = None,
-) -> dict:
+) -> ClaimRow:
     """Certified claim test, mu_lower and sigma_upper of one attack for canaries trained
     together (``stats.one_run.claim``), at ``confidence`` (``refuted``: also at
-    ``1 - refutation``); the same keys as ``claim_evidence`` plus ``applicable`` (False, with
-    ``error``, when the design is not the fair-coin one the theorem needs or there are too
-    few canaries)."""
-    base_row = {
-        "certified": True,
-        "method": ONE_RUN_CLAIM_METHOD,
-        "noise_multiplier": threat.noise_multiplier,
-        "epsilon_at_sigma_upper_kind": EPS_AT_SIGMA_UPPER_KIND,
-    }
+    ``1 - refutation``); a ``ClaimRow`` like ``claim_evidence``'s, naming its ``method``, not
+    ``applicable`` (with ``error``) when the design is not the fair-coin one the theorem needs
+    or there are too few canaries."""
+    row = functools.partial(
+        ClaimRow, certified=True, method=ONE_RUN_CLAIM_METHOD,
+        noise_multiplier=threat.noise_multiplier,
+        epsilon_at_sigma_upper_kind=EPS_AT_SIGMA_UPPER_KIND, refutation_level=refutation,
+    )
     claim_inverse = threat.roc_inverse
     try:
         base = guess_table(s_in, s_out, method="the one-run claim test", pairs=[],
                            inclusion=inclusion)
     except ValueError as err:
-        return {**base_row, "applicable": False, "error": str(err), "rejected": False,
-                "refuted": False, "refutation_level": refutation,
-                "mu_lower": 0.0, "sigma_upper": float("inf"), "epsilon_at_sigma_upper": None}
+        return row(rejected=False, mu_lower=0.0, sigma_upper=float("inf"),
+                   epsilon_at_sigma_upper=None, applicable=False, error=str(err),
+                   refuted=False)
     # the claim test's guess count refutes the claimed curve soonest; mu_lower's and
     # sigma_upper's maximises mu_lower when the run is as claimed (stats.one_run.design)
     table = claim_counts(base, 1.0 - confidence, roc_inverse=claim_inverse)
@@ -261,18 +234,9 @@ def one_run_claim_evidence(
             threat.clt_noise_for_mu(mu_lb),
             sigma_min=SIGMA_UPPER_FLOOR * threat.sensitivity,
         )
-    return {
-        **base_row,
-        "applicable": test.n_candidates > 0,
-        "error": test.note or None,
-        "test": test.to_dict(),
-        "rejected": test.rejected,
-        "refuted": refuted,
-        "refutation_level": refutation,
-        "mu_lower": mu_lb,
-        "sigma_upper": sigma_ub,
-        "epsilon_at_sigma_upper": _epsilon_at(threat, sigma_ub),
-    }
+    return row(rejected=test.rejected, mu_lower=mu_lb, sigma_upper=sigma_ub,
+               epsilon_at_sigma_upper=_epsilon_at(threat, sigma_ub), test=test.to_dict(),
+               applicable=test.n_candidates > 0, error=test.note or None, refuted=refuted)
 
 
 def design_mu(threat: ThreatModel) -> float | None:
@@ -305,7 +269,7 @@ def bound_rows(
     independent: bool = True,
     inclusion: float = 0.5,
     design_mu: float | None = None,
-) -> list[dict]:
+) -> list[BoundRow]:
     """Every (attack, method) bound at ``confidence`` (already the per-test confidence).
 
     ``inclusion``: the probability with which each canary (multi-run: each run) was made a
@@ -317,7 +281,8 @@ def bound_rows(
     rows = []
     for attack, (s_in, s_out) in split.items():
         for method in methods:
-            row = {"attack": attack, "method": method, "confidence": confidence}
+            row = functools.partial(BoundRow, attack=attack, method=method,
+                                    confidence=confidence)
             takes_inclusion = "inclusion" in METHOD_REGISTRY[method].options
             opts = {"inclusion": inclusion} if takes_inclusion else {}
             if design_mu is not None and "design_mu" in METHOD_REGISTRY[method].options:
@@ -328,28 +293,24 @@ def bound_rows(
                     res = epsilon_lower_bound(
                         s_in, s_out, delta=delta, confidence=confidence, method=method, **opts
                     )
-                assumption = res.assumption
-                if (
-                    assumption is None
-                    and not independent
-                    and not METHOD_REGISTRY[method].dependent_ok
-                ):
-                    assumption = INDEPENDENCE
-                row.update(
-                    epsilon=res.epsilon,
-                    valid=res.valid,
-                    mu_lower=res.mu_lower,
-                    kind="certified" if assumption is None else "estimate",
-                    assumption=assumption,
-                    result=res.to_dict(),
-                )
-                if not res.applicable:  # e.g. one_run with m*delta not << 1: not evidence
-                    row.update(epsilon=float("nan"), kind="not applicable", error=res.note)
             except ValueError as err:
-                row.update(
-                    epsilon=float("nan"), valid=False, kind="not applicable", error=str(err)
-                )
-            rows.append(row)
+                rows.append(row(epsilon=float("nan"), kind="not applicable", valid=False,
+                                error=str(err)))
+                continue
+            assumption = res.assumption
+            if (
+                assumption is None
+                and not independent
+                and not METHOD_REGISTRY[method].dependent_ok
+            ):
+                assumption = INDEPENDENCE
+            kind = "certified" if assumption is None else "estimate"
+            rows.append(row(
+                epsilon=res.epsilon if res.applicable else float("nan"),
+                kind=kind if res.applicable else "not applicable",  # e.g. one_run, m delta ~ 1
+                valid=res.valid, mu_lower=res.mu_lower, assumption=assumption,
+                result=res.to_dict(), error=None if res.applicable else res.note,
+            ))
     return rows
 
 
@@ -387,6 +348,35 @@ def pld_estimates(per_step: dict | None, delta: float) -> dict[str, dict]:
     return out
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """What ``evaluate_scores`` establishes, typed: the attacks' ROC summaries, the claim tests
+    (``ClaimRow`` per attack; ``one_run_claim`` for canaries trained together), the bounds
+    (``BoundRow`` s), the theory (the threat model and its accountants), the white-box checks,
+    how the confidence was split, whether the canaries are independent, and the ``Verdict``."""
+
+    attacks: dict
+    claim: dict[str, ClaimRow]
+    one_run_claim: dict[str, ClaimRow]
+    bounds: tuple[BoundRow, ...]
+    theory: dict
+    white_box: dict
+    per_test_confidence: float
+    refutation_per_statement: float
+    independent_canaries: bool
+    verdict: Verdict
+
+    def result(self, **context) -> AuditResult:
+        """The ``AuditResult`` of this evidence with its ``context`` (``settings``,
+        ``audit_mode``, ``steps``, ...: ``AuditResult``'s fields; other keys go to its
+        ``extra``, as ``wall_seconds`` does)."""
+        names = {f.name for f in dataclasses.fields(AuditResult)} - {"extra"}
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        known = {k: v for k, v in context.items() if k in names}
+        extra = {k: v for k, v in context.items() if k not in names}
+        return AuditResult(**own, **known, extra=extra)
+
+
 def evaluate_scores(
     split: dict,
     threat: ThreatModel,
@@ -400,14 +390,14 @@ def evaluate_scores(
     white_box_reason: str | None = None,
     per_step: dict | None = None,
     refutation_level: float = REFUTATION_LEVEL,
-) -> dict:
+) -> Evidence:
     """Attack summaries, claim evidence, bounds, theory, white-box checks and the verdict.
 
     Args:
         split: attack name -> (member scores, non-member scores).
         threat: the audit's ``ThreatModel`` (the claim under test).
         methods: names of ``epsilon_lower_bound`` methods to report.
-        confidence: the bounds' confidence; split over every statement (module doc).
+        confidence: the bounds' confidence; split over every statement (``levels``).
         independent: whether canaries' scores are independent one-canary experiments.
         training_accountants: Opacus' epsilons for the training data (reported beside).
         inclusion: the probability with which each canary was made a member (the one-run
@@ -416,20 +406,17 @@ def evaluate_scores(
             (``experiment.judging.white_box``); None: not run, and ``white_box_reason`` says
             why in the report.
         per_step: attack name -> (members' (K_in, T), non-members' (K_out, T)) per-step
-            scores, for the per-step histogram PLD estimate (``pld_rows``).
+            scores, for the per-step histogram PLD estimate (``pld_estimates``).
         refutation_level: the PRIVACY BUG verdict's failure probability, split over the
-            statements that can refute the claim (module doc); in (0, 1 - confidence].
+            statements that can refute the claim (``levels``); in (0, 1 - confidence].
     """
     check_split(split)
-    refutation_level = check_refutation_level(refutation_level, confidence)
     methods = list(methods)
     n_white = count_tests(white_box)
-    n_one_run = 0 if independent else len(split)  # the one-run claim test, one per attack
-    per = per_test_confidence(confidence, len(split), len(methods), n_one_run)
-    refute_each = refutation_level / max(1, len(split) + n_one_run + n_white)
-    # the white-box tests are no bound: judged at their share of the refutation level, they
-    # warn at their share of the bounds' failure probability, as a family of their own
-    warn_each = (1.0 - confidence) / max(1, n_white)
+    levels = split_levels(confidence, refutation_level, attacks=len(split), methods=len(methods),
+                          one_run_claims=0 if independent else len(split),
+                          white_box_tests=n_white)
+    per, refute_each = levels.per_statement, levels.refute_each
     claims = {
         name: claim_evidence(s_in, s_out, threat, per, certified=independent,
                              refutation=refute_each)
@@ -445,177 +432,25 @@ def evaluate_scores(
         split, methods, threat.delta, per, independent=independent, inclusion=inclusion,
         design_mu=design_mu(threat),
     )
-
     theory = theory_summary(threat, training_accountants)
     theory["histogram_pld"] = pld_estimates(per_step, threat.delta)
-    checks = white_box_evidence(white_box, level=refute_each, warning_level=warn_each)
-    return {
-        "attacks": attack_summaries(split),
-        "claim": claims,
-        "one_run_claim": one_run_claims,
-        "bounds": bounds,
-        "theory": theory,
-        "white_box": {
+    checks = white_box_evidence(white_box, level=refute_each, warning_level=levels.warn_each)
+    return Evidence(
+        attacks=attack_summaries(split),
+        claim=claims,
+        one_run_claim=one_run_claims,
+        bounds=tuple(bounds),
+        theory=theory,
+        white_box={
             "checks": {k: c.to_dict() for k, c in checks.items()},
             "statistical_tests": n_white,
             "not_checked": not_checked(white_box, independent, white_box_reason),
         },
-        "per_test_confidence": per,
-        "refutation_per_statement": refute_each,
-        "independent_canaries": independent,
-        "verdict": verdict(
+        per_test_confidence=per,
+        refutation_per_statement=refute_each,
+        independent_canaries=independent,
+        verdict=verdict(
             bounds, claims, threat, confidence, theory.get("training_data"), checks,
-            one_run_claims, refutation_level=refutation_level,
+            one_run_claims, refutation_level=levels.refutation_level,
         ),
-    }
-
-
-def check_refutation_level(level: float, confidence: float) -> float:
-    """The PRIVACY BUG level: a number in (0, 1 - confidence] (it may not be weaker than the
-    bounds' own failure probability), else a ValueError naming it."""
-    if (isinstance(level, bool) or not isinstance(level, (int, float))
-            or not 0.0 < float(level) <= 1.0 - confidence + 1e-12):
-        raise ValueError(
-            "refutation_level (audit.refutation_level) is the PRIVACY BUG verdict's failure "
-            f"probability: a number in (0, 1 - confidence] = (0, {1.0 - confidence:.3g}], "
-            f"got {level!r}"
-        )
-    return float(level)
-
-
-def _best(rows: list[dict], kind: str) -> dict | None:
-    ok = [b for b in rows if b.get("kind") == kind and b["valid"] and np.isfinite(b["epsilon"])]
-    return max(ok, key=lambda b: b["epsilon"], default=None)
-
-
-def verdict(
-    bounds: list[dict],
-    claims: dict,
-    threat: ThreatModel,
-    confidence: float,
-    training: dict | None = None,
-    white_box: dict | None = None,
-    one_run_claims: dict | None = None,
-    *,
-    refutation_level: float = REFUTATION_LEVEL,
-) -> dict:
-    """Three states (module doc), naming the threat model and the accountant compared with.
-
-    ``white_box``: name -> ``CheckResult`` (``experiment.judging.white_box``); one that
-    refutes the claim at its share of ``refutation_level`` is certified evidence and makes the
-    verdict a privacy bug, named in the message; one whose evidence only reaches the bounds'
-    level is a warning. ``one_run_claims``: attack -> ``one_run_claim_evidence`` (canaries
-    trained together), named "<attack> (one-run)" in the verdict. sigma_upper is the smallest
-    certified one when any is finite, else the smallest estimate."""
-    claimed = threat.claimed_epsilon()
-    cert, est = _best(bounds, "certified"), _best(bounds, "estimate")
-    cert_eps = cert["epsilon"] if cert else 0.0
-    est_eps = est["epsilon"] if est else 0.0
-    evidence = dict(claims)
-    evidence.update({f"{a} (one-run)": c for a, c in (one_run_claims or {}).items()})
-    refuted_by = [a for a, c in evidence.items() if c.get("refuted") and c["certified"]]
-    rejected_only = [a for a, c in evidence.items()
-                     if c["rejected"] and c["certified"] and not c.get("refuted")]
-    est_rejected = [a for a, c in evidence.items() if c["rejected"] and not c["certified"]]
-    sigma_ubs = {a: c["sigma_upper"] for a, c in evidence.items()}
-    certified_sigmas = {
-        a: v for a, v in sigma_ubs.items() if evidence[a]["certified"] and np.isfinite(v)
-    }
-    pool = certified_sigmas or sigma_ubs
-    best_sigma_attack = min(pool, key=pool.get) if pool else None
-    sigma_ub = sigma_ubs[best_sigma_attack] if best_sigma_attack else float("inf")
-    sigma_certified = bool(best_sigma_attack and evidence[best_sigma_attack]["certified"])
-    white_box = white_box or {}
-    white_fired, white_warned = fired(white_box), warned(white_box)
-    if refuted_by or white_fired:
-        status = PRIVACY_BUG
-    elif est_eps > claimed or est_rejected:
-        status = ESTIMATE_ABOVE_CLAIM
-    else:
-        status = CONSISTENT
-    level_words = f"PRIVACY BUG level {refutation_level:.2g}"
-    warnings_ = [describe(white_box[k]) for k in white_warned]
-    warnings_ += [
-        f"the {a} attack's claim test rejects the claimed curve at {confidence:.0%} but not "
-        f"at the {level_words}" for a in rejected_only
-    ]
-    if cert_eps > claimed:
-        warnings_.append(
-            f"certified epsilon >= {cert_eps:.3f} ({cert['attack']}/{cert['method']}) exceeds "
-            f"the claimed {claimed:.3f} at {confidence:.0%}"
-            + ("" if status == PRIVACY_BUG else f"; no statement refutes the claim at the "
-               f"{level_words}")
-        )
-    where = f"{threat.describe()}; claim: {threat.accountant_name}, epsilon {claimed:.3f}"
-    noise = (
-        f"effective noise multiplier <= {sigma_ub:.4g} (configured {threat.noise_multiplier:g}"
-        f"{'' if sigma_certified else ', estimate'})"
-        if np.isfinite(sigma_ub)
-        else "no upper bound on the effective noise"
     )
-    if status == PRIVACY_BUG:
-        reasons = [describe(white_box[k]) for k in white_fired]
-        if refuted_by:
-            reasons.append(
-                f"the {', '.join(refuted_by)} attack's error rates fall below the claimed "
-                "trade-off curve"
-            )
-        why = "; ".join(reasons)
-        message = (f"PRIVACY BUG (failure probability {refutation_level:.2g}): {why}; "
-                   f"{noise}. [{where}]")
-    elif status == ESTIMATE_ABOVE_CLAIM:
-        what = (
-            f"estimate {est_eps:.3f} ({est['attack']}/{est['method']}, assumes "
-            f"{est['assumption']})"
-            if est_eps > claimed
-            else f"the claim test of {', '.join(est_rejected)} (assumes independent canaries)"
-        )
-        message = (
-            f"ESTIMATE ABOVE CLAIM (not certified): {what} exceeds the claim, but no certified "
-            f"evidence rejects it at {confidence:.0%}; {noise}. [{where}]"
-        )
-    else:
-        certified = (
-            f"certified epsilon >= {cert_eps:.3f}"
-            if cert
-            else "no certified epsilon bound applies: every bound here is an estimate or not "
-            "applicable (canaries that are not independent certify only through the one-run "
-            "methods)"
-        )
-        message = (
-            f"consistent: no certified evidence refutes the claim at the {level_words} "
-            f"({certified} at {confidence:.0%}, best estimate {est_eps:.3f} vs claimed "
-            f"{claimed:.3f}); {noise}. [{where}]"
-        )
-    if warnings_ and status != PRIVACY_BUG:
-        message += " WARNING (evidence short of a PRIVACY BUG): " + "; ".join(warnings_) + "."
-    return {
-        "status": status,
-        "privacy_bug": status == PRIVACY_BUG,
-        "message": message,
-        "confidence": confidence,
-        "refutation_level": refutation_level,
-        "threat_model": threat.describe(),
-        "accountant": threat.accountant_name,
-        "claimed_epsilon": claimed,
-        "best_lower_bound": cert_eps,
-        "certified_bound_applies": cert is not None,
-        "best_attack": cert["attack"] if cert else None,
-        "best_method": cert["method"] if cert else None,
-        "ratio": cert_eps / claimed if claimed > 0 else float("nan"),
-        "best_estimate": est_eps,
-        "estimate_attack": est["attack"] if est else None,
-        "estimate_method": est["method"] if est else None,
-        "estimate_assumption": est["assumption"] if est else None,
-        "estimate_ratio": est_eps / claimed if claimed > 0 else float("nan"),
-        "claim_rejected_by": refuted_by,
-        "white_box_fired": white_fired,
-        "white_box_warned": white_warned,
-        "warnings": warnings_,
-        "claim_rejected_uncertified": est_rejected,
-        "sigma_upper": sigma_ub,
-        "sigma_upper_attack": best_sigma_attack,
-        "sigma_upper_certified": sigma_certified,
-        "noise_multiplier": threat.noise_multiplier,
-        "training_data_note": (training or {}).get("note", ""),
-    }

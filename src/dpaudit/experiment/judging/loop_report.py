@@ -17,12 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dpaudit.experiment.judging.evaluation import (
-    DEFAULT_METHODS,
-    REFUTATION_LEVEL,
-    evaluate_scores,
-    split_scores,
-)
+from dpaudit.experiment.judging.evaluation import DEFAULT_METHODS, evaluate_scores, split_scores
+from dpaudit.experiment.judging.levels import REFUTATION_LEVEL
 from dpaudit.experiment.judging.outputs import audit_mode, write_audit_report
 from dpaudit.forecast import certifiable_ceiling
 from dpaudit.stats.inclusion import check_inclusion
@@ -185,28 +181,28 @@ def audit_report(
 
         training = {k: v.to_dict() for k, v in engine_epsilons(privacy_engine, delta).items()}
     split = split_scores(arrays, member)
-    result = {
-        "settings": None,
-        "audit_mode": audit_mode("own_loop"),
-        "steps": threat_model.steps,
-        "sample_rate": threat_model.training_sample_rate,
-        **evaluate_scores(
-            split,
-            threat_model,
-            methods=methods,
-            confidence=confidence,
-            independent=independent_canaries,
-            training_accountants=training,
-            inclusion=inclusion,
-            white_box=records,
-            white_box_reason=reason,
-            refutation_level=refutation_level,
-        ),
-        "engine_accountants": training,
-    }
+    evidence = evaluate_scores(
+        split,
+        threat_model,
+        methods=methods,
+        confidence=confidence,
+        independent=independent_canaries,
+        training_accountants=training,
+        inclusion=inclusion,
+        white_box=records,
+        white_box_reason=reason,
+        refutation_level=refutation_level,
+    )
     n_in, n_out = int(member.sum()), int((~member).sum())
-    result["canary_info"] = {"certifiable_ceiling": certifiable_ceiling(
-        n_in, n_out, threat_model.claimed_epsilon(), confidence, threat_model.delta)}
+    result = evidence.result(
+        settings=None,
+        audit_mode=audit_mode("own_loop"),
+        steps=threat_model.steps,
+        sample_rate=threat_model.training_sample_rate,
+        engine_accountants=training,
+        canary_info={"certifiable_ceiling": certifiable_ceiling(
+            n_in, n_out, threat_model.claimed_epsilon(), confidence, threat_model.delta)},
+    ).to_dict()
     if output_dir is not None:
         device = None
         if hook is not None:

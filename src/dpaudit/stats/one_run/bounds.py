@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpaudit._validate import check_delta
 from dpaudit.stats.gdp import gdp_epsilon
 from dpaudit.stats.one_run.confidence_set import infimum_not_refuted
 from dpaudit.stats.one_run.design import Family, check_design, claim_guess_count, piece_rule
@@ -110,12 +111,8 @@ def fdp_one_run_bound(
     ``guess_fractions``, ``sides``, ``inclusion`` (only 0.5), ``seed`` (the random order of
     tied scores, default 0). ``details``: the design and the witness guess count.
     """
-    delta = float(delta)
-    if not (np.isfinite(delta) and 0.0 < delta < 1.0):
-        raise ValueError(
-            f"delta must lie in (0, 1) for fdp_one_run (epsilon of mu-GDP is infinite at "
-            f"delta = 0), got {delta!r}"
-        )
+    delta = check_delta(delta, why="for fdp_one_run (epsilon of mu-GDP is infinite at "
+                        "delta = 0)")
     confidence = _confidence(confidence)
     mu_lower, table, best, details = certified_parameter(
         scores_in, scores_out, Family("gdp"), confidence, "fdp_one_run", **options
@@ -142,9 +139,7 @@ def fdp_one_run_certified_bound(
     (``design_mu``, ``guess_fractions``, ``sides``, ``inclusion``, ``seed``). ``details``: the
     design and the witness guess count (side, counts, thresholds).
     """
-    delta = float(delta)
-    if not (np.isfinite(delta) and 0.0 <= delta < 1.0):
-        raise ValueError(f"delta must lie in [0, 1), got {delta!r}")
+    delta = check_delta(delta, zero_ok=True)
     confidence = _confidence(confidence)
     eps, table, best, details = certified_parameter(
         scores_in, scores_out, Family("epsdelta", delta), confidence, "fdp_one_run_certified",

@@ -35,9 +35,9 @@ from scipy.stats import binom
 
 from dpaudit._validate import (
     check_count,
+    check_delta,
     check_nonnegative,
     check_open_unit,
-    check_real,
     check_seed,
 )
 from dpaudit.stats.bracket import largest_accepted
@@ -76,9 +76,7 @@ def p_value(
     if not 0 <= v <= r <= m:
         raise ValueError(f"need 0 <= v <= r <= m, got m={m}, r={r}, v={v}")
     epsilon = check_nonnegative(epsilon, "epsilon")
-    delta = check_real(delta, "delta")
-    if not 0.0 <= delta <= 1.0:
-        raise ValueError(f"delta must lie in [0, 1], got {delta!r}")
+    delta = check_delta(delta, zero_ok=True)
     inclusion = check_inclusion(inclusion)
     if inclusion != 0.5:
         gamma = amplification(inclusion)
