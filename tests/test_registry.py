@@ -119,3 +119,33 @@ def test_the_cli_loads_plugins_before_checking_the_settings(tmp_path):
     bad = subprocess.run(cmd[:4] + cmd[5:], capture_output=True, text=True, timeout=300,
                          env=env)
     assert bad.returncode != 0 and "data.name must be one of" in bad.stderr
+
+
+def test_a_score_builder_reading_the_old_settings_still_works_with_a_warning():
+    """dpaudit 0.1 gave score builders ``ctx.settings``; for one release it is a read-only view
+    of what a score reads (the attack group, and dp's noise, clip norm and delta, which are the
+    threat model's), with a DeprecationWarning; other fields fail loudly."""
+    from dpaudit.attacks import ScalarProduct
+    from dpaudit.experiment.trainings.scores import SCORES, register_score
+
+    seen = {}
+
+    def old_builder(ctx):
+        seen["refs"] = ctx.settings.attack.n_references
+        seen["C"], seen["sigma"] = ctx.settings.dp.max_grad_norm, ctx.settings.dp.noise_multiplier
+        with pytest.raises(AttributeError):
+            ctx.settings.dp.batch_size  # not part of the view
+        score = ScalarProduct()
+        score.name = "old_style"
+        return score
+
+    register_score("old_style", old_builder)
+    try:
+        with pytest.warns(DeprecationWarning, match=r"ScoreContext\.settings .* ctx\.attack"):
+            res = run_audit(dp={"noise_multiplier": 3.0, "steps": 5, "max_grad_norm": 0.5},
+                            canary={"count": 20}, attack={"scores": ["old_style"]},
+                            audit={"methods": ["gdp"]}, progress=False)
+    finally:
+        SCORES.unregister("old_style")
+    assert seen == {"refs": 128, "C": 0.5, "sigma": 3.0}
+    assert "old_style" in res["attacks"]

@@ -162,3 +162,28 @@ def test_python_group_mappings_take_the_cli_options_defaults(cli, groups):
         **{k: task[k] for k in ("data", "model", "dp", "canary", "attack", "audit")}
     )
     assert AuditSettings.from_mappings(**groups) == from_cli
+
+
+def test_settings_are_frozen_and_the_cli_schema_composes_on_a_mutable_twin():
+    """Nothing assigns to the settings after the check: every group is a frozen dataclass (a
+    change is ``dataclasses.replace``). Hydra composes onto the schema's twin, which has the
+    same fields, defaults and help."""
+    import dataclasses
+
+    from dpaudit.conf import DpauditConfig
+    from dpaudit.experiment.settings import GROUPS
+
+    s = AuditSettings()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.seed = 1
+    for group in GROUPS:
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(getattr(s, group), dataclasses.fields(GROUPS[group])[0].name, None)
+    twin = {f.name: f for f in dataclasses.fields(DpauditConfig)}
+    for f in dataclasses.fields(AuditSettings):
+        assert twin[f.name].metadata == f.metadata
+        if f.name in GROUPS:
+            kind = twin[f.name].type
+            assert [(g.name, g.default, g.metadata) for g in dataclasses.fields(kind)] == [
+                (g.name, g.default, g.metadata) for g in dataclasses.fields(GROUPS[f.name])]
+            assert not kind.__dataclass_params__.frozen

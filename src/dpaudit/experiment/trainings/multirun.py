@@ -27,6 +27,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -108,9 +109,30 @@ def checksum(payload: dict) -> str:
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def run_bit(settings: AuditSettings, r: int) -> bool:
+@dataclass(frozen=True)
+class RunIdentity:
+    """What a run file must match to belong to an audit, made once from its settings: the
+    settings' ``fingerprint``, the seed and inclusion its membership bits are drawn from, and
+    the number of canaries per run."""
+
+    fingerprint: str
+    seed: int
+    inclusion: float
+    count: int
+
+
+def run_identity(settings: AuditSettings | RunIdentity) -> RunIdentity:
+    """The ``RunIdentity`` of ``settings`` (a ``RunIdentity`` is returned as it is)."""
+    if isinstance(settings, RunIdentity):
+        return settings
+    return RunIdentity(fingerprint(settings), settings.seed, settings.audit.inclusion,
+                       settings.canary.count)
+
+
+def run_bit(settings: AuditSettings | RunIdentity, r: int) -> bool:
     """Membership bit of run r: a seeded Bernoulli(inclusion) draw, independent of order."""
-    return seeds.run_bit(settings.seed, r, settings.audit.inclusion)
+    ident = run_identity(settings)
+    return seeds.run_bit(ident.seed, r, ident.inclusion)
 
 
 def run_one(
@@ -128,7 +150,7 @@ def run_one(
     if path.exists():
         return path
     plan = plan_audit(settings) if plan is None else plan
-    bit = run_bit(settings, r)
+    bit = seeds.run_bit(plan.seed, r, plan.judging.inclusion)
     membership = np.full(plan.canary.count, bit)
     cache = {} if prepared is None else prepared
     if bit not in cache:
@@ -153,14 +175,15 @@ def run_one(
     return write_new(path, payload)  # never over another worker's file (engine: FileExistsError)
 
 
-def read_run(path: str | Path, settings: AuditSettings | None = None) -> RunRecord:
+def read_run(path: str | Path, settings: AuditSettings | RunIdentity | None = None
+             ) -> RunRecord:
     """The verified run record in ``path``; a ``RunFileError`` (a ValueError) names the file
     and what is wrong with it.
 
     Checks: UTF-8 JSON object, the keys of a run record, the checksum, the run number against
     the file name, one membership bit for all canaries and one score per canary; with
-    ``settings`` also the settings fingerprint, the canary count and the bit recomputed from
-    the seed (``run_bit``).
+    ``settings`` (or their ``RunIdentity``) also the settings fingerprint, the canary count
+    and the bit recomputed from the seed (``run_bit``).
     """
     path = Path(path)
     try:
@@ -207,29 +230,31 @@ def read_run(path: str | Path, settings: AuditSettings | None = None) -> RunReco
                 path, f"{len(s)} {name} scores for {len(record.membership)} canaries"
             )
     if settings is not None:
-        want = fingerprint(settings)
+        ident = run_identity(settings)
+        want = ident.fingerprint
         if record.fingerprint != want:
             raise RunFileError(
                 path,
                 f"made with other settings (fingerprint {record.fingerprint}, this audit {want})",
             )
-        if bool(record.bit) != run_bit(settings, record.run):
+        if bool(record.bit) != run_bit(ident, record.run):
             raise RunFileError(
                 path,
-                f"membership bit {record.bit} is not the bit seed {settings.seed} gives run "
-                f"{record.run} ({int(run_bit(settings, record.run))})",
+                f"membership bit {record.bit} is not the bit seed {ident.seed} gives run "
+                f"{record.run} ({int(run_bit(ident, record.run))})",
             )
-        if len(record.membership) != settings.canary.count:
+        if len(record.membership) != ident.count:
             raise RunFileError(
-                path, f"{len(record.membership)} canaries, the settings say {settings.canary.count}"
+                path, f"{len(record.membership)} canaries, the settings say {ident.count}"
             )
     return record
 
 
 def scan_runs(
-    out: str | Path, settings: AuditSettings | None = None
+    out: str | Path, settings: AuditSettings | RunIdentity | None = None
 ) -> tuple[dict[int, RunRecord], list[RunFileError]]:
     """Every run file under ``out/runs``: the valid records by run number, and the errors."""
+    settings = None if settings is None else run_identity(settings)
     good: dict[int, RunRecord] = {}
     bad: list[RunFileError] = []
     for f in sorted(Path(out, RUNS_DIR).glob("run_*.json")):
@@ -274,27 +299,29 @@ def load_settings(out: str | Path) -> AuditSettings:
         raise ValueError(f"{path}: not readable audit settings ({err})") from err
 
 
-def save_settings(out: str | Path, settings: AuditSettings, new: bool = False) -> Path:
-    """Write ``settings.json``: the full resolved settings, fingerprint and provenance.
-    ``new``: only if no such file exists (``FileExistsError`` otherwise)."""
+def save_settings(out: str | Path, settings: AuditSettings, new: bool = False,
+                  device: str | None = None) -> Path:
+    """Write ``settings.json``: the full resolved settings, fingerprint and provenance
+    (``device``: the audit's, resolved from the settings when not given). ``new``: only if
+    no such file exists (``FileExistsError`` otherwise)."""
     return (write_new if new else write_json)(
         Path(out, SETTINGS_FILE),
         {
             "schema_version": SCHEMA_VERSION,
             "fingerprint": fingerprint(settings),
             "settings": settings.to_dict(),
-            "provenance": provenance(str(plan_audit(settings).device)),
+            "provenance": provenance(device or str(plan_audit(settings).device)),
         },
     )
 
 
-def _check_settings(settings: AuditSettings, out: Path) -> None:
+def _check_settings(settings: AuditSettings, out: Path, device: str | None = None) -> None:
     """Save ``settings.json``, or refuse a directory that holds another audit's. The file is
     created only if absent, so workers starting together without locks agree on one."""
     saved = Path(out, SETTINGS_FILE)
     if not saved.exists():
         try:
-            save_settings(out, settings, new=True)
+            save_settings(out, settings, new=True, device=device)
             return
         except FileExistsError:
             pass  # a peer saved it first: compare with it
@@ -303,18 +330,18 @@ def _check_settings(settings: AuditSettings, out: Path) -> None:
     except ValueError as err:
         dest = quarantine(saved)
         log.warning("%s; moved to %s and written anew", err, dest)
-        save_settings(out, settings)
+        save_settings(out, settings, device=device)
         return
     if fingerprint(old) != fingerprint(settings):
         raise ValueError(f"{out} holds a multi-run audit with other settings: use a fresh one")
 
 
-def _tidy(out: Path, settings: AuditSettings, only: set[int] | None = None
+def _tidy(out: Path, ident: RunIdentity, only: set[int] | None = None
           ) -> dict[int, RunRecord]:
     """Set aside invalid run files (moved to quarantine, their runs redone); the valid
     records by run number. ``only``: set aside only the files of these runs (a static
     worker's share; the others belong to other workers)."""
-    good, bad = scan_runs(out, settings)
+    good, bad = scan_runs(out, ident)
     for err in bad:
         if only is not None and run_number(err.path) not in only:
             continue
@@ -332,15 +359,15 @@ def run_multi(settings: AuditSettings, out: Path,
     time), or ``WorkerDone`` when another worker evaluates. A directory holding other
     settings is refused; invalid run files are set aside and their runs redone."""
     out = Path(out)
-    a, plan = settings.audit, plan_audit(settings)
+    a, plan, ident = settings.audit, plan_audit(settings), run_identity(settings)
     membership_counts(plan)  # a draw without both kinds of run is refused before any file
     prepared: dict[bool, PreparedRun] = {}
     job = ManyTrainings(
         out=out,
         runs=a.runs,
-        setup=lambda: _check_settings(settings, out),
+        setup=lambda: _check_settings(settings, out, str(plan.device)),
         train=lambda r: run_one(settings, out, r, prepared, plan),
-        tidy=lambda only: set(_tidy(out, settings, only)),
+        tidy=lambda only: set(_tidy(out, ident, only)),
         worker=a.worker,
         workers=a.workers,
         coordination=a.coordination,
@@ -352,7 +379,7 @@ def run_multi(settings: AuditSettings, out: Path,
     if isinstance(done, WorkerDone):
         return done
     with done:
-        record = aggregate(out, settings)
+        record = aggregate(out, settings, ident)
         return record if finish is None else finish(record)
 
 
@@ -381,18 +408,22 @@ def _summed(values) -> float | None:
     return float(sum(known)) if known else None
 
 
-def aggregate(out: str | Path, settings: AuditSettings | None = None) -> RunRecord:
+def aggregate(out: str | Path, settings: AuditSettings | None = None,
+              identity: RunIdentity | None = None) -> RunRecord:
     """Pool the verified run records under ``out/runs`` into one record (``runs`` lists them).
 
     With ``settings``, every record must come from them (never silently mixed) and carry the
     bit the seed gives its run; a pooled record of run files written without a threat model
     gets the settings' one. Any invalid file is a ValueError naming it (rerunning the audit
-    sets such files aside and redoes their runs).
+    sets such files aside and redoes their runs). ``identity``: the settings' ``RunIdentity``
+    when the caller made it already.
     """
     runs_dir = Path(out, RUNS_DIR)
     if not any(runs_dir.glob("run_*.json")):
         raise ValueError(f"no run records under {runs_dir}")
-    good, bad = scan_runs(out, settings)
+    if identity is None and settings is not None:
+        identity = run_identity(settings)
+    good, bad = scan_runs(out, identity)
     if bad:
         other = all("other settings" in e.reason for e in bad)
         raise ValueError(

@@ -8,8 +8,10 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -44,6 +46,20 @@ class ScoreContext:
     expected_batch_size: float
     threat: ThreatModel
     precision_info: dict | None = None  # what ``precision`` built, once it was asked for
+
+    @property
+    def settings(self) -> SimpleNamespace:
+        """Deprecated (dpaudit 0.1's ``ctx.settings``; removed in 0.3): the groups a score
+        read, ``attack`` and ``dp``'s noise multiplier, clip norm and delta (the threat
+        model's). Read ``ctx.attack`` and ``ctx.threat`` instead; any other settings field is
+        an AttributeError."""
+        warnings.warn("ScoreContext.settings is the dpaudit-0.1 score interface, deprecated "
+                      "and removed in 0.3: read ctx.attack and ctx.threat (docs/plugins.md)",
+                      DeprecationWarning, stacklevel=2)
+        t = self.threat
+        dp = SimpleNamespace(noise_multiplier=t.noise_multiplier, max_grad_norm=t.max_grad_norm,
+                             delta=t.delta)
+        return SimpleNamespace(attack=self.attack, dp=dp)
 
     @functools.cached_property
     def precision(self) -> PrecisionOperator:
