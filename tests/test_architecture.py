@@ -334,6 +334,19 @@ def test_each_derived_value_is_computed_by_one_function(value):
     assert callers == {"dpaudit.experiment.plan"}
 
 
+def test_the_threat_model_is_assembled_in_one_function():
+    """An audit's claim under test comes from one place, ``plan.threat_model`` (from what the
+    canary design realises, or, in the own loop, what the hook's canaries realise): nothing
+    else in the package calls ``ThreatModel(...)`` (``from_dict`` reads a stored one back)."""
+    calls = []
+    for path in sorted(SRC.rglob("*.py")):
+        module = _module_name(path)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "ThreatModel":
+                calls.append(module)
+    assert calls == ["dpaudit.experiment.plan"]
+
+
 def test_no_module_but_the_plan_derives_a_batch_size_or_asks_for_cuda():
     """The recomputations the plan replaced: ``len(data) * sample_rate`` (Opacus' expected
     batch) and ``torch.cuda.is_available()`` (the device) appear nowhere else in experiment/."""

@@ -105,14 +105,14 @@ def quoted(values, limit: int = 5) -> str:
     return f"[{shown}{more}]"
 
 
-def _finite_number(v) -> bool:
+def is_finite_number(v) -> bool:
     """A finite Python int or float (not a bool): what a config or a keyword argument gives."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and bool(np.isfinite(v))
 
 
 def require_positive(key: str, v, integer: bool = False) -> None:
     """Refuse ``key`` unless it is a positive finite number (an integer with ``integer``)."""
-    ok = _finite_number(v) and v > 0 and (not integer or int(v) == v)
+    ok = is_finite_number(v) and v > 0 and (not integer or int(v) == v)
     if not ok:
         raise ValueError(f"{key} must be a positive finite {'integer' if integer else 'number'}"
                          f", got {v!r}")
@@ -120,7 +120,7 @@ def require_positive(key: str, v, integer: bool = False) -> None:
 
 def require_unit(key: str, v, closed_right: bool = False) -> None:
     """Refuse ``key`` unless it lies in (0, 1) ((0, 1] with ``closed_right``)."""
-    if not (_finite_number(v) and (0 < v < 1 or (closed_right and v == 1))):
+    if not (is_finite_number(v) and (0 < v < 1 or (closed_right and v == 1))):
         raise ValueError(f"{key} must be {'in (0, 1]' if closed_right else 'in (0, 1)'}, "
                          f"got {v!r}")
 
@@ -132,7 +132,7 @@ def refuse(key: str, expected: str, got) -> None:
 
 def require_nonnegative(key: str, v) -> None:
     """Refuse ``key`` unless it is a non-negative finite number."""
-    if not (_finite_number(v) and v >= 0):
+    if not (is_finite_number(v) and v >= 0):
         refuse(key, "a non-negative finite number", v)
 
 
@@ -151,7 +151,7 @@ def require_integer(key: str, v, low: int, high: int) -> None:
 def require_level(key: str, v, confidence: float) -> float:
     """Refuse ``key`` (a PRIVACY BUG level) unless it lies in (0, 1 - confidence]: it may not
     be weaker than the bounds' own failure probability."""
-    if not (_finite_number(v) and 0.0 < v <= 1.0 - confidence + 1e-12):
+    if not (is_finite_number(v) and 0.0 < v <= 1.0 - confidence + 1e-12):
         refuse(key, f"a number in (0, 1 - confidence] = (0, {1.0 - confidence:.3g}] (the "
                "PRIVACY BUG verdict's failure probability; default 1e-6)", v)
     return float(v)

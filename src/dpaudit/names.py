@@ -26,6 +26,7 @@ CANARY_DESIGNS = ("gradient", "input")
 # a gradient canary's insertion policy ("never": an out-canary, only scored); declared here so
 # that the capture hook and the torch-free settings share one tuple
 CANARY_POLICIES = ("every_step", "bernoulli", "never")
+CANARY_KINDS = ("gradient", "input")  # the canaries a ThreatModel knows (threat_model.py)
 ESTIMATORS = ("dense", "diagonal", "ledoit_wolf", "oas", "woodbury")
 # how workers sharing a many-trainings directory split the runs (experiment.trainings.engine)
 COORDINATIONS = ("locks", "static")

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, fields, replace
 import numpy as np
 from scipy.special import ndtr, ndtri
 
+from dpaudit import names
 from dpaudit._validate import check_delta
 from dpaudit.accounting import (
     AccountantEpsilon,
@@ -37,7 +38,7 @@ from dpaudit.accounting import (
 )
 from dpaudit.stats.gdp import gdp_epsilon
 
-CANARY_KINDS = ("gradient", "input")
+CANARY_KINDS = names.CANARY_KINDS
 _NORM_TOLERANCE = 1e-6  # relative: a canary norm up to C (1 + 1e-6) counts as C
 _REQUIRED = ("noise_multiplier", "max_grad_norm", "sample_rate", "steps", "delta")
 

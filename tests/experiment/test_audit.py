@@ -7,7 +7,7 @@ import pytest
 
 from dpaudit.experiment import AuditSettings, audit_run, run_audit
 from dpaudit.experiment import settings as settings_module
-from dpaudit.experiment.plan import plan_audit, poisson_sample_rate, threat_model
+from dpaudit.experiment.plan import plan_audit, planned_threat_model, poisson_sample_rate
 from dpaudit.experiment.trainings.run import RunRecord, prepare_run
 
 TINY = {
@@ -255,7 +255,7 @@ def test_threat_model_built_once_sets_bernoulli_canaries_inclusion():
     prepared = prepare_run(plan)
     threat = prepared.threat
     q = poisson_sample_rate(64, prepared.setup.n_base)
-    assert threat == threat_model(plan, prepared.derived.realised, q, 3)
+    assert threat == planned_threat_model(plan, prepared.derived.realised, q, 3)
     assert prepared.derived.realised.member_rate == q and prepared.derived.realised.norm == 1.0
     assert threat.sample_rate == q == prepared.sample_rate < 1.0
     assert prepared.setup.canaries.inclusion_prob == threat.sample_rate

@@ -15,7 +15,7 @@ from my_design import NAME, SparseSignDesign, register, unregister
 
 from dpaudit.experiment import AuditSettings, run_audit
 from dpaudit.experiment.canary_designs import DESIGNS, GradientDesign, InputDesign, design_of
-from dpaudit.experiment.plan import independent_canaries, plan_audit, threat_model
+from dpaudit.experiment.plan import independent_canaries, plan_audit, planned_threat_model
 
 TINY = dict(canary={"kind": NAME, "count": 200, "options": {"support": 8}},
             dp={"steps": 20}, progress=False)
@@ -116,7 +116,7 @@ def test_built_in_designs_say_what_they_realise(canary, mode, rate, kind, indepe
     # a Dirac design is on dead coordinates when the build found every canary on one
     built = SimpleNamespace(info={"canaries_on_zero_gradient_coordinates": s.canary.count})
     realised = c.design.realises(c.options, ctx, built)
-    threat = threat_model(plan, realised, 0.05, 100)
+    threat = planned_threat_model(plan, realised, 0.05, 100)
     assert (threat.sample_rate, threat.canary_kind) == (rate, kind)
     assert independent_canaries(plan.judging, c.count, realised) is independent
     assert s.attack_scores() == list(plan.scores) == scores

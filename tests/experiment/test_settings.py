@@ -13,8 +13,8 @@ from dpaudit.experiment.plan import (
     draw_membership,
     membership_counts,
     plan_audit,
+    planned_threat_model,
     resolve_device,
-    threat_model,
 )
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.experiment.trainings.run import (
@@ -128,7 +128,7 @@ def test_poisson_canary_defaults_say_before_training_that_they_certify_nothing()
         )
         plan = plan_audit(settings)
         realised = Realisation(kind="gradient", norm=1.0)  # at the data's rate
-        threat = threat_model(plan, realised, 64 / 1347, 100)
+        threat = planned_threat_model(plan, realised, 64 / 1347, 100)
         info = {}
         warn_if_bounds_vanish(plan, membership_counts(plan), threat, info)
         return info["expected_certified_epsilon"]

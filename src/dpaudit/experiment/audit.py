@@ -134,7 +134,7 @@ def run_audit(
     if output_dir is None:
         raise ValueError("output_dir is required for audit.mode='multi_run' (runs are saved)")
     # judged under the evaluation's claim: no other worker writes this report meanwhile
-    done = run_multi(settings, Path(output_dir), finish=judge)
+    done = run_multi(settings, Path(output_dir), finish=judge, plan=plan)
     if isinstance(done, WorkerDone):  # other workers still train runs, or evaluate them
         return worker_summary(settings, Path(output_dir), done, time.perf_counter() - start)
     return done

@@ -43,6 +43,7 @@ __all__ = [
     "expected_batch_size",
     "membership_counts",
     "plan_audit",
+    "planned_threat_model",
     "poisson_sample_rate",
     "resolve_device",
     "threat_model",
@@ -125,7 +126,7 @@ def plan_audit(settings: AuditSettings) -> AuditPlan:
 
     A device this machine cannot use is refused here, before any data is loaded
     (``resolve_device``)."""
-    c, a = settings.canary, settings.audit
+    c, a, design = settings.canary, settings.audit, settings.design()
     return AuditPlan(
         seed=settings.seed,
         device=resolve_device(settings.device),
@@ -134,7 +135,7 @@ def plan_audit(settings: AuditSettings) -> AuditPlan:
         model=settings.model,
         dp=settings.dp,
         canary=CanaryPlan(
-            kind=c.kind, design=settings.design(), options=settings.design_options(),
+            kind=c.kind, design=design, options=design.options(c),
             context=settings.design_context(),
             params=None if c.params is None else tuple(c.params), n_references=c.n_references,
         ),
@@ -220,22 +221,32 @@ def data_context(plan: AuditPlan, n_train: int) -> DesignContext:
     return dataclasses.replace(plan.canary.context, data_sample_rate=rate)
 
 
-def threat_model(plan: AuditPlan, realised: Realisation, sample_rate: float,
-                 steps: int) -> ThreatModel:
-    """The ``ThreatModel`` of an audit whose canaries realise ``realised``, on data drawn at
-    the Poisson ``sample_rate`` for ``steps`` steps."""
-    dp = plan.dp
+def threat_model(realised: Realisation, *, noise_multiplier: float, max_grad_norm: float,
+                 sample_rate: float, steps: int, delta: float) -> ThreatModel:
+    """The ``ThreatModel`` of canaries that realise ``realised`` in DP-SGD with this noise
+    multiplier and clip norm, on data drawn at the Poisson ``sample_rate`` for ``steps``
+    steps, claimed at ``delta``: the audit's (``derive``) and the own loop's
+    (``judging.loop_report``, from the hook) alike."""
     rate = sample_rate if realised.member_rate is None else realised.member_rate
     return ThreatModel(
-        noise_multiplier=dp.noise_multiplier,
-        max_grad_norm=dp.max_grad_norm,
+        noise_multiplier=noise_multiplier,
+        max_grad_norm=max_grad_norm,
         sample_rate=float(rate),
         steps=int(steps),
-        delta=dp.delta,
+        delta=delta,
         canary_kind=realised.kind,
         canary_norm=realised.norm,
         training_sample_rate=float(sample_rate),
     )
+
+
+def planned_threat_model(plan: AuditPlan, realised: Realisation, sample_rate: float,
+                         steps: int) -> ThreatModel:
+    """``threat_model`` with the plan's noise multiplier, clip norm and delta."""
+    dp = plan.dp
+    return threat_model(realised, noise_multiplier=dp.noise_multiplier,
+                        max_grad_norm=dp.max_grad_norm, sample_rate=sample_rate, steps=steps,
+                        delta=dp.delta)
 
 
 def recorded_threat_model(plan: AuditPlan, sample_rate: float, steps: int,
@@ -247,7 +258,7 @@ def recorded_threat_model(plan: AuditPlan, sample_rate: float, steps: int,
     realised = c.design.realises(c.options, ctx)
     if canary_norm is not None:
         realised = dataclasses.replace(realised, norm=canary_norm)
-    return threat_model(plan, realised, sample_rate, steps)
+    return planned_threat_model(plan, realised, sample_rate, steps)
 
 
 def recorded_independence(plan: AuditPlan, canary_info: dict) -> bool:
@@ -282,12 +293,15 @@ def derive(plan: AuditPlan, setup) -> RunPlan:
     steps = total_steps(plan.dp, q)
     c = plan.canary
     realised = c.design.realises(c.options, ctx, setup)
+    if not isinstance(realised, Realisation):
+        raise TypeError(f"canary design {c.kind!r}: realises() must return a Realisation, got "
+                        f"{type(realised).__name__}")
     return RunPlan(
         sample_rate=q,
         steps=steps,
         expected_batch_size=expected_batch_size(len(setup.train_set), q),
         realised=realised,
-        threat=threat_model(plan, realised, q, steps),
+        threat=planned_threat_model(plan, realised, q, steps),
         independent=independent_canaries(plan.judging, c.count, realised),
     )
 

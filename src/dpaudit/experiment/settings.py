@@ -16,7 +16,6 @@ them so this module stays cheap to import (no torch); ``settings.DATASETS`` /
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from types import SimpleNamespace
@@ -24,6 +23,7 @@ from typing import Any
 
 from dpaudit import names
 from dpaudit._validate import (
+    is_finite_number,
     refuse,
     require_choice,
     require_integer,
@@ -79,10 +79,6 @@ def choices_of(f) -> tuple[str, ...] | None:
     if isinstance(ch, str):
         return _registry_names(ch)
     return None if ch is None else tuple(ch)
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 @dataclass(frozen=True)
@@ -163,14 +159,14 @@ class DPSettings:
             require_positive("dp.steps", self.steps, integer=True)
         require_positive("dp.lr", self.lr)
         require_choice("dp.optimizer", self.optimizer, OPTIMIZERS)
-        if not (_number(self.momentum) and 0 <= self.momentum < 1):
+        if not (is_finite_number(self.momentum) and 0 <= self.momentum < 1):
             refuse("dp.momentum", "in [0, 1)", self.momentum)
         require_unit("dp.delta", self.delta)
         if self.max_physical_batch_size is not None:
             require_positive("dp.max_physical_batch_size", self.max_physical_batch_size,
                              integer=True)
         require_choice("dp.bug", self.bug, _registry_names("BUGS"))
-        if self.bug_factor is not None and not _number(self.bug_factor):
+        if self.bug_factor is not None and not is_finite_number(self.bug_factor):
             refuse("dp.bug_factor", "null or a finite number", self.bug_factor)
         from dpaudit.bugs import check_bug
 
@@ -388,18 +384,19 @@ class AuditSettings:
             refuse("device", "null or a torch device string (cpu, cuda, cuda:N)", self.device)
         if self.dp.bug == "realised_batch_size" and self.dp.max_physical_batch_size:
             refuse("dp.max_physical_batch_size", "unset with bug=realised_batch_size", 1)
-        design, options, ctx = self.design(), self.design_options(), self.design_context()
+        design, ctx = self.design(), self.design_context()
+        options = design.options(self.canary)
         design.check(options, ctx)
-        refused = [a for a in self.attack_scores() if a in design.refused_scores]
+        scores = self.attack_scores()
+        refused = [a for a in scores if a in design.refused_scores]
         if refused:
             refuse("attack.scores", f"without {refused[0]!r} with canary.kind="
-                   f"{self.canary.kind} ({design.refused_scores[refused[0]]})",
-                   self.attack_scores())
-        if self.audit.mode == "one_run" and "batch_size" in self.attack_scores():
+                   f"{self.canary.kind} ({design.refused_scores[refused[0]]})", scores)
+        if self.audit.mode == "one_run" and "batch_size" in scores:
             refuse("attack.scores", "without 'batch_size' in a one-run audit: that score reads "
                    "only the released gradient's norm, the same for every canary of one "
                    "training, so it cannot tell members apart (use it with audit=multi_run)",
-                   self.attack_scores())
+                   scores)
         c = self.canary
         if (self.audit.mode == "multi_run" and c.count > 1
                 and not design.realises(options, ctx).shares_a_run):
@@ -416,10 +413,6 @@ class AuditSettings:
         view = SimpleNamespace(**{f.name: getattr(self, f.name) for f in fields(self)})
         return design_of(self.canary, view)
 
-    def design_options(self) -> Any:
-        """The design's own typed options (its ``Options`` record)."""
-        return self.design().options(self.canary)
-
     def design_context(self, data_sample_rate: float | None = None) -> DesignContext:
         """The ``DesignContext`` a design reads (``data_sample_rate``: the data's q, once the
         data are loaded)."""
@@ -432,7 +425,8 @@ class AuditSettings:
         design's default (``CanaryDesign.default_scores``)."""
         if self.attack.scores is not None:
             return list(self.attack.scores)
-        return self.design().default_scores(self.design_options())
+        design = self.design()
+        return design.default_scores(design.options(self.canary))
 
     def to_dict(self) -> dict:
         """The settings as plain JSON-ready dicts (what ``from_mappings`` reads back)."""

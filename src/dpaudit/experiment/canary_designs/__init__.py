@@ -27,7 +27,7 @@ from dpaudit.registry import Registry
 
 
 def _check_design(name: str, design) -> None:
-    from dpaudit.threat_model import CANARY_KINDS  # the kinds of canary a threat model knows
+    from dpaudit.names import CANARY_KINDS  # the kinds of canary a threat model knows
 
     if not isinstance(design, CanaryDesign):
         raise TypeError(f"canary design {name!r} must be a CanaryDesign instance, got "

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from dpaudit.names import CANARY_KINDS
+
 LEGACY_REMOVED_IN = "0.3"  # the release that drops the 0.1 interface (legacy.py)
 
 
@@ -75,6 +77,21 @@ class Realisation:
     norm: float | None = None
     shares_a_run: bool = False
     on_dead_coordinates: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in CANARY_KINDS:
+            raise ValueError(f"Realisation.kind must be one of {CANARY_KINDS}, got {self.kind!r}")
+        rate = self.member_rate
+        if rate is not None and not (isinstance(rate, (int, float)) and 0 < rate <= 1):
+            raise ValueError(f"Realisation.member_rate must be None or in (0, 1], got {rate!r}")
+        if self.norm is not None and not (isinstance(self.norm, (int, float)) and self.norm > 0
+                                          and self.norm < float("inf")):
+            raise ValueError(f"Realisation.norm must be None or a positive finite number, got "
+                             f"{self.norm!r}")
+        for name in ("shares_a_run", "on_dead_coordinates"):
+            v = getattr(self, name)
+            if not (isinstance(v, bool) or (v is None and name == "on_dead_coordinates")):
+                raise ValueError(f"Realisation.{name} must be a bool, got {v!r}")
 
 
 @dataclass

@@ -20,6 +20,7 @@ import numpy as np
 from dpaudit.experiment.judging.evaluation import DEFAULT_METHODS, evaluate_scores, split_scores
 from dpaudit.experiment.judging.levels import REFUTATION_LEVEL
 from dpaudit.experiment.judging.outputs import audit_mode, write_audit_report
+from dpaudit.experiment.plan import Realisation, threat_model
 from dpaudit.forecast import certifiable_ceiling
 from dpaudit.stats.inclusion import check_inclusion
 from dpaudit.threat_model import ThreatModel
@@ -51,19 +52,16 @@ def threat_model_from_hook(
     """
     from dpaudit.capture import GradientCanaries
 
-    opt = hook.optimizer
-    common = {
-        "noise_multiplier": float(opt.noise_multiplier),
-        "max_grad_norm": float(hook.max_grad_norm),
-        "steps": int(hook.steps),
-        "delta": float(delta),
-        "training_sample_rate": float(hook.sample_rate),
-    }
-    if not isinstance(canary_set, GradientCanaries):
-        return ThreatModel(sample_rate=hook.sample_rate, canary_kind="input", **common)
-    rate = canary_set.member_sample_rate(membership)
-    norm = float(canary_set.norms().max())  # no dense (K, d) for sparse canaries
-    return ThreatModel(sample_rate=rate, canary_kind="gradient", canary_norm=norm, **common)
+    if isinstance(canary_set, GradientCanaries):
+        realised = Realisation(
+            kind="gradient", member_rate=canary_set.member_sample_rate(membership),
+            norm=float(canary_set.norms().max()),  # no dense (K, d) for sparse canaries
+        )
+    else:
+        realised = Realisation(kind="input")  # with the data, at its rate
+    return threat_model(realised, noise_multiplier=float(hook.optimizer.noise_multiplier),
+                        max_grad_norm=float(hook.max_grad_norm), sample_rate=hook.sample_rate,
+                        steps=int(hook.steps), delta=float(delta))
 
 
 def loop_records(hook, privacy_engine=None, dataset_size: int | None = None):

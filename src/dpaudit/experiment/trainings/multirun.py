@@ -351,15 +351,18 @@ def _tidy(out: Path, ident: RunIdentity, only: set[int] | None = None
 
 
 def run_multi(settings: AuditSettings, out: Path,
-              finish: Callable[[RunRecord], object] | None = None) -> object:
+              finish: Callable[[RunRecord], object] | None = None,
+              plan: AuditPlan | None = None) -> object:
     """Train the runs of ``settings.audit.runs`` that are neither on disk nor in training by
     another worker (``engine.run_all``: any number of workers may share ``out``); once every
     run is done, return the pooled record (with ``finish``: ``finish(record)``, called while
     this worker holds the evaluation's claim, so no other worker writes its report at the same
     time), or ``WorkerDone`` when another worker evaluates. A directory holding other
-    settings is refused; invalid run files are set aside and their runs redone."""
+    settings is refused; invalid run files are set aside and their runs redone. ``plan``: the
+    settings' ``AuditPlan`` when the caller made it already."""
     out = Path(out)
-    a, plan, ident = settings.audit, plan_audit(settings), run_identity(settings)
+    plan = plan_audit(settings) if plan is None else plan
+    a, ident = settings.audit, run_identity(settings)
     membership_counts(plan)  # a draw without both kinds of run is refused before any file
     prepared: dict[bool, PreparedRun] = {}
     job = ManyTrainings(
