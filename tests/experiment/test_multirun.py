@@ -344,7 +344,7 @@ import os, signal, sys, time
 from pathlib import Path
 import dpaudit.experiment.trainings.multirun as multirun
 from dpaudit.cli import main
-def run_one(settings, out, r, prepared=None):
+def run_one(settings, out, r, prepared=None, plan=None):
     Path(out, "claimed_by_the_doomed").write_text(str(r))
     while not list(Path(out, "runs").glob("run_*.json")):
         time.sleep(0.05)
