@@ -1,5 +1,6 @@
-"""The audit, end to end: the trainings wing (``trainings``: one-run and multi-run audits)
-and the judging wing (``judging``: evaluation, verdict, reports), joined by ``audit`` (DESIGN 3).
+"""The audit, end to end: the settings (``settings``) resolved once into a plan (``plan``),
+the trainings wing (``trainings``: one-run and multi-run audits) and the judging wing
+(``judging``: evaluation, verdict, reports), joined by ``audit`` (DESIGN 3).
 
 ``run_audit(output_dir=..., data={...}, model={...}, dp={...}, canary={...}, attack={...},
 audit={...})`` is the Python entry point; the ``dpaudit`` CLI calls the same function.

@@ -1,10 +1,11 @@
 """The audit's entry points: the one-run audit, the hand-over to the multi-run audit, and the
 evaluation of pooled scores (DESIGN 3).
 
-``run_audit`` is the user-facing entry point: it runs the one-run audit (K canaries, each a
-member with probability 1/2, one training, ``run.audit_run``) or the multi-run audit
-(``multirun.run_multi``), evaluates the bounds against the theory, and writes the report.
-The Hydra task over it is ``dpaudit.tasks.audit.audit_task``.
+``run_audit`` is the user-facing entry point: it resolves the settings once into a plan
+(``plan.plan_audit``), runs the one-run audit (K canaries, each a member with probability 1/2,
+one training, ``run.audit_run``) or the multi-run audit (``multirun.run_multi``), evaluates
+the bounds against the theory into an ``AuditResult``, and writes the report. The Hydra task
+over it is ``dpaudit.tasks.audit.audit_task``.
 """
 
 from __future__ import annotations
