@@ -107,8 +107,7 @@ class CanarySetup:
     the chosen indices and how they were chosen; ``coordinates``: the hook's coordinate view
     (None: the full selection); ``noise_probes``: coordinates of the selection no example's
     gradient touches (the white-box noise probes); ``precision``: the reference estimator of a
-    design that ranked candidates with one; ``realised``: what the design realises
-    (``CanaryDesign.realises``, filled in by the run's set-up)."""
+    design that ranked candidates with one."""
 
     canaries: Any
     membership: np.ndarray
@@ -124,7 +123,6 @@ class CanarySetup:
     coordinates: np.ndarray | None = None
     noise_probes: list[int] | None = None
     precision: Any = None
-    realised: Realisation | None = None
 
 
 @dataclass(frozen=True)

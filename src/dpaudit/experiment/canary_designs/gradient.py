@@ -69,9 +69,7 @@ class GradientDesign(CanaryDesign):
         """Gradient canaries of norm ``canary.norm`` (default C) entering at ``member_rate``;
         Dirac canaries may share a run; on dead coordinates when every one sits where the
         data's gradient is exactly zero at theta_0 (the build counts them)."""
-        rate = (member_rate(options, ctx.data_sample_rate)
-                if ctx.data_sample_rate is not None or options.policy != "bernoulli"
-                or options.inclusion_prob is not None else None)
+        rate = member_rate(options, ctx.data_sample_rate)
         dead = None
         if setup is not None:
             dead = options.direction == "dirac" and setup.info.get(
@@ -90,13 +88,16 @@ class GradientDesign(CanaryDesign):
         return ["scalar"]
 
 
-def member_rate(o: GradientOptions, data_rate: float | None) -> float:
+def member_rate(o: GradientOptions, data_rate: float | None) -> float | None:
     """The members' per-step rate (capture's ``policy_sample_rate``: 1 every step, q_c
-    Bernoulli); q_c is ``canary.inclusion_prob``, by default the data's rate."""
+    Bernoulli); q_c is ``canary.inclusion_prob``, by default the data's rate (None while
+    that rate is not known: the settings check, before the data are loaded)."""
     from dpaudit.capture.gradient_canaries import policy_sample_rate
 
     q_c = o.inclusion_prob if o.inclusion_prob is not None else data_rate
-    return policy_sample_rate(o.policy, float(q_c) if q_c is not None else 1.0)
+    if o.policy == "bernoulli" and q_c is None:
+        return None
+    return policy_sample_rate(o.policy, None if q_c is None else float(q_c))
 
 
 def canary_norm(o: GradientOptions, ctx: DesignContext) -> float:

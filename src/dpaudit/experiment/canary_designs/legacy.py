@@ -57,19 +57,19 @@ def adapt(design: CanaryDesign, settings_view) -> CanaryDesign:
         warn_legacy(f"{type(design).__name__}.{', '.join(hooks)}(settings, ...)",
                     "check(options, ctx), realises(options, ctx, setup), "
                     "default_scores(options) and the BuildContext's typed fields")
-    return LegacyDesign(design, settings_view)
+    return LegacyDesign(design, settings_view, hooks)
 
 
 class LegacyDesign(CanaryDesign):
     """A dpaudit-0.1 design seen through the typed interface (module doc)."""
 
-    def __init__(self, old: CanaryDesign, settings_view):
-        self.old, self.view = old, settings_view
+    def __init__(self, old: CanaryDesign, settings_view, hooks: list[str]):
+        self.old, self.view, self.hooks = old, settings_view, frozenset(hooks)
         self.threat_kind, self.Options = old.threat_kind, old.Options
         self.refused_scores = old.refused_scores
 
     def _has(self, name: str) -> bool:
-        return name in legacy_hooks(self.old)
+        return name in self.hooks
 
     def options(self, canary):
         return self.old.options(canary)

@@ -208,7 +208,6 @@ def prepare_run(
     model = model.to(plan.device)
     setup = setup_canaries(plan, model, train, membership)
     derived = derive(plan, setup)
-    setup.realised = derived.realised
     scores = build_scores(plan.scores, plan.attack, model, setup, derived.expected_batch_size,
                           derived.threat)
     if setup.precision is not None:
