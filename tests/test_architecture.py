@@ -17,13 +17,15 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "dpaudit"
 # Lowest first. Leaves import nothing from dpaudit; stats and covariance only leaves; the lab, the
 # attacks and the canaries use them; capture uses attacks and covariance; report writes what they
 # produce; forecast says what a threat model lets an audit certify before it trains; the bug zoo
-# patches Opacus' optimizer with capture's patching; experiment composes; tasks and the config
+# patches Opacus' optimizer with capture's patching (its sampling bugs, Opacus' sampler, in
+# sampler_bugs below it); experiment composes; tasks and the config
 # schema sit on top of it; cli only parses the config and calls a task.
 LAYERS = (
     ("_jsonable", "_validate", "seeds", "names", "papers", "registry", "gradients"),
     ("stats", "covariance"),
     ("accounting", "meanlab", "attacks", "canaries", "data", "models"),
     ("threat_model", "capture", "validity", "report"),
+    ("sampler_bugs",),
     ("bugs", "forecast"),
     ("experiment",),
     ("conf", "tasks"),

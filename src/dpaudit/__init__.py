@@ -50,7 +50,7 @@ __all__ = ["__version__", *_LAZY]
 _SUBMODULES = (
     "accounting", "attacks", "bugs", "canaries", "capture", "cli", "conf", "covariance", "data",
     "experiment", "forecast", "gradients", "meanlab", "models", "names", "papers", "registry",
-    "report", "seeds", "stats", "tasks", "threat_model", "validity",
+    "report", "sampler_bugs", "seeds", "stats", "tasks", "threat_model", "validity",
 )
 
 

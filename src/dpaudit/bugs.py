@@ -19,8 +19,11 @@ Classes:
 * clipping broken: ``unclipped_example``, ``layer_clip_ignored`` (a layer left out of the
   per-example norm), ``microbatch_clipping`` (micro-batch sums clipped instead of examples);
 * wrong normalisation: ``realised_batch_size``;
-* sampling that is not Poisson: ``shuffled_batches`` (a data-loader bug: ``plant_bug`` refuses
-  it, ``run_audit`` trains with shuffled fixed-size batches);
+* sampling that is not Poisson (patches on the loader's sampler, ``plant_sampler_bug``):
+  ``shuffled_batches``, ``shuffled_binomial_batches``, ``replayed_batches``,
+  ``duplicated_examples`` (``dpaudit.sampler_bugs``);
+* the model moved outside the private step: ``out_of_band_update``;
+* noise that depends on the data: ``batch_seeded_noise``;
 * the accountant told less than training did: ``accountant_sigma``, ``accountant_sample_rate``,
   ``accountant_steps``.
 """
@@ -28,6 +31,7 @@ Classes:
 from __future__ import annotations
 
 import math
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -51,8 +55,9 @@ class BugSpec:
 
     ``bug_class``: the class it belongs to; ``origin``: how it arises in real code;
     ``severity``: what ``dp.bug_factor`` means for it and its range; ``catastrophic`` /
-    ``mild``: the severities of the zoo benchmark; ``optimizer``: False when the bug is not a
-    patch on the optimizer (``plant_bug`` refuses it; the audit's training plants it).
+    ``mild``: the severities of the zoo benchmark; ``target``: what the bug patches,
+    ``"optimizer"`` (``plant_bug``) or ``"sampler"`` (the Poisson sampler of a DPDataLoader:
+    ``plant_sampler_bug``).
     """
 
     name: str
@@ -63,7 +68,12 @@ class BugSpec:
     mild: float
     plant: Planter | None
     valid: Callable[[float], bool] = lambda f: 0.0 < f <= 1.0
-    optimizer: bool = True
+    target: str = "optimizer"
+
+    @property
+    def optimizer(self) -> bool:
+        """Whether the bug is a patch on the optimizer (else on the loader's sampler)."""
+        return self.target == "optimizer"
 
 
 def _patch(opt: DPOptimizer, name: str, replacement: Callable) -> Callable[[], None]:
@@ -100,21 +110,47 @@ def _scaled_noise(opt: DPOptimizer, factor: float) -> Callable[[], None]:
     return _patch(opt, "add_noise", add_noise)
 
 
+def _real_steps(opt: DPOptimizer) -> tuple[list[int], Callable[[], None]]:
+    """A counter of the optimizer's real steps: read inside ``add_noise`` it is the step's
+    index t (``pre_step`` wrapped, counting the calls that went on to a step); and its
+    restore. A bug keyed to steps, not to ``add_noise`` calls, hits the same steps whatever
+    else calls ``add_noise`` (an audit's noise probe does)."""
+    count = [0]
+    original = opt.pre_step
+
+    def pre_step(closure=None):
+        out = original(closure)
+        if out:
+            count[0] += 1
+        return out
+
+    return count, InstancePatch(opt, "pre_step", pre_step, owner="plant_bug:steps").apply().restore
+
+
+def _on_steps(opt: DPOptimizer, add_noise_at) -> Callable[[], None]:
+    """Patch ``add_noise`` with ``add_noise_at(t)`` (t: the real step's index); restore both."""
+    count, restore_count = _real_steps(opt)
+    restore_noise = _patch(opt, "add_noise", lambda: add_noise_at(count[0]))
+
+    def restore() -> None:
+        restore_noise()
+        restore_count()
+
+    return restore
+
+
 def _noise_skipped_steps(opt: DPOptimizer, fraction: float) -> Callable[[], None]:
     """Step t is released without noise when floor((t + 1) f) > floor(t f): a fraction f of
     the steps, evenly spread (f = 0.1: every 10th step)."""
     original = opt.add_noise
-    step = [0]
 
-    def add_noise() -> None:
-        t = step[0]
-        step[0] += 1
-        if math.floor((t + 1) * fraction) > math.floor(t * fraction):
+    def add_noise(t: int) -> None:
+        if _every(t, fraction):
             _noise_per_param(opt, [0.0] * len(opt.params))
         else:
             original()
 
-    return _patch(opt, "add_noise", add_noise)
+    return _on_steps(opt, add_noise)
 
 
 def _noise_reused(opt: DPOptimizer, rho: float) -> Callable[[], None]:
@@ -146,18 +182,15 @@ def _law_noise(opt: DPOptimizer, fraction: float, draw) -> Callable[[], None]:
     """Noise from ``draw(opt, std, reference)`` instead of Opacus' Gaussian on a fraction of
     the steps (evenly spread); Opacus' own noise on the others."""
     original = opt.add_noise
-    step = [0]
 
-    def add_noise() -> None:
-        t = step[0]
-        step[0] += 1
+    def add_noise(t: int) -> None:
         if not _every(t, fraction):
             original()
             return
         std = opt.noise_multiplier * opt.max_grad_norm
         _noise_per_param(opt, [], [draw(opt, std, p.summed_grad) for p in opt.params])
 
-    return _patch(opt, "add_noise", add_noise)
+    return _on_steps(opt, add_noise)
 
 
 def _laplace(opt: DPOptimizer, std: float, reference: torch.Tensor) -> torch.Tensor:
@@ -238,14 +271,11 @@ def _noise_shared_tensors(opt: DPOptimizer, fraction: float) -> Callable[[], Non
 def _antithetic_noise(opt: DPOptimizer, fraction: float) -> Callable[[], None]:
     """Steps come in pairs (2k, 2k + 1); in a fraction of the pairs (evenly spread) the
     second step's noise is minus the first's (antithetic draws, a sign-flipped buffer)."""
-    state: dict = {"t": 0, "last": None}
+    state: dict = {"last": None}
 
-    def add_noise() -> None:
-        t = state["t"]
-        state["t"] += 1
+    def add_noise(t: int) -> None:
         if t % 2 == 1 and state["last"] is not None and _every(t // 2, fraction):
             _noise_per_param(opt, [], [-n for n in state["last"]])
-            state["last"] = None
             return
         std = opt.noise_multiplier * opt.max_grad_norm
         noises = [_generate_noise(std=std, reference=p.summed_grad, generator=opt.generator,
@@ -253,7 +283,7 @@ def _antithetic_noise(opt: DPOptimizer, fraction: float) -> Callable[[], None]:
         state["last"] = [n.clone() for n in noises]
         _noise_per_param(opt, [], noises)
 
-    return _patch(opt, "add_noise", add_noise)
+    return _on_steps(opt, add_noise)
 
 
 def _last(opt: DPOptimizer, fraction: float) -> int:
@@ -371,6 +401,65 @@ def _realised_batch_size(opt: DPOptimizer, _severity: float) -> Callable[[], Non
             p.grad /= realised
 
     return _patch(opt, "scale_grad", scale_grad)
+
+
+def _out_of_band_update(opt: DPOptimizer, fraction: float) -> Callable[[], None]:
+    """On a fraction f of the steps (evenly spread), once ``optimizer.step()`` has made the
+    private update, the last tensor is moved again by f^2 x its plain, non-private gradient
+    step: lr x its clipped sum without noise over the expected batch size (f = 1: a full
+    extra step every step; f = 0.1: 1% of a step, one step in ten). A second optimizer on a
+    head, or a manual update after ``optimizer.step()``."""
+    count, restore_count = _real_steps(opt)
+    original = opt.step
+
+    def step(self, closure=None):
+        t = count[0]
+        out = original(closure)
+        p = self.params[-1]
+        if count[0] > t and _every(t, fraction) and p.summed_grad is not None:
+            lr = next(g["lr"] for g in self.param_groups
+                      if any(q is p for q in g["params"]))
+            scale = lr * fraction * fraction / (self.expected_batch_size
+                                                * self.accumulated_iterations)
+            with torch.no_grad():
+                p.add_(p.summed_grad.view_as(p).to(p.dtype), alpha=-scale)
+        return out
+
+    # a bound method, as LR schedulers expect of ``optimizer.step`` (they rebind __func__)
+    restore_step = _patch(opt, "step", types.MethodType(step, opt))
+
+    def restore() -> None:
+        restore_step()
+        restore_count()
+
+    return restore
+
+
+def _batch_seed(opt: DPOptimizer) -> int:
+    """A seed computed from the batch (its per-sample gradients): 'reproducible noise per
+    batch'."""
+    total = sum(float(g.double().abs().sum()) for g in opt.grad_samples)
+    return int(total * 1e6) % (2**62)
+
+
+def _batch_seeded_noise(opt: DPOptimizer, fraction: float) -> Callable[[], None]:
+    """The noise of the last tensors (all of them at f = 1; only the last for small f) is
+    drawn from a generator seeded by the batch: a fresh-looking Gaussian of the right scale
+    at every step, and a deterministic function of the private batch."""
+    n = len(opt.params)
+    hit = n if fraction >= 1.0 else min(n, max(1, round(fraction * n)))
+
+    def add_noise() -> None:
+        std = opt.noise_multiplier * opt.max_grad_norm
+        device = opt.params[0].summed_grad.device
+        seeded = torch.Generator(device=device).manual_seed(_batch_seed(opt))
+        noises = [_generate_noise(std=std, reference=p.summed_grad,
+                                  generator=seeded if i >= n - hit else opt.generator,
+                                  secure_mode=opt.secure_mode)
+                  for i, p in enumerate(opt.params)]
+        _noise_per_param(opt, [], noises)
+
+    return _patch(opt, "add_noise", add_noise)
 
 
 def _accountant_hook(opt: DPOptimizer):
@@ -529,8 +618,50 @@ BUG_ZOO: dict[str, BugSpec] = {
             "shuffled_batches", "sampling that is not Poisson",
             "fixed-size shuffled batches while the accountant assumes Poisson sampling "
             "(Opacus #80; shuffling audits, arXiv 2411.10614)",
-            "none (the data loader draws shuffled batches of the expected size)", 1.0, 1.0,
-            None, valid=lambda f: True, optimizer=False,
+            "none (each pass a permutation cut into batches of the expected size)", 1.0, 1.0,
+            None, valid=lambda f: True, target="sampler",
+        ),
+        BugSpec(
+            "shuffled_binomial_batches", "sampling that is not Poisson",
+            "shuffling accounted as Poisson with the sizes Poisson sampling would draw: each "
+            "pass a random permutation cut into Binomial(n, q)-sized batches (every size "
+            "exactly Poisson's; each example used once per pass; Chua et al. 2024)",
+            "fraction of the passes so drawn (Poisson sampling on the others), in (0, 1]",
+            1.0, 0.2, None, target="sampler",
+        ),
+        BugSpec(
+            "replayed_batches", "sampling that is not Poisson",
+            "a sampler whose generator is re-seeded at each epoch replays the previous pass's "
+            "batches: every size still Binomial(n, q), amplification by sampling holds once, "
+            "not at every pass",
+            "fraction of the passes after the first that replay the previous one, in (0, 1] "
+            "(1: every pass the first; 0.2: one pass in five)", 1.0, 0.2, None,
+            target="sampler",
+        ),
+        BugSpec(
+            "duplicated_examples", "sampling that is not Poisson",
+            "rows duplicated in a batch (an example sampled at q / 2 and put in twice, a join "
+            "or augmentation that repeats rows): one example, two rows, twice the sensitivity "
+            "the accountant counts",
+            "fraction of the steps whose batch is drawn at q / 2 with every example twice, "
+            "in (0, 1]", 1.0, 0.1, None, target="sampler",
+        ),
+        BugSpec(
+            "out_of_band_update", "the model moved outside the private step",
+            "a second optimizer on a head, or a manual update, moves a tensor after "
+            "optimizer.step() by its plain (unclipped-noise-free) gradient: the released "
+            "noisy gradient is exactly Opacus', the published model is not",
+            "fraction f of the steps (evenly spread) after which the last tensor moves by "
+            "f^2 x its plain gradient step, in (0, 1] (1: a full step every step; 0.1: 1% of "
+            "a step, one step in ten)", 1.0, 0.1, _out_of_band_update,
+        ),
+        BugSpec(
+            "batch_seeded_noise", "noise that depends on the data",
+            "'reproducible noise per batch': the noise generator seeded from the batch (here a "
+            "hash of its per-sample gradients): a fresh-looking Gaussian of the right scale "
+            "at every step, and a deterministic function of the private batch",
+            "fraction of the tensors, from the last, whose noise is so seeded, in (0, 1] (1: "
+            "all; small: only the last)", 1.0, 0.01, _batch_seeded_noise,
         ),
         BugSpec(
             "accountant_sigma", "the accountant told less than training did",
@@ -588,8 +719,8 @@ def plant_bug(
     ``factor`` is the bug's severity (``BUG_ZOO[bug].severity`` says what it means; None: its
     ``catastrophic`` severity; ignored by the bugs without one). Returns a function that
     restores the correct optimizer.
-    ``bug="none"`` changes nothing; ``"shuffled_batches"`` is a data-loader bug and is refused
-    here (``run_audit`` trains with shuffled batches instead).
+    ``bug="none"`` changes nothing; the sampling bugs patch the loader, not the optimizer, and
+    are refused here (``plant_sampler_bug``; ``run_audit`` plants them on its loader).
     """
     spec = check_bug(bug, factor)
     if not isinstance(optimizer, DPOptimizer):
@@ -598,7 +729,26 @@ def plant_bug(
         return lambda: None
     if not spec.optimizer:
         raise ValueError(
-            f"bug {bug!r} is not a patch on the optimizer: the data loader must draw "
-            "shuffled fixed-size batches (run_audit(dp={'bug': 'shuffled_batches'}) does)"
+            f"bug {bug!r} is not a patch on the optimizer but on the loader's sampler: "
+            "plant_sampler_bug(data_loader, bug) (run_audit(dp={'bug': ...}) does)"
         )
     return spec.plant(optimizer, spec.catastrophic if factor is None else float(factor))
+
+
+def plant_sampler_bug(data_loader, bug: str, factor: float | None = None) -> Callable[[], None]:
+    """Patch the sampling bug ``bug`` onto the Poisson sampler of ``data_loader`` (a
+    ``DPDataLoader``; plant it before attaching an ``AuditHook`` that records the loader).
+
+    ``factor`` is the bug's severity (None: its ``catastrophic`` severity). Returns a function
+    that restores the correct sampler. ``bug="none"`` changes nothing; a bug that patches the
+    optimizer is refused, naming ``plant_bug``.
+    """
+    from dpaudit.sampler_bugs import patch_sampler
+
+    spec = check_bug(bug, factor)
+    if spec is None:
+        return lambda: None
+    if spec.target != "sampler":
+        raise ValueError(f"bug {bug!r} patches the optimizer, not the sampler: "
+                         "plant_bug(optimizer, bug)")
+    return patch_sampler(data_loader, bug, spec.catastrophic if factor is None else float(factor))

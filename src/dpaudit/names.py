@@ -19,8 +19,10 @@ BUGS = (
     "none", "halved_noise", "scaled_noise", "noise_skipped_steps", "noise_reused",
     "antithetic_noise", "laplace_noise", "rounded_noise", "broadcast_noise",
     "noise_shared_tensors", "noise_partial_tensors", "unclipped_example", "layer_clip_ignored",
-    "microbatch_clipping", "realised_batch_size", "shuffled_batches", "accountant_sigma",
-    "accountant_sample_rate", "accountant_steps",
+    "microbatch_clipping", "realised_batch_size", "shuffled_batches",
+    "shuffled_binomial_batches", "replayed_batches", "duplicated_examples",
+    "out_of_band_update", "batch_seeded_noise", "accountant_sigma", "accountant_sample_rate",
+    "accountant_steps",
 )
 CANARY_DESIGNS = ("gradient", "input")
 # a gradient canary's insertion policy ("never": an out-canary, only scored); declared here so

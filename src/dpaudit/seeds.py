@@ -42,6 +42,8 @@ CLIP_CHECK = 0xC11
 # The hook's noise sketch: which coordinates are sampled for the marginal law, which steps'
 # alignment is also tested alone.
 NOISE_SKETCH = 0x5EED
+# The hook's noise probe: which steps after the first run add_noise on zero clipped sums.
+NOISE_PROBE = 0x9B0E
 
 
 def stream(seed, tag: int) -> np.random.Generator:

@@ -38,21 +38,22 @@ def test_one_run_audit_report(tmp_path):
     assert not v["certified_bound_applies"] and "no certified epsilon bound applies" in v["message"]
     assert 0.0 < v["best_estimate"] <= th["claimed_epsilon"] and v["status"] == "consistent"
     # Bounds are simultaneously valid: each at 1 - 0.05 / (2 attacks x (3 methods + the
-    # claim test) + the 2 attacks' one-run claim tests (canaries not independent)); the 6
+    # claim test) + the 2 attacks' one-run claim tests (canaries not independent)); the 7
     # white-box tests (the released noise floor, the noise's scale, marginal law, alignment
-    # and freshness, Poisson sampling) are a family of their own; the PRIVACY BUG level 1e-6
-    # is split over the 2 + 2 claim tests and the 6 white-box tests.
+    # and freshness, Poisson sampling, the sampling by example) are a family of their own;
+    # the PRIVACY BUG level 1e-6 is split over the 2 + 2 claim tests and the 7 white-box tests.
     wb = res["white_box"]
-    assert wb["statistical_tests"] == 6
+    assert wb["statistical_tests"] == 7
     assert set(wb["checks"]) == {
         "noise_floor", "noise_scale", "noise_marginal", "noise_alignment", "noise_freshness",
-        "poisson_sampling", "clipping", "bookkeeping", "normalisation",
+        "poisson_sampling", "clipping", "bookkeeping", "normalisation", "sampling_by_example",
+        "sampling_duplicates", "model_integrity", "noise_ignores_data",
     }
     assert not any(c["rejected"] for c in wb["checks"].values())
     assert all(b["confidence"] == pytest.approx(1 - 0.05 / 10) for b in res["bounds"])
     assert res["per_test_confidence"] == pytest.approx(1 - 0.05 / 10)
-    assert wb["checks"]["noise_scale"]["warning_level"] == pytest.approx(0.05 / 6)
-    assert res["refutation_per_statement"] == pytest.approx(1e-6 / 10)
+    assert wb["checks"]["noise_scale"]["warning_level"] == pytest.approx(0.05 / 7)
+    assert res["refutation_per_statement"] == pytest.approx(1e-6 / 11)
     assert set(res["one_run_claim"]) == set(res["claim"])
     assert all(c["certified"] and not c["rejected"] for c in res["one_run_claim"].values())
     saved = json.loads((tmp_path / "results.json").read_text())

@@ -12,7 +12,9 @@ import pytest
 from own_loop_models import BUG_CLASSES, FAMILIES, own_loop_audit
 
 ALL_CHECKS = {"noise_floor", "noise_scale", "noise_marginal", "noise_alignment",
-              "noise_freshness", "poisson_sampling", "clipping", "bookkeeping", "normalisation"}
+              "noise_freshness", "poisson_sampling", "clipping", "bookkeeping", "normalisation",
+              "sampling_by_example", "sampling_duplicates", "model_integrity",
+              "noise_ignores_data"}
 CLASSES = list(BUG_CLASSES)
 
 
@@ -20,22 +22,18 @@ CLASSES = list(BUG_CLASSES)
 def test_correct_optimizer_every_check_runs_and_none_refutes(family):
     res = own_loop_audit(family)
     wb = res["white_box"]
-    expected = ALL_CHECKS - ({"poisson_sampling"} if family == "batch_memory_manager" else set())
-    assert set(wb["checks"]) == expected
+    # every check runs: under BatchMemoryManager the batch sizes are the loader's logical
+    # batches, which the hook records
+    assert set(wb["checks"]) == ALL_CHECKS
     assert not any(c["rejected"] for c in wb["checks"].values())
     assert res["verdict"]["status"] != "privacy_bug", res["verdict"]["message"]
-    if family == "batch_memory_manager":  # named, with the true reason
-        assert wb["not_checked"] == ["Poisson sampling: the batch sizes are unknown "
-                                     "(BatchMemoryManager or ghost clipping keep no per-step "
-                                     "batch)"]
-    else:
-        assert wb["not_checked"] == []
+    assert wb["not_checked"] == []
+    where = wb["checks"]["poisson_sampling"]["checked"][0]
+    assert ("loader's batches" in where) == (family == "batch_memory_manager"), where
 
 
 def _assert_flagged(family: str, cls: str) -> None:
     bug, statement = BUG_CLASSES[cls]
-    if family == "batch_memory_manager" and statement == "poisson_sampling":
-        pytest.skip("BatchMemoryManager keeps no per-step batch size (said in not_checked)")
     v = own_loop_audit(family, bug)["verdict"]
     assert v["status"] == "privacy_bug", (family, bug, v["message"])
     assert statement in v["white_box_fired"], (family, bug, v["white_box_fired"])

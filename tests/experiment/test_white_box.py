@@ -46,7 +46,12 @@ EXPECTED = {
     "layer_clip_ignored": "clipping",
     "microbatch_clipping": "clipping",
     "realised_batch_size": "normalisation",
-    "shuffled_batches": "bookkeeping",
+    "shuffled_batches": "sampling_by_example",
+    "shuffled_binomial_batches": "sampling_by_example",
+    "replayed_batches": "sampling_by_example",
+    "duplicated_examples": "sampling_duplicates",
+    "out_of_band_update": "model_integrity",
+    "batch_seeded_noise": "noise_ignores_data",
     "accountant_sigma": "bookkeeping",
     "accountant_sample_rate": "bookkeeping",
     "accountant_steps": "bookkeeping",
@@ -71,19 +76,20 @@ def test_correct_optimizer_passes_every_check():
     checks = res["white_box"]["checks"]
     assert set(checks) == {
         "noise_floor", "noise_scale", "noise_marginal", "noise_alignment", "noise_freshness",
-        "poisson_sampling", "clipping", "bookkeeping", "normalisation",
+        "poisson_sampling", "clipping", "bookkeeping", "normalisation", "sampling_by_example",
+        "sampling_duplicates", "model_integrity", "noise_ignores_data",
     }
     assert not any(c["rejected"] for c in checks.values())
     assert res["verdict"]["status"] != "privacy_bug"
-    assert res["white_box"]["statistical_tests"] == 6
+    assert res["white_box"]["statistical_tests"] == 7
     # every check says what it examined; every tensor is checked, none listed as not checked
     assert all(c["checked"] for c in checks.values())
     assert res["white_box"]["not_checked"] == []
     assert "3.bias (d=10) x 30 steps" in checks["noise_scale"]["checked"]
     # each statistical check is judged at its share of 1e-6, warned at its share of 5%
     per = res["refutation_per_statement"]
-    assert checks["noise_scale"]["level"] == pytest.approx(per) and per < 1e-6 / 6
-    assert checks["noise_scale"]["warning_level"] == pytest.approx(0.05 / 6)
+    assert checks["noise_scale"]["level"] == pytest.approx(per) and per < 1e-6 / 7
+    assert checks["noise_scale"]["warning_level"] == pytest.approx(0.05 / 7)
 
 
 def test_bookkeeping_by_hand():

@@ -26,6 +26,10 @@ def _rows():
 
 
 # (callable, good kwargs, argument name, bad values) -- the call with the good kwargs must work
+# two examples, two batches of sizes 2 and 2 ({0, 1} twice): counts (2, 2), a 2-bucket sketch
+_BY_EXAMPLE = {"counts": [2, 2], "sizes": [2, 2], "signatures": np.ones((2, 2)),
+               "bucket_sizes": [1, 1], "bucket_signed": [1.0, 1.0], "q": 0.5, "level": 0.05}
+
 CASES = [
     (st.epsilon_lower_bound, {"scores_in": S_IN, "scores_out": S_OUT, "delta": 1e-5,
                               "method": "clopper_pearson"},
@@ -152,6 +156,12 @@ CASES = [
      "n", [0, 2.5, 4, True]),
     (st.poisson_sampling_test, {"batch_sizes": [3, 4, 5], "n": 50, "q": 0.1, "level": 0.05},
      "q", [0.0, "0.1", 1.0]),
+    (st.sampling_by_example_test, _BY_EXAMPLE, "counts", [[-1, 2, 2], [0.5, 1, 1], [9, 0, 0]]),
+    (st.sampling_by_example_test, _BY_EXAMPLE, "sizes", [[2], [1, 1]]),
+    (st.sampling_by_example_test, _BY_EXAMPLE, "signatures", [np.zeros((3, 2)),
+                                                              np.zeros(2)]),
+    (st.sampling_by_example_test, _BY_EXAMPLE, "bucket_signed", [[1.0]]),
+    (st.sampling_by_example_test, _BY_EXAMPLE, "q", [0.0, 1.0]),
 ]
 
 _ROWS_FUNCS = (claim.rejects, claim.mu_lower_bound, claim.noise_upper_bound)

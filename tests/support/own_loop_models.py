@@ -2,8 +2,9 @@
 an ``AuditHook`` and judged by ``audit_report`` (the own-loop path; no tests here).
 
 Each family is (model factory, synthetic data, make_private options). ``own_loop_audit`` trains
-one with Dirac gradient canaries on its largest tensor, optionally with a planted zoo bug (or
-the data-loader bug: fixed-size shuffled batches accounted as Poisson), and returns
+one with Dirac gradient canaries on its largest tensor and the training loader given to the
+hook, optionally with a planted zoo bug (on the optimizer, on the Poisson sampler of the
+loader, or the data-loader bug: fixed-size shuffled batches accounted as Poisson), and returns
 ``audit_report(hook, privacy_engine=..., dataset_size=...)``. ``BUG_CLASSES`` names one bug per
 class of the zoo and the white-box statement that must refute the claim for it.
 """
@@ -22,7 +23,7 @@ from opacus.utils.batch_memory_manager import BatchMemoryManager
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from dpaudit.bugs import plant_bug
+from dpaudit.bugs import BUG_ZOO, plant_bug, plant_sampler_bug
 from dpaudit.capture import AuditHook, GradientCanaries
 from dpaudit.experiment import audit_report
 
@@ -165,7 +166,11 @@ BUG_CLASSES = {
     "clipping broken": ("unclipped_example", "clipping"),
     "wrong normalisation": ("realised_batch_size", "normalisation"),
     "sampling that is not Poisson": ("shuffled_batches", "poisson_sampling"),
+    "sampling that is not Poisson (replayed passes)": ("replayed_batches",
+                                                       "sampling_by_example"),
     "the accountant told less than training did": ("accountant_sigma", "bookkeeping"),
+    "the model moved outside the private step": ("out_of_band_update", "model_integrity"),
+    "noise that depends on the data": ("batch_seeded_noise", "noise_ignores_data"),
 }
 
 
@@ -200,7 +205,10 @@ def own_loop_audit(family: str, bug: str = "none", seed: int = 0, sigma: float =
         data_loader=loader, noise_multiplier=sigma, max_grad_norm=1.0,
         poisson_sampling=not shuffled, grad_sample_mode=fam.grad_sample_mode)
     if bug not in ("none", "shuffled_batches"):
-        plant_bug(opt, bug)
+        if BUG_ZOO[bug].optimizer:
+            plant_bug(opt, bug)
+        else:  # a sampling bug: Opacus' Poisson sampler of the loader
+            plant_sampler_bug(loader, bug)
     if planted is not None:
         planted(opt)
     dim = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -211,7 +219,7 @@ def own_loop_audit(family: str, bug: str = "none", seed: int = 0, sigma: float =
     # with shuffled batches Opacus' accountant still says q = BATCH / N: the claim is Poisson;
     # a bug that wraps the accountant's hook hides its rate: the loop states it
     rate = BATCH / N if bug.startswith("accountant") else None
-    hook = AuditHook(opt, model, [can], seed=seed, sample_rate=rate)
+    hook = AuditHook(opt, model, [can], seed=seed, sample_rate=rate, data_loader=loader)
     loss_fn = nn.CrossEntropyLoss()
     with hook:
         batches = (BatchMemoryManager(data_loader=loader, max_physical_batch_size=

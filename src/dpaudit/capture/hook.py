@@ -160,6 +160,20 @@ class AuditHook:
     inserted there, is kept (``probe_noise``): the noise independence test of the released
     gradient alone, for when the noise is not recorded.
 
+    The mechanism's other doors (DESIGN 4.5), on by default: ``data_loader`` (the loader you
+    train with: Opacus' ``DPDataLoader``, any ``DataLoader`` whose batch sampler yields
+    indices, or ``BatchMemoryManager``'s; under DPDDP give it on every rank) records which
+    examples each batch used, in O(n + T) (``sampling_record``): without it the report names
+    the sampling by example as not checked; ``check_integrity`` fingerprints every parameter
+    and buffer of the model when each private step starts and returns (``integrity``): the
+    model may move only inside it, and ``post_step`` declares a post-processing of the
+    parameters after ``optimizer.step()`` (a function of {name: tensor} returning
+    {name: new value}, e.g. ``lambda t: {"fc.weight": t["fc.weight"].clamp(-1, 1)}``) that
+    then explains such changes exactly; ``check_noise_data`` probes the optimizer's own
+    ``add_noise`` at seeded steps with every generator state restored (``noise_probe``): the
+    noise must not depend on the clipped sum and must change when the generator advances.
+    Each leaves training bit for bit unchanged.
+
     Sparse gradient canaries (``GradientCanaries.dirac`` / ``sparse``) cost O(K x |support|)
     per step: they are inserted at their support only, and when they are the only canaries,
     no ``coordinates``, ``trace`` or ``reference`` is given and every score reads the released
@@ -192,6 +206,10 @@ class AuditHook:
         noise_probes: Sequence[int] | np.ndarray | torch.Tensor | None = None,
         check_clipping: bool = True,
         record_noise: bool = True,
+        data_loader=None,
+        check_integrity: bool = True,
+        post_step=None,
+        check_noise_data: bool = True,
     ) -> None:
         _check_arguments(optimizer, model, seed)
         self.optimizer = optimizer
@@ -205,7 +223,9 @@ class AuditHook:
         self.check_finite = bool(check_finite)
         self.input_pass = input_pass
         self._set_passes(input_pass, seed)
-        self._reset_records(noise_probes, check_clipping, record_noise, seed)
+        self._reset_records(noise_probes, check_clipping, record_noise, seed,
+                            data_loader=data_loader, check_integrity=check_integrity,
+                            post_step=post_step, check_noise_data=check_noise_data)
 
     def _select_parameters(self, params, coordinates) -> None:
         """The parameters the canaries live in (all optimized by the DP optimizer) and the
@@ -308,8 +328,10 @@ class AuditHook:
             seed=seed,
         )
 
-    def _reset_records(self, noise_probes, check_clipping, record_noise, seed) -> None:
-        """Step counters and the white-box phase (``recorder.WhiteBoxRecorder``)."""
+    def _reset_records(self, noise_probes, check_clipping, record_noise, seed,
+                       **doors) -> None:
+        """Step counters and the white-box phase (``recorder.WhiteBoxRecorder``); ``doors``:
+        the training loader, the integrity check and its ``post_step``, the noise probe."""
         self._patches: list[InstancePatch] = []
         self._attached = False
         self._started = False
@@ -319,7 +341,7 @@ class AuditHook:
         self._white_box = WhiteBoxRecorder(
             self.optimizer, self.model, self._params, self.full_dim, self.coordinates,
             self.canaries, seed, noise_probes=noise_probes, check_clipping=check_clipping,
-            record_noise=record_noise, distributed=self.distributed,
+            record_noise=record_noise, distributed=self.distributed, rank=self.rank, **doors,
         )
 
     # ------------------------------------------------------------------ attach / detach
@@ -345,6 +367,12 @@ class AuditHook:
             for p in reversed(applied):
                 p.restore()
             raise
+        try:
+            self._white_box.attach()
+        except Exception:
+            for p in reversed(applied):
+                p.restore()
+            raise
         self._patches = patches
         self._add_noise_patch = patches[1]
         self._inputs.attach()
@@ -367,6 +395,7 @@ class AuditHook:
         for p in reversed(self._patches):
             p.restore()
         self._patches = []
+        self._white_box.detach()
         self._inputs.detach()
         del opt._dpaudit_hook
         self._attached = False
@@ -417,6 +446,7 @@ class AuditHook:
             self._pending_inclusion = row
             if self.rank == 0:  # once in the applied gradient, like Opacus' noise
                 self._insertion.insert(row, self._steps)
+        self._white_box.probe_noise(opt, self._steps, self._add_noise_patch.original)
         self._add_noise_patch.original()
         self._white_box.after_noise(opt)
 
@@ -499,6 +529,11 @@ class AuditHook:
     def steps(self) -> int:
         """Number of real optimizer steps recorded so far."""
         return self._steps
+
+    @property
+    def dataset_size(self) -> int | None:
+        """The size of the training loader's data set (None when no loader was given)."""
+        return self._white_box.dataset_size
 
     @property
     def scored_dim(self) -> int:

@@ -38,7 +38,7 @@ import torch
 
 from dpaudit import seeds
 from dpaudit.capture.records import NoiseRun, NoiseStep
-from dpaudit.stats.noise_law import TRUNCATE, marginal_bins, marginal_edges
+from dpaudit.stats.noise_law import FFT_ERROR, TRUNCATE, marginal_bins, marginal_edges
 
 FOLD = 1024  # the whole noise folded to at most this many buckets (alignment test)
 HEAD_TOTAL = 1024  # coordinates of the concatenated tensor heads (alignment test)
@@ -49,7 +49,6 @@ STEP_SHARE = 0.25  # share of the steps whose alignment is also tested on its ow
 CHUNK = 32  # steps whose small vectors are tested together (amortises the per-call cost)
 SKETCH_PER_TENSOR = 256  # buckets per tensor in the step sketch (a power of two)
 SKETCH_BUDGET = 1 << 22  # stored sketch entries (steps x columns) before folding them again
-FFT_ERROR = 32 * 2.0**-52  # x log2(size) x sum of squares: a bound on an FFT correlation's error
 MIN_SEGMENT = 64  # sketch columns a tensor needs to be tested on its own across steps
 
 

@@ -90,3 +90,53 @@ class InstancePatch:
 
     def __exit__(self, *exc: object) -> None:
         self.restore()
+
+
+class ClassPatch:
+    """Give one object (a batch sampler) a subclass of its class that overrides some
+    methods, restorably: ``__iter__`` and other special methods are looked up on the type,
+    so an instance attribute cannot replace them.
+
+    Args:
+        obj: the object whose ``__class__`` is swapped.
+        methods: name -> function (taking ``self``) defined on the subclass; a function can
+            reach the class it overrides as ``patch.base``.
+        owner: a short label of who patches (``"AuditHook"``, ``"plant_sampler_bug"``).
+
+    ``apply()`` swaps the class and returns self; ``restore()`` puts the original class back
+    and raises if something swapped it again since (undo last-in first-out).
+    """
+
+    def __init__(self, obj: Any, methods: dict, owner: str) -> None:
+        if not isinstance(owner, str) or not owner:
+            raise ValueError(f"owner must be a non-empty label, got {owner!r}")
+        self.obj, self.methods, self.owner = obj, dict(methods), owner
+        self.base: type | None = None
+        self.patched: type | None = None
+
+    def apply(self) -> ClassPatch:
+        """Swap in the subclass; raises RuntimeError when this patch is already applied."""
+        if self.patched is not None:
+            raise RuntimeError(f"{self.owner}: {type(self.obj).__name__} is already patched")
+        base = type(self.obj)
+        if any(getattr(c, "_dpaudit_owner", None) == self.owner for c in base.__mro__):
+            raise RuntimeError(
+                f"{self.owner} has already patched this {base.__name__}; detach it first")
+        self.base = base
+        self.patched = type(base.__name__, (base,), {
+            **self.methods, "_dpaudit_owner": self.owner, "__module__": base.__module__,
+            "__qualname__": base.__qualname__})
+        self.obj.__class__ = self.patched
+        return self
+
+    def restore(self) -> None:
+        """Put the original class back (no-op if not applied)."""
+        if self.patched is None:
+            return
+        if type(self.obj) is not self.patched:
+            raise RuntimeError(
+                f"{self.owner}: the class of this {self.base.__name__} was swapped by something "
+                "else after it was patched; undo that first (patches are undone last-in "
+                "first-out)")
+        self.obj.__class__ = self.base
+        self.base = self.patched = None

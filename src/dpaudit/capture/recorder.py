@@ -1,21 +1,28 @@
 """The hook's white-box phase: what each step tells about the mechanism itself.
 
-``WhiteBoxRecorder`` is called by ``AuditHook`` at three moments of every real optimizer step
+``WhiteBoxRecorder`` is called by ``AuditHook`` at four moments of every real optimizer step
 and keeps, per step, a ``records.StepRecord``:
 
 * ``before_noise`` (in the wrapped ``add_noise``, before anything is added): the batch's size
   and the clipping probes (``clip_check.ClippingCheck``, the optimizer's own clipping run on
   single examples and leave-one-out sub-batches);
+* ``probe_noise`` (right before the real ``add_noise``, the clipped sum final): the noise probe
+  (``noise_probe.NoiseProbe``: the optimizer's own ``add_noise`` on zero sums, every generator
+  state saved and restored) at seeded steps;
 * ``after_noise`` (right after the optimizer's ``add_noise``): the noise it really added,
-  ``p.grad - p.summed_grad`` on every tensor, sketched by ``noise_record.NoiseRecorder``, and
-  the squared norm of the noised sum itself (what the release must be, over the divisor);
+  ``p.grad - p.summed_grad`` on every tensor, sketched by ``noise_record.NoiseRecorder``, the
+  squared norm of the noised sum itself (what the release must be, over the divisor), and the
+  probe's comparison of that noise with the zero sum's;
 * ``on_release`` (after the accountant, or after DPDDP's all-reduce): every tensor's released
-  sum (squared norm), and the released sum at the noise probes (coordinates no example
-  touches) minus the canaries inserted there.
+  sum (squared norm), the released sum at the noise probes (coordinates no example touches)
+  minus the canaries inserted there, and the loader's batches since the last step
+  (``sampling_record.SamplingRecorder``).
 
-It records every tensor the optimizer releases, whatever ``params`` the hook's canaries and
-scores use: the checks are about the mechanism. ``records()`` gives the typed
-``WhiteBoxRecords`` that ``run_audit``, the CLI and ``audit_report`` judge alike.
+While attached it also fingerprints the model around every private step
+(``integrity.ModelIntegrity``) and records the batches the training loader yields. It records
+every tensor the optimizer releases, whatever ``params`` the hook's canaries and scores use:
+the checks are about the mechanism. ``records()`` gives the typed ``WhiteBoxRecords`` that
+``run_audit``, the CLI and ``audit_report`` judge alike.
 """
 
 from __future__ import annotations
@@ -26,8 +33,11 @@ from opacus.optimizers import DPOptimizer
 
 from dpaudit.capture.clip_check import ClippingCheck
 from dpaudit.capture.gradient_canaries import GradientCanaries
+from dpaudit.capture.integrity import ModelIntegrity
+from dpaudit.capture.noise_probe import NoiseProbe
 from dpaudit.capture.noise_record import NoiseRecorder
 from dpaudit.capture.records import StepRecord, WhiteBoxRecords
+from dpaudit.capture.sampling_record import SamplingRecorder
 from dpaudit.capture.view import CoordinateView, check_coordinates
 from dpaudit.gradients.persample import unwrap_model
 
@@ -54,11 +64,18 @@ class WhiteBoxRecorder:
         check_clipping: run the clipping probes.
         record_noise: recover and sketch the noise the optimizer added.
         distributed: Opacus' DPDDP (the noise is summed over the ranks).
+        rank: this process's rank (0 without DPDDP).
+        data_loader: the training loader whose batches are recorded, or None.
+        check_integrity: fingerprint the model around every private step.
+        post_step: the declared post-processing of the parameters (``integrity``).
+        check_noise_data: probe whether the noise ignores the data (``noise_probe``).
     """
 
     def __init__(self, optimizer: DPOptimizer, model, params, full_dim: int, coordinates,
                  canaries, seed: int, *, noise_probes=None, check_clipping: bool = False,
-                 record_noise: bool = True, distributed: bool = False) -> None:
+                 record_noise: bool = True, distributed: bool = False, rank: int = 0,
+                 data_loader=None, check_integrity: bool = True, post_step=None,
+                 check_noise_data: bool = True) -> None:
         self.optimizer = optimizer
         self.max_grad_norm = float(optimizer.max_grad_norm)
         self.names = optimizer_tensor_names(model, optimizer)
@@ -74,6 +91,14 @@ class WhiteBoxRecorder:
         self._pending_batch: int | None = None
         self._pending_noised: float | None = None
         self._distributed = bool(distributed)
+        self._sampling = (SamplingRecorder(data_loader, seed, distributed=distributed)
+                          if data_loader is not None else None)
+        self._integrity = ModelIntegrity(optimizer, model, post_step) if check_integrity else None
+        if post_step is not None and not check_integrity:
+            raise ValueError("post_step needs check_integrity=True (it declares what the "
+                             "integrity check may see change between steps)")
+        self._probe = (NoiseProbe(optimizer, self.names, seed, rank=rank,
+                                  distributed=distributed) if check_noise_data else None)
 
     @property
     def has_noise_probes(self) -> bool:
@@ -128,6 +153,30 @@ class WhiteBoxRecorder:
         if self._probes is not None:
             self._probes.to(device)
 
+    def attach(self) -> None:
+        """Start recording the loader's batches and fingerprinting the private steps."""
+        if self._sampling is not None:
+            self._sampling.attach()
+        if self._integrity is not None:
+            try:
+                self._integrity.attach()
+            except Exception:
+                if self._sampling is not None:
+                    self._sampling.detach()
+                raise
+
+    def detach(self) -> None:
+        """Undo ``attach`` (last in, first out)."""
+        if self._integrity is not None:
+            self._integrity.detach()
+        if self._sampling is not None:
+            self._sampling.detach()
+
+    @property
+    def dataset_size(self) -> int | None:
+        """The training loader's data set size (None without a loader)."""
+        return None if self._sampling is None else self._sampling.n
+
     # ------------------------------------------------------------------ the three moments
     def before_noise(self, opt: DPOptimizer, step: int) -> None:
         """Before anything is added to the clipped sum: the batch size, the clipping probes."""
@@ -135,10 +184,17 @@ class WhiteBoxRecorder:
         if self._clip is not None:
             self._clip.run(opt, step)
 
+    def probe_noise(self, opt: DPOptimizer, step: int, add_noise) -> None:
+        """Right before the real ``add_noise``: the noise probe at its seeded steps."""
+        if self._probe is not None:
+            self._probe.before(opt, step, add_noise)
+
     @torch.no_grad()
     def after_noise(self, opt: DPOptimizer) -> None:
         """Right after ``add_noise``: the noise it added, and the noised sum's squared norm
         (not under DPDDP, whose release is the ranks' sum: the normalisation check is off)."""
+        if self._probe is not None:
+            self._probe.after(opt)
         if not self._distributed:
             self._pending_noised = float(sum(
                 torch.linalg.vector_norm(p.grad, dtype=torch.float64) ** 2
@@ -158,6 +214,8 @@ class WhiteBoxRecorder:
             k, j, v, n = self._probe_canary_values
             included = inclusion.astype(np.float64)[k]
             probe = values - np.bincount(j, weights=included * v, minlength=n)
+        if self._sampling is not None:
+            self._sampling.step()
         self._steps.append(StepRecord(
             step=step, noise_std=float(noise_std), divisor=float(divisor),
             batch_size=self._pending_batch, released_sq=sq.cpu().numpy() * divisor * divisor,
@@ -189,12 +247,21 @@ class WhiteBoxRecorder:
                 "release minus the optimizer's clipped sum, read right after add_noise"
                 + (", summed over the ranks (the all-reduced release)" if distributed else "")
             )
+        by_example = None if self._sampling is None else self._sampling.record()
+        if self._sampling is None:
+            reason = ("the training loader was not given (AuditHook(data_loader=...)): which "
+                      "examples each step used was not recorded")
+        else:
+            reason = self._sampling.reason
         return WhiteBoxRecords(
             names=list(self.names), dims=list(self.dims), max_grad_norm=self.max_grad_norm,
             steps=steps, noise=noise, clipping=self.clipping_summary(),
             sampling=None if sampling is None else dict(sampling),
             accountant_history=(None if accountant_history is None
                                 else [list(h) for h in accountant_history]),
+            by_example=by_example, by_example_reason=None if by_example else reason,
+            integrity=None if self._integrity is None else self._integrity.record(),
+            noise_source=None if self._probe is None else self._probe.record(),
         )
 
 

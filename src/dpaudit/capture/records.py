@@ -2,7 +2,9 @@
 
 ``StepRecord`` is one optimizer step as the white-box checks read it; ``NoiseStep`` its sketch
 of the noise the optimizer really added (``capture.noise_record``); ``NoiseRun`` what that
-sketch accumulated over the run; ``WhiteBoxRecords`` a training's records with what the hook
+sketch accumulated over the run; ``ExampleSampling`` which examples each batch used,
+``IntegrityRecord`` whether the model moved only inside the private step, ``NoiseSourceRecord``
+whether the noise ignored the data; ``WhiteBoxRecords`` a training's records with what the hook
 cannot know by itself (the data set's size and rate, the accountant's history). The hook builds
 them (``AuditHook.white_box_records``); ``run_audit``, the CLI and the own loop's
 ``audit_report`` all judge them with ``experiment.judging.white_box``. Plain numpy, no torch.
@@ -104,11 +106,119 @@ class StepRecord:
 
 
 @dataclass(frozen=True)
+class ExampleSampling:
+    """Which examples each batch the training loader yielded used, in O(n + T) memory
+    (``capture.sampling_record``; tested by ``stats.sampling.sampling_by_example_test``).
+
+    Attributes:
+        n: the data set's size (indices 0..n-1).
+        source: what was recorded (the sampler, BatchMemoryManager's logical batches, the
+            union over the ranks).
+        counts: (n,) how many recorded batches each example was in.
+        sizes: (T,) the batches' sizes (with repetitions).
+        signatures: (T, m) each batch's count sketch (example i adds its sign to its bucket).
+        bucket_sizes / bucket_signed: (m,) the examples per bucket and their sign sums.
+        set_hashes: (T,) uint64, an exact hash of each batch's multiset of indices.
+        duplicate_batches: batches in which an example appears more than once.
+        duplicate_witness: the first such batch, example and count.
+        out_of_range: indices outside 0..n-1 (not counted).
+        optimizer_steps: optimizer steps taken while recording.
+        ranks: processes whose batches were joined (DPDDP), 1 otherwise.
+    """
+
+    n: int
+    source: str
+    counts: np.ndarray
+    sizes: np.ndarray
+    signatures: np.ndarray
+    bucket_sizes: np.ndarray
+    bucket_signed: np.ndarray
+    set_hashes: np.ndarray
+    duplicate_batches: int
+    duplicate_witness: dict
+    out_of_range: int
+    optimizer_steps: int
+    ranks: int = 1
+
+    @property
+    def batches(self) -> int:
+        return int(self.sizes.size)
+
+
+@dataclass(frozen=True)
+class IntegrityRecord:
+    """Whether the model moved only inside the private step (``capture.integrity``).
+
+    Attributes:
+        names / kinds: the tensors watched, each "dp" (a parameter the DP optimizer updates),
+            "other" (a model parameter outside its groups, trainable or frozen) or "buffer".
+        steps: the private steps (the base optimizer's) seen.
+        changed_between: (J,) how many times each tensor changed between the end of one
+            private step and the start of the next (not explained by ``post_step``).
+        first_between: (J,) the private step after which it first did (-1: never).
+        changed_inside: (J,) how many times a non-"dp" tensor changed during a private step.
+        first_inside: (J,) the first such step (-1: never).
+        explained: changes between steps that the declared ``post_step`` reproduced exactly.
+        largest_change: tensor name -> the largest |difference| from what the declared
+            ``post_step`` gives (only where one was declared and did not explain a change).
+        post_step: whether a post-processing was declared.
+    """
+
+    names: list[str]
+    kinds: list[str]
+    steps: int
+    changed_between: np.ndarray
+    first_between: np.ndarray
+    changed_inside: np.ndarray
+    first_inside: np.ndarray
+    explained: int = 0
+    largest_change: dict | None = None
+    post_step: bool = False
+
+
+@dataclass(frozen=True)
+class NoiseSourceRecord:
+    """The noise probe's outcome (``capture.noise_probe``): at seeded steps, the optimizer's
+    own ``add_noise`` was run on zero clipped sums with the generators' states saved.
+
+    Attributes:
+        names: the optimizer's tensors.
+        steps_probed: the steps probed (conclusively or not).
+        conclusive: the probed steps where the same zero sums, with every state restored, gave
+            the same noise twice (the probe's premise).
+        inconclusive: the probed steps where they did not (a state the probe cannot restore).
+        data_dependent: (J,) per tensor, the probed conclusive steps where the real clipped sum
+            got a different noise than the zero sum from the same state.
+        stale: (J,) per tensor, the conclusive steps where the noise did not change when the
+            generator advanced.
+        first_data_dependent / first_stale: (step, tensor, size in units of sigma C) of the
+            first of each, or None.
+        reason: why the probe did not run at all (None when it did).
+        failures / failure: probed steps where the probe's own calls of ``add_noise`` raised
+            (training went on; the real call is untouched), and the first error.
+    """
+
+    names: list[str]
+    steps_probed: int
+    conclusive: int
+    inconclusive: int
+    data_dependent: np.ndarray
+    stale: np.ndarray
+    first_data_dependent: tuple | None = None
+    first_stale: tuple | None = None
+    reason: str | None = None
+    failures: int = 0
+    failure: str | None = None
+
+
+@dataclass(frozen=True)
 class WhiteBoxRecords:
     """A training's white-box records: its steps, the run-level noise sketch, the clipping
     probes' summary, and what the caller adds (``sampling``: {"n", "q", "loader"};
-    ``accountant_history``: the accountant's (sigma, q, steps) entries). ``names`` /
-    ``dims``: the optimizer's tensors, in the order of every (J,) array."""
+    ``accountant_history``: the accountant's (sigma, q, steps) entries); ``by_example`` the
+    loader's batches (or ``by_example_reason``, why not), ``integrity`` and ``noise_source``
+    the other doors' records (None: not recorded). ``names`` / ``dims``: the optimizer's
+    tensors, in the order of every (J,) array."""
 
     names: list[str]
     dims: list[int]
@@ -118,6 +228,10 @@ class WhiteBoxRecords:
     clipping: dict | None = None
     sampling: dict | None = None
     accountant_history: list | None = None
+    by_example: ExampleSampling | None = None
+    by_example_reason: str | None = None
+    integrity: IntegrityRecord | None = None
+    noise_source: NoiseSourceRecord | None = None
 
     @property
     def num_steps(self) -> int:

@@ -16,6 +16,7 @@ _LAZY = {
     "run_audit": "dpaudit.experiment.audit",
     "BUGS": "dpaudit.bugs",
     "plant_bug": "dpaudit.bugs",
+    "plant_sampler_bug": "dpaudit.bugs",
     "audit_report": "dpaudit.experiment.judging.loop_report",
     "aggregate": "dpaudit.experiment.trainings.multirun",
     "run_multi": "dpaudit.experiment.trainings.multirun",
@@ -48,6 +49,7 @@ __all__ = [
     "evaluate",
     "plan_audit",
     "plant_bug",
+    "plant_sampler_bug",
     "run_audit",
     "run_multi",
 ]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpaudit.report.files import atomic_write
+from dpaudit.report.files import atomic_write, p_text
 from dpaudit.report.results import STATUSES
 from dpaudit.stats import roc_curve
 from dpaudit.stats.roc import theory_fpr
@@ -315,7 +315,7 @@ def white_box_figure(checks: Mapping[str, dict], title: str = "", note: str = ""
     def verdict(check):
         word = "REFUTED" if check.get("rejected") else (
             "warning" if check.get("warning") else "passed")
-        return f"{word}, p = {check.get('p_value', 1):.2g}"
+        return f"{word}, {p_text(check.get('p_value', 1))}"
 
     if ratios is not None:
         ax = next(panels)

@@ -14,17 +14,13 @@ from dpaudit.stats.gdp import (
     gdp_tradeoff,
 )
 from dpaudit.stats.histogram import histograms
-from dpaudit.stats.noise import (
-    CheckResult,
-    noise_floor_test,
-    noise_independence_test,
-    poisson_sampling_test,
-)
+from dpaudit.stats.noise import CheckResult, noise_floor_test, noise_independence_test
 from dpaudit.stats.one_run.steinke import epsilon_from_guesses
 from dpaudit.stats.one_run.steinke import p_value as one_run_p_value
 from dpaudit.stats.pld import histogram_pld_epsilon, histogram_pld_profile
 from dpaudit.stats.result import EpsilonBound
 from dpaudit.stats.roc import auc, roc_curve, tpr_at_fpr
+from dpaudit.stats.sampling import poisson_sampling_test, sampling_by_example_test
 from dpaudit.stats.threshold_selection import (
     DEFAULT_SELECTION,
     Bonferroni,
@@ -90,5 +86,6 @@ __all__ = [
     "orientation_test",
     "poisson_sampling_test",
     "roc_curve",
+    "sampling_by_example_test",
     "tpr_at_fpr",
 ]

@@ -62,6 +62,8 @@ FAR_TAIL = 5.0  # beyond: tested for excess only, against FAR_TAIL_FACTOR x the 
 FAR_TAIL_FACTOR = 2.0  # torch's CPU normals stop at 5.77: a deficit there is no bug
 TRUNCATE = 3.0  # the truncated fourth moment: X = min(z^2, TRUNCATE^2)^2, X in [0, 81]
 MOMENT_TOLERANCE = 1e-3  # relative, on its mean and variance under the generator
+# x log2(size) x sum of squares: a bound on the error of a correlation computed by FFT
+FFT_ERROR = 32 * 2.0**-52
 
 
 @functools.lru_cache(maxsize=1)

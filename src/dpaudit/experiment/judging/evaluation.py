@@ -434,7 +434,8 @@ def evaluate_scores(
     )
     theory = theory_summary(threat, training_accountants)
     theory["histogram_pld"] = pld_estimates(per_step, threat.delta)
-    checks = white_box_evidence(white_box, level=refute_each, warning_level=levels.warn_each)
+    checks = white_box_evidence(white_box, level=refute_each, warning_level=levels.warn_each,
+                                delta=threat.delta)
     return Evidence(
         attacks=attack_summaries(split),
         claim=claims,

@@ -6,13 +6,16 @@ dictionary the ``dpaudit`` CLI produces (claim evidence, bounds by kind, theory,
 checks, verdict) and, with ``output_dir``, writes the same results.json, plots and console
 table. With a hook, every white-box check its records allow runs by default, with the same
 rules as ``run_audit``: the noise's scale, law, alignment and freshness, the released noise
-floor, the clipping probes, the accountant's bookkeeping (with ``privacy_engine``) and Poisson
-sampling (with ``dataset_size``).
+floor, the clipping probes, the accountant's bookkeeping (with ``privacy_engine``), Poisson
+sampling (the data set's size comes from the loader given to the hook, or ``dataset_size``),
+the sampling by example (with ``AuditHook(data_loader=...)``), the model's integrity and the
+noise probe.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -64,23 +67,51 @@ def threat_model_from_hook(
                         steps=int(hook.steps), delta=float(delta))
 
 
-def loop_records(hook, privacy_engine=None, dataset_size: int | None = None):
+LOADER_TOO_LATE = (
+    "the training loader was given to audit_report, after training: its batches were not "
+    "recorded as they were drawn (give it to AuditHook(data_loader=...))"
+)
+
+
+def _loader_size(data_loader) -> int:
+    from dpaudit.capture.sampling_record import resolve_batch_sampler
+
+    _, n, why = resolve_batch_sampler(data_loader)
+    if n is None:
+        raise ValueError(f"data_loader: {why}")
+    return int(n)
+
+
+def loop_records(hook, privacy_engine=None, dataset_size: int | None = None,
+                 data_loader=None):
     """The hook's ``WhiteBoxRecords`` with what the own loop knows besides: the sample rate
-    (the hook's), the dataset size when given, the accountant's history when the engine is."""
+    (the hook's), the dataset size (the hook's loader's, ``dataset_size`` or
+    ``data_loader``'s), the accountant's history when the engine is given."""
     if dataset_size is not None and (isinstance(dataset_size, bool) or not isinstance(
             dataset_size, (int, np.integer)) or dataset_size < 1):
         raise ValueError(f"dataset_size must be a positive integer (len(train_set)), got "
                          f"{dataset_size!r}")
+    known = {k: v for k, v in (("the hook's data_loader", hook.dataset_size),
+                               ("dataset_size", dataset_size),
+                               ("data_loader", None if data_loader is None
+                                else _loader_size(data_loader))) if v is not None}
+    if len(set(known.values())) > 1:
+        raise ValueError("dataset_size: the sizes given disagree: " + ", ".join(
+            f"{k} {v}" for k, v in known.items()))
+    dataset_size = next(iter(known.values()), None)
     history = None if privacy_engine is None else privacy_engine.accountant.history
     sizes = [b for b in hook.batch_sizes() if b is not None]
     if dataset_size is not None and sizes and dataset_size < max(sizes):
         raise ValueError(f"dataset_size must be at least the largest batch ({max(sizes)}), got "
                          f"{dataset_size}: pass len(train_set)")
-    return hook.white_box_records(
+    records = hook.white_box_records(
         sampling={"n": None if dataset_size is None else int(dataset_size),
                   "q": float(hook.sample_rate), "loader": "poisson"},
         accountant_history=history,
     )
+    if records.by_example is None and hook.dataset_size is None and data_loader is not None:
+        records = replace(records, by_example_reason=LOADER_TOO_LATE)
+    return records
 
 
 def audit_report(
@@ -97,6 +128,7 @@ def audit_report(
     independent_canaries: bool = False,
     inclusion: float = 0.5,
     dataset_size: int | None = None,
+    data_loader=None,
     refutation_level: float = REFUTATION_LEVEL,
     white_box: bool = True,
     output_dir: str | Path | None = None,
@@ -128,8 +160,12 @@ def audit_report(
             membership split implausible under it (e.g. members chosen by a fixed rule such as
             "every other canary" with unequal counts) makes their rows "not applicable".
         dataset_size: the number of training examples the loader samples from (e.g.
-            ``len(train_set)``): the Poisson sampling check needs it; None: that check is
-            listed as not run.
+            ``len(train_set)``): the Poisson sampling check needs it; taken from the loader
+            given to ``AuditHook(data_loader=...)`` when there is one; None and no loader:
+            that check is listed as not run.
+        data_loader: the training loader, when it was not given to the hook: its data set's
+            size serves the Poisson sampling check (its batches were not recorded, so the
+            sampling by example is named as not checked, with that reason).
         refutation_level: the PRIVACY BUG verdict's failure probability (default 1e-6),
             split over the statements that can refute the claim; evidence at ``confidence``
             only is a warning.
@@ -172,7 +208,7 @@ def audit_report(
     if hook is not None and not white_box:
         reason = "white-box checks turned off (audit_report(..., white_box=False))"
     elif hook is not None:
-        records = loop_records(hook, privacy_engine, dataset_size)
+        records = loop_records(hook, privacy_engine, dataset_size, data_loader)
     training = None
     if privacy_engine is not None:
         from dpaudit.accounting import engine_epsilons

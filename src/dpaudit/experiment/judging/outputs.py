@@ -21,6 +21,7 @@ from dpaudit.report import (
     plot_white_box,
     write_json,
 )
+from dpaudit.report.files import p_cell
 from dpaudit.report.provenance import stamped
 from dpaudit.report.results import AuditResult
 from dpaudit.stats import gdp_tradeoff
@@ -46,7 +47,9 @@ def console_table(result: dict) -> str:
         if block.get("title"):
             lines.append(block["title"])
         if "table" in block:
-            lines.append(format_table(block["table"]) if block["table"] else "(none)")
+            rows = [{k: _short(v, CONSOLE_WIDTHS[k]) if k in CONSOLE_WIDTHS else v
+                     for k, v in row.items()} for row in block["table"]]
+            lines.append(format_table(rows) if rows else "(none)")
         lines += block.get("lines", [])
     return "\n".join(lines)
 
@@ -88,7 +91,7 @@ def report_blocks(result: dict) -> list[dict]:
             "kind": b.get("kind", ""),
             "epsilon": "n/a" if b.get("kind") == "not applicable" else b["epsilon"],
             "valid": "yes" if b["valid"] else "no",
-            "assumes": _short(b.get("assumption") or b.get("error") or ""),
+            "assumes": b.get("assumption") or b.get("error") or "",
         }
         for b in result["bounds"]
     ]
@@ -116,7 +119,7 @@ def report_blocks(result: dict) -> list[dict]:
             "per-step histogram PLD composed over the steps (estimate, no confidence; "
             "Koskela & Mohammadi Sec. 9.2): "
             + ", ".join(f"{a} epsilon {r['epsilon']:.3f}" for a, r in pld.items())]})
-    blocks += white_box_blocks(result.get("white_box"))
+    blocks += white_box_blocks(result.get("white_box"), th.get("training_data"))
     notes = []
     expected = (result.get("canary_info") or {}).get("expected_certified_epsilon") or {}
     if expected.get("advice"):  # said before training too: a 0 above is no surprise
@@ -154,8 +157,29 @@ def _rejected_word(claim: dict) -> str:
     return "yes, short of bug level" if claim["rejected"] else "no"
 
 
-def white_box_blocks(white_box: dict | None) -> list[dict]:
-    """The white-box checks (a table) and what they could not examine, as report blocks."""
+def sampling_lines(white_box: dict, training: dict | None = None) -> list[str]:
+    """The sampling the by-example records saw, and beside the training data's claim the
+    lower bound on its true epsilon when that sampling is shuffled fixed-size batches."""
+    check = (white_box.get("checks") or {}).get("sampling_by_example")
+    if not check:
+        return []
+    seen = (check.get("details") or {}).get("sampling_seen") or {}
+    lines = [f"sampling seen: {seen.get('text', '-')}"]
+    bound = seen.get("lower_bound")
+    if bound:
+        claim = (training or {}).get("opacus_epsilon")
+        lines.append(
+            f"shuffled fixed-size batches ({bound['batches_per_pass']} per pass, "
+            f"{bound['passes']} passes, noise multiplier {bound['noise_multiplier']:.4g}): the "
+            f"true epsilon for the training data is at least {bound['epsilon']:.4g} at delta "
+            f"{bound['delta']:.2g} (a sound lower bound: {bound['source']})"
+            + (f"; Opacus claims {claim:.4g} (Poisson sampling)" if claim is not None else ""))
+    return lines
+
+
+def white_box_blocks(white_box: dict | None, training: dict | None = None) -> list[dict]:
+    """The white-box checks (a table) and what they could not examine, as report blocks;
+    ``training``: the theory's training-data entry (the claim beside a lower bound)."""
     if not white_box:
         return []
     rows = []
@@ -167,19 +191,27 @@ def white_box_blocks(white_box: dict | None) -> list[dict]:
                 "claim refuted": "YES" if c["rejected"] else (
                     "warning" if c.get("warning") else "no"),
                 "kind": "statistical" if stat else "deterministic",
-                "p": _fmt(c.get("p_value")) if stat else "-",
-                "checked": _short("; ".join(c.get("checked") or []), 60),
+                "p": p_cell(c.get("p_value")) if stat else "-",
+                "checked": "; ".join(c.get("checked") or []),
             }
         )
     missing = white_box.get("not_checked") or []
+    lines = sampling_lines(white_box, training)
+    if missing:
+        lines.append("not checked: " + "; ".join(missing))
     return [{"id": "white_box", "gap": True,
              "title": "white-box checks of the mechanism (certified; a statistical one refutes "
              "the claim at its share of the PRIVACY BUG level, warns at its share of the "
-             "bounds'):", "table": rows,
-             "lines": ["not checked: " + "; ".join(missing)] if missing else []}]
+             "bounds'):", "table": rows, "lines": lines}]
 
 
-def _short(text: str, width: int = 48) -> str:
+# columns the console cuts to a width (the HTML page and results.json keep the full text)
+CONSOLE_WIDTHS = {"assumes": 48, "checked": 60}
+
+
+def _short(text, width: int = 48):
+    if not isinstance(text, str):
+        return text
     return text if len(text) <= width else text[: width - 3] + "..."
 
 

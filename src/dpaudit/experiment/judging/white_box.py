@@ -27,6 +27,8 @@ checks test the mechanism itself, each certified on its own terms:
   divisor (expected batch size x accumulated iterations), up to one factor constant over the
   run: a divisor that changes from step to step (the realised batch size) is not the
   mechanism the accountant accounted, and reveals what it depends on.
+* the other doors (``doors``): ``sampling_by_example`` (statistical), ``sampling_duplicates``,
+  ``model_integrity`` and ``noise_ignores_data`` (deterministic).
 
 Every check is a ``stats.checks.CheckResult``. A statistical one is judged at two levels: its
 share of the PRIVACY BUG verdict's failure probability (``rejected``) and its share of the
@@ -41,18 +43,22 @@ from dataclasses import replace
 import numpy as np
 
 from dpaudit.capture.records import WhiteBoxRecords
-from dpaudit.stats.checks import CheckResult, deterministic
-from dpaudit.stats.noise import (
-    noise_floor_test,
-    noise_independence_test,
-    poisson_sampling_test,
+from dpaudit.experiment.judging.doors import (
+    by_example_runs,
+    describe_door,
+    door_checks,
+    door_not_checked,
 )
+from dpaudit.report.files import p_text
+from dpaudit.stats.checks import CheckResult, deterministic
+from dpaudit.stats.noise import noise_floor_test, noise_independence_test
 from dpaudit.stats.noise_law import (
     noise_alignment_test,
     noise_freshness_test,
     noise_marginal_test,
     noise_scale_test,
 )
+from dpaudit.stats.sampling import poisson_sampling_test
 
 _REL = 1e-9  # float rounding of recorded rates and multipliers
 NOISE_LAW = ("noise_scale", "noise_marginal", "noise_alignment", "noise_freshness")
@@ -67,10 +73,24 @@ def _noise_steps(records: WhiteBoxRecords):
     return [s for s in records.steps if s.noise is not None]
 
 
+def batch_sizes(records: WhiteBoxRecords) -> tuple[list[int] | None, str]:
+    """The batch sizes the Poisson sampling test reads, and where they come from: each step's
+    clipped rows, or the loader's (logical, union over the ranks) batches where those are
+    unknown (BatchMemoryManager, ghost clipping) or rank-local (DPDDP); None when neither."""
+    steps = records.batch_sizes
+    by = records.by_example
+    loader = by is not None and by.batches >= 2
+    if all(b is not None for b in steps) and not (loader and by.ranks > 1):
+        return steps, "realised batch sizes"
+    if loader:
+        return by.sizes.tolist(), f"batch sizes of the loader's batches ({by.source})"
+    return None, ""
+
+
 def _sampling_known(records: WhiteBoxRecords) -> bool:
     s = records.sampling or {}
-    sizes = records.batch_sizes
-    return bool(s.get("n")) and len(sizes) >= 2 and all(b is not None for b in sizes)
+    sizes, _ = batch_sizes(records)
+    return bool(s.get("n")) and sizes is not None and len(sizes) >= 2
 
 
 def statistical_tests(records: WhiteBoxRecords | None) -> list[str]:
@@ -92,6 +112,8 @@ def statistical_tests(records: WhiteBoxRecords | None) -> list[str]:
         out.append("noise_independence")
     if _sampling_known(records):
         out.append("poisson_sampling")
+    if by_example_runs(records):
+        out.append("sampling_by_example")
     return out
 
 
@@ -241,7 +263,8 @@ def _noise_law(records: WhiteBoxRecords, level: float) -> dict[str, CheckResult]
 
 
 def white_box_evidence(
-    records: WhiteBoxRecords | None, level: float, warning_level: float | None = None
+    records: WhiteBoxRecords | None, level: float, warning_level: float | None = None,
+    delta: float | None = None,
 ) -> dict[str, CheckResult]:
     """Every white-box check the records allow (module doc).
 
@@ -251,6 +274,8 @@ def white_box_evidence(
             probability (``rejected``).
         warning_level: each one's share of the bounds' failure probability (``warning``);
             defaults to ``level``.
+        delta: the claim's delta, for the lower bound reported beside it when the sampling
+            seen is shuffled fixed-size batches (``doors``).
     """
     if records is None or not records.steps:
         return {}
@@ -270,8 +295,11 @@ def white_box_evidence(
             records.probe_noise[:, noised], stds[noised], level=level)
     sampling = records.sampling or {}
     if "poisson_sampling" in run:
-        out["poisson_sampling"] = poisson_sampling_test(
-            records.batch_sizes, int(sampling["n"]), float(sampling["q"]), level=level)
+        sizes, where = batch_sizes(records)
+        res = poisson_sampling_test(sizes, int(sampling["n"]), float(sampling["q"]),
+                                    level=level)
+        out["poisson_sampling"] = replace(res, checked=[f"{len(sizes)} {where}"])
+    out.update(door_checks(records, level, delta))
     out = {k: v.at_levels(level, warning_level) for k, v in out.items()}
     if records.clipping is not None:
         out["clipping"] = clipping_verdict(records.clipping)
@@ -318,13 +346,14 @@ def not_checked(records: WhiteBoxRecords | None, independent: bool,
         out.append("noise freshness across steps: a single step")
     sampling = records.sampling or {}
     if "poisson_sampling" not in run:
-        sizes = records.batch_sizes
-        if any(b is None for b in sizes):
+        sizes, _ = batch_sizes(records)
+        if sizes is None:
             out.append("Poisson sampling: the batch sizes are unknown (BatchMemoryManager "
-                       "or ghost clipping keep no per-step batch)")
+                       "or ghost clipping keep no per-step batch; AuditHook(data_loader=...) "
+                       "records the loader's)")
         elif not sampling.get("n"):
-            out.append("Poisson sampling: the dataset size is unknown (audit_report(..., "
-                       "dataset_size=len(train_set)))")
+            out.append("Poisson sampling: the dataset size is unknown (AuditHook(data_loader="
+                       "...) or audit_report(..., dataset_size=len(train_set)))")
         else:
             out.append("Poisson sampling: a single step")
     if records.clipping is None:
@@ -339,7 +368,7 @@ def not_checked(records: WhiteBoxRecords | None, independent: bool,
                    "the release is checked against the claimed noise floor only")
     elif normalisation_check(records) is None:
         out.append("normalisation: a single step")
-    return out
+    return out + door_not_checked(records)
 
 
 def fired(evidence: dict[str, CheckResult]) -> list[str]:
@@ -356,7 +385,10 @@ def describe(check: CheckResult) -> str:
     """One line for the verdict: which check fired (or warned) and where."""
     w = check.witness or {}
     name = check.name
-    p = f"p = {check.p_value:.2g}"
+    p = p_text(check.p_value)
+    door = describe_door(check, p_text)
+    if door is not None:
+        return door
     if name in ("noise_floor", "noise_scale"):
         what = "released" if name == "noise_floor" else "added noise of"
         return (

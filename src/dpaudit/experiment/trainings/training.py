@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from dpaudit.accounting import AccountantEpsilon, engine_epsilons
 from dpaudit.attacks import StepScore
-from dpaudit.bugs import plant_bug
+from dpaudit.bugs import check_bug, plant_bug, plant_sampler_bug
 from dpaudit.capture import AuditHook
 from dpaudit.capture.records import WhiteBoxRecords
 from dpaudit.experiment.settings import DPSettings
@@ -190,13 +190,18 @@ def train_audited(
         raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
     if sampling == "shuffle":
         sample_rate = shuffle_sample_rate(len(train_set), dp.batch_size)
-    shuffled = sampling == "shuffle" or dp.bug == "shuffled_batches"
+    shuffled = sampling == "shuffle"
     start = time.perf_counter()
     with _seeded(device, seed):
         engine, model, opt, loader = _make_private(model, train_set, dp, sample_rate, seed,
                                                    shuffled)
-        on_optimizer = dp.bug != "shuffled_batches"  # that one is the loader above
-        remove_bug = plant_bug(opt, dp.bug, dp.bug_factor) if on_optimizer else (lambda: None)
+        spec = check_bug(dp.bug, dp.bug_factor)
+        if spec is None:
+            remove_bug = lambda: None  # noqa: E731
+        elif spec.optimizer:
+            remove_bug = plant_bug(opt, dp.bug, dp.bug_factor)
+        else:  # a sampling bug: the loader's sampler
+            remove_bug = plant_sampler_bug(loader, dp.bug, dp.bug_factor)
         hook = AuditHook(
             opt,
             model,
@@ -210,6 +215,9 @@ def train_audited(
             check_clipping=check_clipping and white_box,
             seed=seed,
             keep_per_step=white_box,  # the per-step histogram PLD estimate (``pld_estimates``)
+            data_loader=loader if white_box else None,  # which examples each step used
+            check_integrity=white_box,
+            check_noise_data=white_box,
         )
         bmm = _physical_batches(loader, dp, opt)
         bar = tqdm(total=steps, desc="DP-SGD (audited)", disable=not progress, leave=False)

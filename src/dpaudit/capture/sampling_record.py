@@ -1,0 +1,278 @@
+"""Which examples each step used, recorded from the loader the user trains with.
+
+The accountant's premise is Poisson sampling at rate q (every example independently, fresh at
+every step, once). ``SamplingRecorder`` watches the batch sampler of the training loader
+(Opacus' ``DPDataLoader`` and its distributed sampler, any ``DataLoader`` whose
+``batch_sampler`` yields indices, and under ``BatchMemoryManager`` the logical batches of the
+sampler it splits) and keeps, in O(n + T) memory, what ``stats.sampling`` tests:
+
+* each example's participation count (n integers);
+* each batch's size, an exact 64-bit hash of its multiset of indices (replayed batches are
+  equal batches) and a count sketch of its index set: example i adds a sign s(i) to bucket
+  h(i) of m <= 256 buckets (the overlap of two batches is the inner product of their
+  sketches, up to the collisions the test accounts for); when T x m passes a budget the
+  buckets are folded in half, as the noise sketches are;
+* the number of batches in which an example was drawn more than once (one example, one row:
+  the unit the accountant counts), and indices outside the data set.
+
+The batch sampler is given a subclass whose ``__iter__`` records each batch as it is yielded
+(``patching.ClassPatch``; special methods are looked up on the type), undone on ``detach``.
+Every batch the sampler yields while attached is recorded, in order: under the claim they are
+all i.i.d. Poisson draws, whichever of them the loop trains on. Under DPDDP each rank's
+batches are exchanged at every optimizer step (one all-gather) and the i-th batches of the
+ranks are recorded as one batch, their union: every rank then holds the same records. The
+hashes h, s and the set hash come from splitmix64 keyed by the hook's seed, never from the
+training's random streams.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler, DataLoader
+
+from dpaudit.capture.patching import ClassPatch
+from dpaudit.capture.records import ExampleSampling
+
+BUCKETS = 256  # sketch buckets per batch (a power of two)
+SKETCH_BUDGET = 1 << 22  # stored sketch entries (batches x buckets) before folding
+_CHUNK = 1 << 20
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix(x: np.ndarray, key: int) -> np.ndarray:
+    """splitmix64 of ``x`` (indices) under ``key``: a uint64 per index."""
+    with np.errstate(over="ignore"):
+        z = x.astype(np.uint64) * _GOLDEN + np.uint64(key)
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+        return z ^ (z >> np.uint64(31))
+
+
+def resolve_batch_sampler(data_loader) -> tuple[object | None, int | None, str]:
+    """(the batch sampler whose batches are the steps' logical batches, the data set's size,
+    what it is) of a training loader; the sampler is None, with the reason, when the loader
+    yields no batches of indices. A ValueError names ``data_loader`` when it is not a
+    ``DataLoader``."""
+    from opacus.utils.batch_memory_manager import BatchSplittingSampler
+    from opacus.utils.uniform_sampler import (
+        DistributedUniformWithReplacementSampler,
+        UniformWithReplacementSampler,
+    )
+
+    if not isinstance(data_loader, DataLoader):
+        raise ValueError(
+            "data_loader must be the torch DataLoader you train with (Opacus' DPDataLoader, "
+            "a DataLoader whose batch_sampler yields indices, or BatchMemoryManager's), got "
+            f"{type(data_loader).__name__}")
+    try:
+        n = len(data_loader.dataset)
+    except TypeError:
+        return None, None, ("the loader's data set has no length (an IterableDataset): its "
+                            "examples have no indices to record")
+    sampler = data_loader.batch_sampler
+    if sampler is None:
+        return None, n, ("the loader yields single examples (batch_size=None): it has no "
+                         "batch sampler whose indices could be recorded")
+    split = False
+    while isinstance(sampler, BatchSplittingSampler):  # BatchMemoryManager: logical batches
+        sampler, split = sampler.sampler, True
+    if isinstance(sampler, DistributedUniformWithReplacementSampler):
+        what = "Opacus' distributed Poisson sampler (the union over the ranks)"
+    elif isinstance(sampler, UniformWithReplacementSampler):
+        what = "Opacus' Poisson sampler (DPDataLoader)"
+    elif isinstance(sampler, BatchSampler):
+        what = (f"the loader's BatchSampler ({type(sampler.sampler).__name__}, batch_size "
+                f"{sampler.batch_size})")
+    else:
+        what = f"the loader's batch sampler ({type(sampler).__name__})"
+    if split:
+        what += ", the logical batches BatchMemoryManager splits"
+    return sampler, n, what
+
+
+class SamplingRecorder:
+    """Record which examples each batch of a training loader used (module doc).
+
+    Args:
+        data_loader: the loader the training iterates (or the one BatchMemoryManager wraps).
+        seed: keys the sketch's hashes.
+        distributed: Opacus' DPDDP: exchange the ranks' batches at every optimizer step.
+    """
+
+    def __init__(self, data_loader, seed: int, *, distributed: bool = False) -> None:
+        self.sampler, self.n, self.source = resolve_batch_sampler(data_loader)
+        self.reason = None if self.sampler is not None else self.source
+        self.distributed = bool(distributed)
+        self._keys = (int(_mix(np.array([seed, 1]), 0x5A5A)[0]),
+                      int(_mix(np.array([seed, 2]), 0xA5A5)[0]))
+        self._patch: ClassPatch | None = None
+        self._pending: list[np.ndarray] = []
+        self._remote: list[list[np.ndarray]] = []
+        self.buckets = BUCKETS
+        self._steps = 0
+        if self.sampler is not None:
+            self._counts = np.zeros(self.n, dtype=np.int64)
+            self._sizes: list[int] = []
+            self._hashes: list[int] = []
+            self._sketches: list[np.ndarray] = []
+            self._duplicates = 0
+            self._duplicate_witness: dict = {}
+            self._out_of_range = 0
+            self._bucket_sizes, self._bucket_signed = self._bucket_totals()
+
+    @property
+    def active(self) -> bool:
+        return self.sampler is not None
+
+    def _bucket_signs(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        k = _mix(idx, self._keys[0])
+        bucket = (k & np.uint64(self.buckets - 1)).astype(np.int64)
+        sign = 1.0 - 2.0 * ((k >> np.uint64(40)) & np.uint64(1)).astype(np.float64)
+        return bucket, sign
+
+    def _bucket_totals(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every bucket's size and sign sum over the n examples (in blocks)."""
+        sizes = np.zeros(self.buckets)
+        signed = np.zeros(self.buckets)
+        for start in range(0, self.n, _CHUNK):
+            bucket, sign = self._bucket_signs(np.arange(start, min(self.n, start + _CHUNK)))
+            sizes += np.bincount(bucket, minlength=self.buckets)
+            signed += np.bincount(bucket, weights=sign, minlength=self.buckets)
+        return sizes, signed
+
+    # ------------------------------------------------------------------ attach / detach
+    def attach(self) -> None:
+        """Record every batch the sampler yields from now on."""
+        if self.sampler is None or self._patch is not None:
+            return
+        recorder = self
+
+        def __iter__(sampler):
+            for batch in patch.base.__iter__(sampler):
+                recorder._seen(batch)
+                yield batch
+
+        patch = ClassPatch(self.sampler, {"__iter__": __iter__}, owner="AuditHook")
+        self._patch = patch.apply()
+
+    def detach(self) -> None:
+        """Stop recording (the batches yielded so far are kept)."""
+        if self._patch is None:
+            return
+        if not self.distributed:
+            self._flush()
+        self._patch.restore()
+        self._patch = None
+
+    def _seen(self, batch) -> None:
+        if isinstance(batch, torch.Tensor):
+            batch = batch.detach().cpu().numpy()
+        self._pending.append(np.asarray(batch, dtype=np.int64).reshape(-1))
+
+    # ------------------------------------------------------------------ per step
+    def step(self) -> None:
+        """At every optimizer step: record the batches yielded since the last one (under
+        DPDDP, exchanged with the other ranks first)."""
+        if self.sampler is None:
+            return
+        self._steps += 1
+        if self.distributed:
+            self._exchange()
+        else:
+            self._flush()
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        for idx in pending:
+            self._add(idx)
+
+    def _exchange(self) -> None:
+        """One all-gather of every rank's pending batches; the i-th batches of all ranks are
+        recorded as one batch, the rest wait for the next step."""
+        dist = torch.distributed
+        world = dist.get_world_size()
+        device = (torch.device("cuda", torch.cuda.current_device())
+                  if dist.get_backend() == "nccl" else torch.device("cpu"))
+        local, self._pending = self._pending, []
+        pack = np.concatenate([np.array([len(local)], dtype=np.int64),
+                               np.array([b.size for b in local], dtype=np.int64), *local])
+        size = torch.tensor([pack.size], dtype=torch.int64, device=device)
+        sizes = [torch.zeros_like(size) for _ in range(world)]
+        dist.all_gather(sizes, size)
+        longest = int(max(int(s) for s in sizes))
+        mine = torch.zeros(longest, dtype=torch.int64, device=device)
+        mine[: pack.size] = torch.from_numpy(pack).to(device)
+        packs = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(packs, mine)
+        if not self._remote:
+            self._remote = [[] for _ in range(world)]
+        for r, t in enumerate(packs):
+            arr = t.cpu().numpy()
+            k = int(arr[0])
+            lengths = arr[1 : 1 + k]
+            cuts = np.cumsum(np.concatenate([[1 + k], lengths]))
+            self._remote[r] += [arr[a:b] for a, b in itertools.pairwise(cuts)]
+        while all(self._remote):
+            self._add(np.concatenate([q.pop(0) for q in self._remote]))
+
+    def _add(self, idx: np.ndarray) -> None:
+        """Record one batch's indices."""
+        bad = (idx < 0) | (idx >= self.n)
+        if bad.any():
+            self._out_of_range += int(bad.sum())
+            idx = idx[~bad]
+        self._sizes.append(int(idx.size))
+        if idx.size:
+            uniq, cnt = np.unique(idx, return_counts=True)
+            if cnt.max() > 1:
+                if not self._duplicates:
+                    j = int(np.argmax(cnt))
+                    self._duplicate_witness = {"batch": len(self._sizes) - 1,
+                                               "example": int(uniq[j]), "times": int(cnt[j])}
+                self._duplicates += 1
+            self._counts[uniq] += cnt
+            bucket, sign = self._bucket_signs(idx)
+            sketch = np.bincount(bucket, weights=sign, minlength=self.buckets)
+            key = int(_mix(idx, self._keys[1]).sum(dtype=np.uint64))
+        else:
+            sketch, key = np.zeros(self.buckets), 0
+        self._sketches.append(sketch.astype(np.float32))
+        self._hashes.append(key)
+        self._bound_sketches()
+
+    def _bound_sketches(self) -> None:
+        """Fold every stored sketch (and the bucket totals) in half past ``SKETCH_BUDGET``:
+        bucket j and j + m/2 merge, which is the sketch of m/2 buckets."""
+        while len(self._sketches) * self.buckets > SKETCH_BUDGET and self.buckets > 1:
+            half = self.buckets // 2
+            self._sketches = [s[:half] + s[half:] for s in self._sketches]
+            self._bucket_sizes = self._bucket_sizes[:half] + self._bucket_sizes[half:]
+            self._bucket_signed = self._bucket_signed[:half] + self._bucket_signed[half:]
+            self.buckets = half
+
+    # ------------------------------------------------------------------ results
+    def record(self) -> ExampleSampling | None:
+        """The records so far (None when the loader could not be recorded: ``reason``)."""
+        if self.sampler is None:
+            return None
+        if not self.distributed and self._patch is not None:
+            self._flush()
+        t_n = len(self._sizes)
+        return ExampleSampling(
+            n=int(self.n), source=self.source,
+            counts=self._counts.copy(),
+            sizes=np.asarray(self._sizes, dtype=np.int64),
+            signatures=(np.stack(self._sketches).astype(np.float64) if t_n
+                        else np.zeros((0, self.buckets))),
+            bucket_sizes=self._bucket_sizes.copy(), bucket_signed=self._bucket_signed.copy(),
+            set_hashes=np.asarray(self._hashes, dtype=np.uint64),
+            duplicate_batches=self._duplicates,
+            duplicate_witness=dict(self._duplicate_witness),
+            out_of_range=self._out_of_range, optimizer_steps=self._steps,
+            ranks=torch.distributed.get_world_size() if self.distributed else 1,
+        )

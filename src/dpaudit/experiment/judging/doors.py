@@ -1,0 +1,248 @@
+"""The mechanism's other doors, judged (DESIGN 4.5): which examples each step used, what moved
+the model between steps, and whether the noise ignored the data.
+
+The per-step checks of ``white_box`` see each step's noise and clipping. These see what real
+DP-SGD code breaks around them, from the hook's records (``capture.records``):
+
+* ``sampling_by_example`` (statistical, ``stats.sampling``): the batches the training loader
+  yielded are fresh Poisson samples at the claimed rate: participation counts and batch
+  overlaps at every lag. When it refutes, the accountant's premise (Poisson sampling) is false;
+  the sampling that ran is named, and for shuffled fixed-size batches a sound lower bound on the
+  true epsilon (``stats.shuffle_bound``, Chua et al. 2024) is reported beside the claim;
+* ``sampling_duplicates`` (deterministic): no example is drawn twice into one batch (one
+  example is one row, the unit the accountant counts);
+* ``model_integrity`` (deterministic): every parameter changed only inside the private step
+  (the base optimizer's step), parameters outside the DP optimizer and buffers never, except
+  what a declared ``post_step`` reproduces exactly;
+* ``noise_ignores_data`` (deterministic): with every generator state restored, the optimizer's
+  own ``add_noise`` added the same noise to a zero clipped sum as to the real one, and a
+  different noise once the generator advanced.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dpaudit.capture.records import WhiteBoxRecords
+from dpaudit.stats.checks import CheckResult, deterministic
+from dpaudit.stats.sampling import sampling_by_example_test
+from dpaudit.stats.shuffle_bound import shuffled_batches_epsilon_lower_bound
+
+CHUA = ("Chua et al. 2024, 'How Private are DP-SGD Implementations?': one pair of neighbours "
+        "(zeroing-out, which Opacus' Poisson claim covers), the event 'the largest released "
+        "batch sum exceeds C' counted over the passes; a closed form, no statistics")
+
+
+def by_example_runs(records: WhiteBoxRecords) -> bool:
+    """Whether the sampling by example can be tested: a loader's batches and a claimed rate."""
+    by = records.by_example
+    q = (records.sampling or {}).get("q")
+    return bool(by is not None and by.batches >= 2 and q and 0.0 < float(q) < 1.0)
+
+
+def sampling_check(records: WhiteBoxRecords, level: float, delta: float | None) -> CheckResult:
+    """``sampling_by_example`` on the records (module doc); with ``delta``, the shuffled
+    batches' lower bound when the sampling seen is shuffled fixed-size batches."""
+    by = records.by_example
+    q = float(records.sampling["q"])
+    res = sampling_by_example_test(by.counts, by.sizes, by.signatures, by.bucket_sizes,
+                                   by.bucket_signed, q, level=level, set_hashes=by.set_hashes,
+                                   duplicate_batches=by.duplicate_batches)
+    details = dict(res.details)
+    seen = dict(details["sampling_seen"])
+    if seen.get("kind") == "shuffled passes of fixed-size batches" and delta is not None:
+        seen["lower_bound"] = shuffle_lower_bound(records, seen, delta)
+    details["sampling_seen"] = seen
+    checked = [*res.checked, f"recorded from {by.source}; {by.batches} batches for "
+               f"{by.optimizer_steps} optimizer steps"]
+    unchecked = []
+    if by.out_of_range:
+        unchecked.append(f"{by.out_of_range} indices outside the data set's 0..{by.n - 1} "
+                         "(not counted)")
+    return CheckResult(**{**res.__dict__, "details": details, "checked": checked,
+                          "unchecked": unchecked})
+
+
+def shuffle_lower_bound(records: WhiteBoxRecords, seen: dict, delta: float) -> dict | None:
+    """Chua et al.'s lower bound on the true epsilon of the shuffled fixed-size batches seen
+    (``stats.shuffle_bound``): passes of ceil(n / batch) batches, full passes only, the
+    run's noise multiplier (the smallest over the steps)."""
+    by = records.by_example
+    size = seen.get("batch_size")
+    stds = records.noise_stds
+    if not size or not stds.size or not np.all(stds > 0):
+        return None
+    sigma = float(stds.min() / records.max_grad_norm)
+    per_pass = math.ceil(by.n / size)
+    passes = by.batches // per_pass
+    if passes < 1:
+        return None
+    eps = shuffled_batches_epsilon_lower_bound(sigma, per_pass, passes, delta)
+    return {"epsilon": eps, "delta": delta, "noise_multiplier": sigma,
+            "batches_per_pass": per_pass, "passes": passes, "kind": "certified (closed form)",
+            "source": CHUA}
+
+
+def duplicates_check(records: WhiteBoxRecords) -> CheckResult:
+    """``sampling_duplicates``: no example twice in one batch (deterministic)."""
+    by = records.by_example
+    return deterministic(
+        "sampling_duplicates", by.duplicate_batches > 0,
+        "no example was drawn more than once into one batch (one example is one row: the "
+        "unit the accountant counts)",
+        witness=({**by.duplicate_witness, "batches": by.duplicate_batches}
+                 if by.duplicate_batches else {}),
+        checked=[f"{by.batches} batches of {by.source}"],
+    )
+
+
+def integrity_check(records: WhiteBoxRecords) -> CheckResult:
+    """``model_integrity``: the model moved only inside the private step (deterministic)."""
+    rec = records.integrity
+    moved = []
+    for j, (name, kind) in enumerate(zip(rec.names, rec.kinds, strict=True)):
+        if rec.changed_between[j]:
+            moved.append({"tensor": name, "kind": kind, "when": "between steps",
+                          "step": int(rec.first_between[j]),
+                          "times": int(rec.changed_between[j])})
+        if kind != "dp" and rec.changed_inside[j]:
+            moved.append({"tensor": name, "kind": kind, "when": "inside the private step",
+                          "step": int(rec.first_inside[j]),
+                          "times": int(rec.changed_inside[j])})
+    moved.sort(key=lambda m: m["step"])
+    witness = {}
+    if moved:
+        witness = {**moved[0], "tensors": [m["tensor"] for m in moved][:8],
+                   "largest_change": (rec.largest_change or {}).get(moved[0]["tensor"])}
+    counts = {k: rec.kinds.count(k) for k in ("dp", "other", "buffer")}
+    checked = [f"{counts['dp']} parameters the DP optimizer updates, {counts['other']} other "
+               f"parameters and {counts['buffer']} buffers, fingerprinted when each of "
+               f"{rec.steps} private steps started and returned (exact)"]
+    if rec.post_step:
+        checked.append(f"the declared post_step explained {rec.explained} changes between "
+                       "steps exactly")
+    return deterministic(
+        "model_integrity", bool(moved),
+        "the model moved only inside the private step: every parameter the DP optimizer "
+        "updates changed only during the optimizer's step (or as the declared post_step "
+        "says), other parameters and buffers never",
+        witness=witness, checked=checked, details={"moved": moved[:50]},
+    )
+
+
+def noise_source_check(records: WhiteBoxRecords) -> CheckResult:
+    """``noise_ignores_data``: the noise probe's outcome (deterministic)."""
+    rec = records.noise_source
+    dep, stale = rec.first_data_dependent, rec.first_stale
+    witness: dict = {}
+    if dep is not None:
+        step, tensor, size = dep
+        witness = {"kind": "depends on the clipped sum", "step": step, "tensor": tensor,
+                   "difference": size, "tensors": [n for n, c in zip(
+                       rec.names, rec.data_dependent, strict=True) if c][:8]}
+    elif stale is not None:
+        step, tensor = stale
+        witness = {"kind": "did not change when the generator advanced", "step": step,
+                   "tensor": tensor, "tensors": [n for n, c in zip(
+                       rec.names, rec.stale, strict=True) if c][:8]}
+    unchecked = []
+    if rec.inconclusive:
+        unchecked.append(f"{rec.inconclusive} probed steps where the same zero sums with every "
+                         "state restored gave different noise (a state the probe cannot "
+                         "restore): not judged")
+    if rec.failures:
+        unchecked.append(f"{rec.failures} probed steps where the probe's add_noise calls "
+                         f"raised ({rec.failure}): not judged")
+    return deterministic(
+        "noise_ignores_data", bool(witness),
+        "the noise ignores the data: with every generator state restored, the optimizer's "
+        "add_noise added the same noise to a zero clipped sum as to the real one, and a "
+        "different noise once the generator advanced",
+        witness=witness,
+        checked=[f"{rec.conclusive} of {rec.steps_probed} probed steps (the first and a seeded "
+                 f"quarter of the others), every tensor"],
+        unchecked=unchecked,
+    )
+
+
+def door_checks(records: WhiteBoxRecords, level: float, delta: float | None) -> dict:
+    """Every check of the other doors the records allow, by name."""
+    out: dict[str, CheckResult] = {}
+    if by_example_runs(records):
+        out["sampling_by_example"] = sampling_check(records, level, delta)
+    if records.by_example is not None and records.by_example.batches:
+        out["sampling_duplicates"] = duplicates_check(records)
+    if records.integrity is not None and records.integrity.steps >= 2:
+        out["model_integrity"] = integrity_check(records)
+    src = records.noise_source
+    if src is not None and src.reason is None and src.conclusive:
+        out["noise_ignores_data"] = noise_source_check(records)
+    return out
+
+
+def door_not_checked(records: WhiteBoxRecords) -> list[str]:
+    """What the other doors' checks could not examine, with the reason."""
+    out = []
+    by = records.by_example
+    if by is None:
+        out.append(f"sampling by example: {records.by_example_reason or 'not recorded'}")
+    elif by.batches < 2:
+        out.append(f"sampling by example: {by.batches} batch(es) recorded from {by.source} "
+                   "(the loader given is not the one the training iterated?)")
+    elif not by_example_runs(records):
+        out.append("sampling by example: the claimed sample rate is unknown or 1")
+    rec = records.integrity
+    if rec is None:
+        out.append("model integrity: not checked (AuditHook(check_integrity=False))")
+    elif rec.steps < 2:
+        out.append("model integrity: fewer than two private steps")
+    src = records.noise_source
+    if src is None:
+        out.append("the noise's independence from the data: not probed "
+                   "(AuditHook(check_noise_data=False))")
+    elif src.reason is not None:
+        out.append(f"the noise's independence from the data: {src.reason}")
+    elif not src.conclusive:
+        why = ("the probe's add_noise calls raised: " + str(src.failure) if src.failures else
+               "the same zero sums with every state restored never gave the same noise (a "
+               "state the probe cannot restore)" if src.inconclusive else "no step was probed "
+               "(no noise claimed)")
+        out.append(f"the noise's independence from the data: {why}")
+    return out
+
+
+def describe_door(check: CheckResult, p_text) -> str | None:
+    """One line for the verdict, or None when ``check`` is not one of these."""
+    w = check.witness or {}
+    if check.name == "sampling_by_example":
+        lag = ("" if w.get("failed") != "overlap" else
+               f", batches {w.get('lag')} steps apart share {w.get('overlap_sign')} "
+               f"(z = {w.get('overlap_z', 0):.3g})")
+        return (f"sampling by example: {w.get('failed')} (participation counts "
+                f"{w.get('counts_range')}, sd {w.get('participation_sd', 0):.3g} against "
+                f"{w.get('expected_sd', 0):.3g} for Poisson sampling{lag}; "
+                f"{p_text(check.p_value)}): the accountant's premise, Poisson sampling at q, "
+                f"is false; sampling seen: {w.get('sampling_seen')}")
+    if check.name == "sampling_duplicates":
+        return (f"sampling duplicates: example {w.get('example')} is {w.get('times')} times in "
+                f"batch {w.get('batch')} ({w.get('batches')} batches with repeated examples)")
+    if check.name == "model_integrity":
+        extra = (f"; differs from the declared post_step by {w['largest_change']:.3g}"
+                 if w.get("largest_change") else "")
+        step = w.get("step")
+        when = (f"between private steps {step} and {step + 1}" if w.get("when") ==
+                "between steps" else f"inside private step {step}")
+        kind = {"dp": "a parameter of the DP optimizer", "other": "a parameter outside the "
+                "DP optimizer", "buffer": "a buffer"}.get(w.get("kind"), "")
+        return (f"model integrity: {w.get('tensor')} ({kind}) changed {when} ({w.get('times')} "
+                f"times; moved: {', '.join(w.get('tensors', []))}){extra}")
+    if check.name == "noise_ignores_data":
+        if w.get("kind") == "depends on the clipped sum":
+            return (f"noise ignores data: at step {w.get('step')} the noise of {w.get('tensor')} "
+                    f"changed with the clipped sum, every generator state restored (by "
+                    f"{w.get('difference', 0):.3g} sigma C): the noise depends on the batch")
+        return (f"noise ignores data: at step {w.get('step')} the noise of {w.get('tensor')} did "
+                "not change when the generator advanced: it is not drawn from the generator")
+    return None
