@@ -9,7 +9,8 @@ step, T = 100, sigma = 6) over ``--seeds`` seeds and prints per (bug, severity):
   correct optimizer these are false alarms);
 * which certified statements refuted the claim, with counts over the seeds: the white-box
   checks (noise_scale, noise_marginal, noise_alignment, noise_freshness, noise_floor,
-  noise_independence, poisson_sampling, clipping, bookkeeping) and the claim test (claim);
+  noise_independence, poisson_sampling, sampling_by_example, sampling_duplicates, clipping,
+  bookkeeping, normalisation, model_integrity, noise_ignores_data) and the claim test (claim);
 * the median of the smallest white-box p-value (each corrected inside its check), the median
   sigma_upper / sigma (the effective-noise bound from the claim test) and the median smallest
   noise ratio the noise-scale check saw (added noise / claimed, per tensor and step; 1 means
@@ -39,8 +40,9 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 
 STATEMENTS = ("noise_scale", "noise_marginal", "noise_alignment", "noise_freshness",
-              "noise_floor", "noise_independence", "poisson_sampling", "clipping",
-              "bookkeeping", "normalisation", "claim")
+              "noise_floor", "noise_independence", "poisson_sampling", "sampling_by_example",
+              "sampling_duplicates", "clipping", "bookkeeping", "normalisation",
+              "model_integrity", "noise_ignores_data", "claim")
 
 
 def one(args: tuple) -> dict:
@@ -95,7 +97,7 @@ def _fmt(x, digits=3) -> str:
 
 
 def _pfmt(p) -> str:
-    return "-" if p is None else ("< 1e-300" if p == 0 else f"{p:.1e}")
+    return "-" if p is None else ("< 1e-300" if p < 1e-300 else f"{p:.1e}")
 
 
 def table(rows: list[dict]) -> list[str]:

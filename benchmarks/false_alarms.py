@@ -18,7 +18,21 @@ Configurations (``--configs``; each a ``run_audit`` call, or the own loop of
 * ``multi_run``: 20 trainings of a one-canary logistic regression (no per-step records: only
   the claim test can refute);
 * ``own_lstm`` / ``own_attention``: an ordinary Opacus loop with ``AuditHook`` and
-  ``audit_report`` on a DPLSTM / DPMultiheadAttention model.
+  ``audit_report`` on a DPLSTM / DPMultiheadAttention model;
+* ``own_poisson``: the own loop of an MLP with Opacus' Poisson ``DPDataLoader`` given to the
+  hook (``AuditHook(data_loader=...)``: the sampling by example is checked);
+* ``own_bmm``: the same under ``BatchMemoryManager`` (physical batches of 8, the logical
+  batches recorded);
+* ``own_optimizers``: the own loop with momentum, Adam or AdamW with weight decay (in turn by
+  seed), a StepLR learning-rate schedule and an EMA copy of the weights;
+* ``own_ddp``: the own loop under Opacus' DPDDP in two processes (gloo), the loader's batches
+  joined over the ranks.
+
+Every own loop gives its loader to the hook, so all the checks of the mechanism's other doors
+run (sampling by example, duplicates, the model's integrity, the noise probe). Besides the
+per-configuration table, a calibration table per statistic: over every audit where it ran, the
+fraction of its p-values below each level (each p-value is valid on its own: the fraction is at
+most the level), the old statistics beside the new.
 
 Run (the numbers in docs/evidence.md and the closing note):
 
@@ -59,7 +73,12 @@ CONFIGS = {
                             "methods": ["clopper_pearson", "gdp", "gaussian"]}},
     "own_lstm": "dplstm",
     "own_attention": "attention",
+    "own_poisson": "linear",
+    "own_bmm": "batch_memory_manager",
+    "own_optimizers": ("linear", "optimizers"),
+    "own_ddp": ("linear", "ddp"),
 }
+NEW_STATISTICS = ("sampling_by_example",)  # this release's (poisson_sampling: now two-sided)
 LEVELS = (1e-2, 1e-3, 1e-4)
 
 
@@ -72,11 +91,18 @@ def one(args: tuple) -> dict:
     warnings.simplefilter("ignore")
     spec = CONFIGS[name]
     start = time.process_time()
-    if isinstance(spec, str):  # the user's own loop
+    if isinstance(spec, (str, tuple)):  # the user's own loop
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
-        from own_loop_models import own_loop_audit
+        from own_loop_models import own_loop_audit, own_loop_ddp_audit
 
-        res = own_loop_audit(spec, seed=seed)
+        family, variant = (spec, None) if isinstance(spec, str) else spec
+        if variant == "ddp":
+            res = own_loop_ddp_audit(seed=seed)
+        elif variant == "optimizers":
+            res = own_loop_audit(family, seed=seed, schedule=True, ema=True,
+                                 optimizer=("momentum", "adam", "adamw")[seed % 3])
+        else:
+            res = own_loop_audit(family, seed=seed)
     else:
         from dpaudit.experiment import run_audit
 
@@ -93,6 +119,8 @@ def one(args: tuple) -> dict:
     checks = (res.get("white_box") or {}).get("checks") or {}
     ps = [c["p_value"] for c in checks.values() if c.get("level") is not None]
     return {
+        "p_values": {k: c["p_value"] for k, c in checks.items() if c.get("level") is not None},
+        "deterministic": sorted(k for k, c in checks.items() if c.get("level") is None),
         "config": name, "seed": seed, "status": v["status"],
         "warnings": len(v.get("warnings") or []),
         "fired": list(v.get("white_box_fired") or []) + list(v.get("claim_rejected_by") or []),
@@ -133,6 +161,28 @@ def table(rows: list[dict]) -> list[str]:
     return out
 
 
+def calibration(rows: list[dict]) -> list[str]:
+    """Per statistic, over every audit where it ran: the fraction of its p-values below each
+    level (at most the level for a valid test), its median; then the deterministic checks:
+    how often each ran and fired (each firing a false alarm)."""
+    out = ["| statistic | audits | " + " | ".join(f"p < {a:g}" for a in LEVELS)
+           + " | median p |", "|---|---|" + "---|" * len(LEVELS) + "---|"]
+    names = sorted({k for r in rows for k in r.get("p_values", {})},
+                   key=lambda k: (k in NEW_STATISTICS, k))
+    for name in names:
+        ps = sorted(r["p_values"][name] for r in rows if name in r.get("p_values", {}))
+        label = f"{name} (new)" if name in NEW_STATISTICS else name
+        out.append(f"| {label} | {len(ps)} | "
+                   + " | ".join(f"{sum(p < a for p in ps) / len(ps):.4f}" for a in LEVELS)
+                   + f" | {ps[len(ps) // 2]:.3g} |")
+    det = sorted({k for r in rows for k in r.get("deterministic", [])})
+    out += ["", "| deterministic check | audits | fired |", "|---|---|---|"]
+    for name in det:
+        ran = [r for r in rows if name in r.get("deterministic", [])]
+        out.append(f"| {name} | {len(ran)} | {sum(name in r['fired'] for r in ran)} |")
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--configs", default=",".join(CONFIGS))
@@ -162,6 +212,8 @@ def main() -> None:
           f"{time.perf_counter() - t0:.0f} s wall, {args.jobs} job(s), 1 thread each, "
           f"{platform.machine()}, load {load}")
     print("\n".join(table(rows)))
+    print()
+    print("\n".join(calibration(rows)))
     bugs = [r for r in rows if r["status"] == "privacy_bug"]
     for r in bugs:
         print(f"FALSE ALARM {r['config']} seed {r['seed']}: {r['message']}")

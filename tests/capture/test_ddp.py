@@ -58,7 +58,7 @@ def _cancel_noise(opt, rank):
     InstancePatch(opt, "add_noise", add_noise, owner="test").apply()
 
 
-def _run(rank, data, hook_fn, ghost=False, cancel=False):
+def _run(rank, data, hook_fn, ghost=False, cancel=False, with_loader=False):
     from opacus import PrivacyEngine
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
     from torch.utils.data import DataLoader
@@ -90,12 +90,15 @@ def _run(rank, data, hook_fn, ghost=False, cancel=False):
     opt.original_optimizer.register_step_pre_hook(pre)
     if cancel:
         _cancel_noise(opt, rank)
-    hook = hook_fn(opt, model) if hook_fn else None
+    hook = (hook_fn(opt, model, loader) if with_loader else hook_fn(opt, model)) if hook_fn \
+        else None
     if hook:
         hook.attach()
     torch.manual_seed(100 + rank)  # Poisson sampling: the same draws with and without hook
+    local_sizes = []
     for _ in range(2):
         for xb, yb in loader:
+            local_sizes.append(len(xb))
             opt.zero_grad()
             crit(model(xb), yb).backward()
             opt.step()
@@ -121,6 +124,13 @@ def _run(rank, data, hook_fn, ghost=False, cancel=False):
         out["noise_dims"] = rec.noise.dims
         out["noise_source"] = rec.noise.source
         out["not_checked"] = not_checked(rec, True)
+        out["local_sizes"] = local_sizes
+        if rec.by_example is not None:
+            out["by_example"] = {"counts": rec.by_example.counts, "sizes": rec.by_example.sizes,
+                                 "ranks": rec.by_example.ranks, "n": rec.by_example.n}
+        probe = rec.noise_source
+        out["probe"] = (probe.steps_probed, probe.conclusive, int(probe.data_dependent.sum()),
+                        int(probe.stale.sum()))
     return out
 
 
@@ -182,9 +192,32 @@ def ddp_results(rank: int) -> dict:
     }
     results["cancel"] = _run(rank, data, lambda o, m: AuditHook(o, m, grad, scores=(Keep(),)),
                              cancel=True)
+    results["loader"] = _run(
+        rank, data, lambda o, m, loader: AuditHook(o, m, grad, scores=(Keep(),),
+                                                   data_loader=loader), with_loader=True)
     results["coords"], results["x"], results["y"] = coords[:k], x[:3], y[:3]
     results["refusal"] = _refusal(data, grad)
     return results
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ddp")
+def test_the_sampling_by_example_is_the_union_over_the_ranks_on_every_rank(ranks):
+    a, b = (r["loader"] for r in ranks)
+    assert a["by_example"]["ranks"] == b["by_example"]["ranks"] == WORLD
+    for key in ("counts", "sizes"):  # every rank holds the same records: the union
+        np.testing.assert_array_equal(a["by_example"][key], b["by_example"][key])
+    # each recorded batch is the union of the ranks' local batches of that step
+    union = np.asarray(a["local_sizes"]) + np.asarray(b["local_sizes"])
+    np.testing.assert_array_equal(a["by_example"]["sizes"], union)
+    assert a["by_example"]["counts"].sum() == union.sum()
+    # and every check of the other doors runs on both ranks, none refuting Opacus' DPDDP
+    for r in (a, b):
+        for name in ("sampling_by_example", "sampling_duplicates", "model_integrity",
+                     "noise_ignores_data"):
+            assert name in r["white_box"] and not r["white_box"][name][0], (name, r["white_box"])
+    # the noise probe runs on rank 0, where the noise is added; both ranks hold its outcome
+    assert a["probe"] == b["probe"] and a["probe"][1] >= 1 and a["probe"][2:] == (0, 0)
 
 
 @pytest.fixture(scope="module")

@@ -134,3 +134,31 @@ def test_pages_in_a_real_browser(tmp_path, default_audit):
             _check_in_browser(browser, sweep / job / "report.html")
     finally:
         browser.quit()
+
+
+def test_the_page_keeps_the_cells_the_console_cuts(default_audit, capsys):
+    from dpaudit.experiment.judging.outputs import console_table
+
+    page = html.unescape((default_audit / "report.html").read_text())
+    result = json.loads((default_audit / "results.json").read_text())
+    long = [b["assumption"] for b in result["bounds"] if len(b.get("assumption") or "") > 48]
+    checked = ["; ".join(c["checked"]) for c in result["white_box"]["checks"].values()
+               if len("; ".join(c["checked"])) > 60]
+    assert long and checked
+    for text in long + checked:
+        assert text in page  # the whole row, as in results.json
+    table = console_table(result)
+    assert all(text not in table for text in long + checked)  # the console cuts them
+    assert f"{long[0][:45]}..." in table
+
+
+def test_a_p_value_that_underflows_is_never_printed_as_zero():
+    from dpaudit.experiment.judging.outputs import white_box_blocks
+    from dpaudit.report.files import p_cell, p_text
+
+    assert p_text(0.0) == "p < 1e-300" and p_cell(0.0) == "< 1e-300"
+    assert p_text(3.2e-8) == "p = 3.2e-08" and p_cell(0.5) == "0.5"
+    check = {"name": "noise_scale", "kind": "certified (statistical)", "rejected": True,
+             "p_value": 0.0, "checked": ["a"]}
+    (block,) = white_box_blocks({"checks": {"noise_scale": check}})
+    assert block["table"][0]["p"] == "< 1e-300"

@@ -186,22 +186,39 @@ def data(inputs: str, seed: int = 0) -> TensorDataset:
     return TensorDataset(x, y)
 
 
+OPTIMIZERS = {
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=0.05),
+    "momentum": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=0.01),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1),
+}
+
+
 def own_loop_audit(family: str, bug: str = "none", seed: int = 0, sigma: float = 2.0,
-                   canaries: int = 24, planted=None, **report) -> dict:
+                   canaries: int = 24, planted=None, optimizer: str = "sgd",
+                   schedule: bool = False, ema: bool = False, ddp: bool = False,
+                   **report) -> dict:
     """Train ``family`` in an ordinary Opacus loop with an ``AuditHook`` (and ``bug``
     planted, or ``planted(optimizer)`` called to patch it) for ``STEPS`` steps and return
-    ``audit_report``'s result."""
+    ``audit_report``'s result. ``optimizer`` (``OPTIMIZERS``), ``schedule`` (a StepLR on the
+    DP optimizer) and ``ema`` (an EMA copy of the weights, torch's AveragedModel, updated
+    after every step) are the loop's own; ``ddp``: inside an initialised process group, the
+    model wrapped in Opacus' DPDDP (its distributed Poisson loader and optimizer)."""
+    from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
+
     fam = FAMILIES[family]
     torch.manual_seed(seed)
     model = FAMILIES_MODELS[family]()
+    if ddp:
+        model = DPDDP(model)
     train = data(fam.inputs, seed)
     shuffled = bug == "shuffled_batches"
     loader = DataLoader(train, batch_size=BATCH, shuffle=shuffled,
                         generator=torch.Generator().manual_seed(seed))
     engine = PrivacyEngine()
     model, opt, loader = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(
-            [p for p in model.parameters() if p.requires_grad], lr=0.05),
+        module=model, optimizer=OPTIMIZERS[optimizer](
+            [p for p in model.parameters() if p.requires_grad]),
         data_loader=loader, noise_multiplier=sigma, max_grad_norm=1.0,
         poisson_sampling=not shuffled, grad_sample_mode=fam.grad_sample_mode)
     if bug not in ("none", "shuffled_batches"):
@@ -211,6 +228,8 @@ def own_loop_audit(family: str, bug: str = "none", seed: int = 0, sigma: float =
             plant_sampler_bug(loader, bug)
     if planted is not None:
         planted(opt)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5) if schedule else None
+    averaged = torch.optim.swa_utils.AveragedModel(model) if ema else None
     dim = sum(p.numel() for p in model.parameters() if p.requires_grad)
     members = np.random.default_rng(seed).random(canaries) < 0.5
     policy = ["every_step" if m else "never" for m in members]
@@ -230,8 +249,55 @@ def own_loop_audit(family: str, bug: str = "none", seed: int = 0, sigma: float =
                 for x, y in it:
                     opt.zero_grad()
                     loss_fn(model(x), y).backward()
+                    before = hook.steps
                     opt.step()
+                    if hook.steps > before:  # a real step (not one BatchMemoryManager skips)
+                        if sched is not None:
+                            sched.step()
+                        if averaged is not None:
+                            averaged.update_parameters(model)
                     if hook.steps >= STEPS:
                         break
     return audit_report(hook, privacy_engine=engine, dataset_size=N, independent_canaries=False,
                         **report)
+
+
+DDP_WORLD = 2
+
+
+def _ddp_worker(rank: int, port: int, seed: int, out: str, kwargs: dict) -> None:
+    """One rank of ``own_loop_ddp_audit`` (module-level: the processes import it)."""
+    import json
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                         rank=rank, world_size=DDP_WORLD)
+    try:
+        res = own_loop_audit("linear", seed=seed, ddp=True, **kwargs)
+        with open(f"{out}.rank{rank}.json", "w") as f:
+            json.dump(res, f, default=str)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def own_loop_ddp_audit(seed: int = 0, **kwargs) -> dict:
+    """``own_loop_audit`` of the linear family under DPDDP in two real processes (gloo on the
+    CPU, forked): rank 0's ``audit_report`` result, checked equal to rank 1's verdict."""
+    import json
+    import socket
+    import tempfile
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/result"
+        torch.multiprocessing.start_processes(
+            _ddp_worker, args=(port, seed, out, kwargs), nprocs=DDP_WORLD, join=True,
+            start_method="fork")
+        ranks = [json.load(open(f"{out}.rank{r}.json")) for r in range(DDP_WORLD)]
+    if ranks[0]["verdict"]["status"] != ranks[1]["verdict"]["status"]:
+        raise RuntimeError("the ranks' verdicts differ: "
+                           + " | ".join(r["verdict"]["message"] for r in ranks))
+    return ranks[0]

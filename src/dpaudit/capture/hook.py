@@ -164,8 +164,9 @@ class AuditHook:
     train with: Opacus' ``DPDataLoader``, any ``DataLoader`` whose batch sampler yields
     indices, or ``BatchMemoryManager``'s; under DPDDP give it on every rank) records which
     examples each batch used, in O(n + T) (``sampling_record``): without it the report names
-    the sampling by example as not checked; ``check_integrity`` fingerprints every parameter
-    and buffer of the model when each private step starts and returns (``integrity``): the
+    the sampling by example as not checked; ``check_integrity`` compares every parameter
+    and buffer of the model, bit for bit, with a copy when each private step starts and
+    returns (``integrity``): the
     model may move only inside it, and ``post_step`` declares a post-processing of the
     parameters after ``optimizer.step()`` (a function of {name: tensor} returning
     {name: new value}, e.g. ``lambda t: {"fc.weight": t["fc.weight"].clamp(-1, 1)}``) that
@@ -535,6 +536,11 @@ class AuditHook:
         """The size of the training loader's data set (None when no loader was given)."""
         return self._white_box.dataset_size
 
+    def record_bytes(self) -> dict[str, int]:
+        """Bytes held by the records of which examples each step used (O(n + T)) and by the
+        copy of the model the integrity check compares with (one model)."""
+        return self._white_box.nbytes()
+
     @property
     def scored_dim(self) -> int:
         """Columns of the vectors scores see: ``dim``, or |S| when ``routed``."""
@@ -574,10 +580,15 @@ class AuditHook:
 
         Args:
             sampling: {"n": dataset size, "q": sample rate[, "loader": "poisson"]} when
-                known: the Poisson sampling test needs them.
+                known: the Poisson sampling tests need them; by default the hook's sample
+                rate and the size of the training loader's data set (when one was given).
             accountant_history: the accountant's ``history`` (the bookkeeping check).
         """
         self._require_steps()
+        known = {"q": float(self.sample_rate), "loader": "poisson"}
+        if self.dataset_size is not None:
+            known["n"] = int(self.dataset_size)
+        sampling = {**known, **{k: v for k, v in (sampling or {}).items() if v is not None}}
         return self._white_box.records(sampling=sampling, accountant_history=accountant_history,
                                        distributed=self.distributed)
 

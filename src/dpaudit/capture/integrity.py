@@ -1,4 +1,5 @@
-"""The model moves only inside the private step: fingerprints of every parameter and buffer.
+"""The model moves only inside the private step: every parameter and buffer compared, bit for bit,
+around each private step.
 
 DP-SGD's claim covers the published model only if every change of it is the optimizer's
 update from the released (noisy) gradient. Real code breaks that while every per-step check
@@ -6,31 +7,31 @@ passes: a second optimizer steps a head on its plain gradient after ``optimizer.
 manual update moves a tensor between steps, running statistics (buffers) are updated from the
 private batch and published without noise. ``ModelIntegrity`` wraps the step of the optimizer
 Opacus' ``DPOptimizer`` wraps (``original_optimizer.step``: the private update itself, whatever
-the base optimizer: SGD, momentum, Adam, weight decay, a learning-rate schedule) and
-fingerprints every tensor of the model when that step starts and when it returns:
+the base optimizer: SGD, momentum, Adam, weight decay, a learning-rate schedule) and keeps a
+copy of every tensor of the model as that step left it:
 
-* a parameter the DP optimizer updates may change only inside the step: a difference between
-  the end of step t and the start of step t + 1 names the tensor and the step;
+* a parameter the DP optimizer updates may change only inside the step: when the next step
+  starts, a difference from the copy names the tensor and the step;
 * a model parameter outside the DP optimizer's groups (trainable or frozen) and a buffer may
   not change at all, inside a step or between steps;
 * post-processing that depends on the parameters alone (a projection, a clamp, a
   renormalisation) is legitimate when declared: ``post_step`` takes the tensors' values right
-  after the private step (copies, by name) and returns the values it sets; a change between
-  steps that it reproduces exactly is explained, any other is the finding.
+  after the private step (the copies, by name) and returns the values it sets; a change
+  between steps that it reproduces exactly is explained, any other is the finding.
 
-The fingerprint of a tensor is three integer sums of its bit pattern (read as integers of its
-width): sum x_i, sum x_i^2 and sum x_i x_(i+1), modulo 2^64, so it is exact (bit for bit, not
-a tolerance) and blind only to a change that keeps all three sums. It is computed where the
-tensor lives, and the comparisons are kept on that device: no host synchronisation per step
-unless ``post_step`` is declared. Copies of the model exist only with ``post_step`` (to replay
-it). EMA copies of the weights, optimizer state, learning-rate schedules: none is a tensor of
-the model, so none is flagged.
+The comparison is of bit patterns (exact, not a tolerance: -0.0 against 0.0 differs, a NaN
+equals itself). The copy costs one model's worth of memory and a copy of the updated
+parameters per step (a memory copy; measured by ``benchmarks/bench_audit_cost.py``); the
+comparisons stay on the tensors' device, so there is no host synchronisation per step unless
+``post_step`` is declared. EMA copies of the weights, optimizer state, learning-rate schedules:
+none is a tensor of the model, so none is flagged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+import numpy as np
 import torch
 from opacus.optimizers import DPOptimizer
 
@@ -40,30 +41,107 @@ from dpaudit.gradients.persample import unwrap_model
 
 KINDS = ("dp", "other", "buffer")
 _INT = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
-_BLOCK = 1 << 22  # elements per block of the fingerprint's integer temporaries
+_NUMPY = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16,
+          torch.int8, torch.uint8, torch.bool)
 
 
-def fingerprint(t: torch.Tensor) -> torch.Tensor:
-    """(3,) int64 on ``t``'s device: sum x, sum x^2, sum x_i x_(i+1) of ``t``'s bit pattern
-    read as integers of its width (module doc)."""
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t`` flattened and read as integers of its width (its bit pattern)."""
     x = t.detach()
     if x.is_complex():
         x = torch.view_as_real(x)
     if x.dtype == torch.bool:
-        x = x.to(torch.int8)
+        x = x.view(torch.uint8)
     x = x.reshape(-1)
-    if x.is_floating_point():
-        x = x.view(_INT[x.element_size()])
-    out = torch.zeros(3, dtype=torch.int64, device=x.device)
-    n = x.numel()
-    for a in range(0, n, _BLOCK):
-        w = x[a : min(n, a + _BLOCK + 1)].to(torch.int64)  # one more: the pair across blocks
-        head = w[: min(_BLOCK, n - a)]
-        out[0] += head.sum()
-        out[1] += (head * head).sum()
-        if w.numel() > 1:
-            out[2] += (w[:-1] * w[1:]).sum()
-    return out
+    return x.view(_INT[x.element_size()]) if x.is_floating_point() else x
+
+
+def _numpy_bits(t: torch.Tensor) -> np.ndarray | None:
+    """A zero-copy numpy view of a CPU tensor's bit pattern, or None where numpy cannot view
+    it (an accelerator, bfloat16)."""
+    if t.device.type != "cpu" or t.dtype not in _NUMPY or not t.is_contiguous():
+        return None
+    return _bits(t).numpy()
+
+
+def differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | bool:
+    """Whether two tensors of one shape and dtype differ in any bit: a Python bool on the CPU
+    (numpy, the fastest compare there), a 0-d bool tensor on an accelerator (no
+    synchronisation)."""
+    x, y = _numpy_bits(a), _numpy_bits(b)
+    if x is not None and y is not None:
+        return not np.array_equal(x, y)
+    return torch.ne(_bits(a), _bits(b)).any()
+
+
+class _Watched:
+    """One watched tensor and its copy, with numpy views of both kept while the tensor's
+    storage stays the same (a CPU tensor compares and copies at numpy's speed)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+        self.copy = tensor.detach().clone()
+        self._ptr, self._views = None, None
+
+    def _pair(self):
+        ptr = self.tensor.data_ptr()
+        if ptr != self._ptr:  # a new storage (p.data = ...): new views
+            x, y = _numpy_bits(self.tensor), _numpy_bits(self.copy)
+            self._ptr = ptr
+            self._views = None if x is None or y is None or x.shape != y.shape else (x, y)
+        return self._views
+
+    def differs(self):
+        pair = self._pair()
+        if pair is not None:
+            return not np.array_equal(pair[0], pair[1])
+        if self.tensor.shape != self.copy.shape or self.tensor.dtype != self.copy.dtype:
+            return True
+        return differs(self.tensor, self.copy)
+
+    def refresh(self) -> None:
+        pair = self._pair()
+        if pair is not None:
+            np.copyto(pair[1], pair[0])
+        elif self.tensor.shape == self.copy.shape and self.tensor.dtype == self.copy.dtype:
+            self.copy.copy_(self.tensor)
+        else:  # the tensor was replaced by one of another shape: copy it anew
+            self.copy, self._ptr = self.tensor.detach().clone(), None
+
+
+class _Tally:
+    """How often each of J tensors changed, and the first step it did: plain integers for
+    flags that are Python bools (the CPU), counters on the flags' device for 0-d tensors (an
+    accelerator: nothing is read back before ``read``)."""
+
+    def __init__(self, j: int) -> None:
+        self.count, self.first = [0] * j, [-1] * j
+        self._device: dict = {}  # device -> (count (J,), first (J,)) tensors
+
+    def add(self, indices, flags, step: int) -> None:
+        on_device = []
+        for j, f in zip(indices, flags, strict=True):
+            if isinstance(f, torch.Tensor):
+                on_device.append((j, f))
+            elif f:
+                self.count[j] += 1
+                if self.first[j] < 0:
+                    self.first[j] = step
+        for j, f in on_device:
+            count, first = self._device.setdefault(f.device, (
+                torch.zeros(len(self.count), dtype=torch.int64, device=f.device),
+                torch.full((len(self.count),), -1, dtype=torch.int64, device=f.device)))
+            count[j] += f.long()
+            first[j] = torch.where((first[j] < 0) & f, torch.full_like(first[j], step),
+                                   first[j])
+
+    def read(self) -> tuple[np.ndarray, np.ndarray]:
+        count, first = np.asarray(self.count), np.asarray(self.first)
+        for c, f in self._device.values():
+            c, f = c.cpu().numpy(), f.cpu().numpy()
+            count = count + c
+            first = np.where((f >= 0) & ((first < 0) | (f < first)), f, first)
+        return count, first
 
 
 def _named_tensors(model, optimizer: DPOptimizer) -> list[tuple[str, torch.Tensor, str]]:
@@ -88,7 +166,7 @@ def _named_tensors(model, optimizer: DPOptimizer) -> list[tuple[str, torch.Tenso
 
 
 class ModelIntegrity:
-    """Fingerprint the model when the private step starts and returns (module doc).
+    """Compare the model with its copy when each private step starts and returns (module doc).
 
     Args:
         optimizer: the DP optimizer (its ``original_optimizer.step`` is the private step).
@@ -110,13 +188,14 @@ class ModelIntegrity:
         self.tensors = [t for _, t, _ in watched]
         self.kinds = [k for _, _, k in watched]
         self.post_step = post_step
+        self._dp = [j for j, k in enumerate(self.kinds) if k == "dp"]
+        self._fixed = [j for j, k in enumerate(self.kinds) if k != "dp"]
         self._patch: InstancePatch | None = None
         self._steps = 0
-        self._end: torch.Tensor | None = None
-        self._snapshot: dict | None = None
+        self._watched: list[_Watched] | None = None  # every tensor and its copy
         self._explained = 0
         self._largest: dict[str, float] = {}
-        self._state: dict[str, torch.Tensor] | None = None
+        self._tally = {k: _Tally(len(self.tensors)) for k in ("between", "inside")}
 
     # ------------------------------------------------------------------ attach / detach
     def attach(self) -> None:
@@ -133,7 +212,7 @@ class ModelIntegrity:
             self._patch = None
 
     def _check_post_step(self) -> None:
-        values = self._copies()
+        values = self._named(self._clones())
         try:
             out = self._apply_post_step(values)
         except Exception as err:
@@ -149,7 +228,7 @@ class ModelIntegrity:
 
     def _apply_post_step(self, values: dict) -> dict:
         with torch.no_grad():
-            out = self.post_step(values)
+            out = self.post_step(dict(values))
         if not isinstance(out, Mapping):
             raise ValueError("post_step must return a mapping {name: new value}, got "
                              f"{type(out).__name__}")
@@ -159,66 +238,59 @@ class ModelIntegrity:
                              f"{unknown[:5]} (names: {self.names[:5]}...)")
         return dict(out)
 
-    def _copies(self) -> dict[str, torch.Tensor]:
-        return {n: t.detach().clone() for n, t in zip(self.names, self.tensors, strict=True)}
+    def _clones(self) -> list[torch.Tensor]:
+        return [t.detach().clone() for t in self.tensors]
+
+    def _named(self, tensors: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        return dict(zip(self.names, tensors, strict=True))
 
     # ------------------------------------------------------------------ the private step
+    def _refresh(self, indices, flags) -> None:
+        """Copy the tensors ``indices`` whose flag may be set (an accelerator's flag is not
+        read: the copy is made)."""
+        for j, f in zip(indices, flags, strict=True):
+            if f is not False:
+                self._watched[j].refresh()
+
     @torch.no_grad()
-    def _fingerprints(self) -> torch.Tensor:
-        device = self.tensors[0].device if self.tensors else torch.device("cpu")
-        return torch.stack([fingerprint(t).to(device) for t in self.tensors])
-
-    def _start_state(self, device) -> None:
-        j = len(self.tensors)
-        self._state = {
-            k: torch.full((j,), -1 if k.startswith("first") else 0, dtype=torch.int64,
-                          device=device)
-            for k in ("first_between", "changed_between", "first_inside", "changed_inside")
-        }
-        self._movable = torch.tensor([k == "dp" for k in self.kinds], device=device)
-
-    def _mark(self, which: str, changed: torch.Tensor) -> None:
-        """Count ``changed`` (J,) bools under ``which``, on device: "between" (after private
-        step t = steps - 1, before the next) or "inside" (during private step t = steps)."""
-        s = self._state
-        s[f"changed_{which}"] += changed.long()
-        first = s[f"first_{which}"]
-        t = self._steps - 1 if which == "between" else self._steps
-        s[f"first_{which}"] = torch.where((first < 0) & changed, torch.full_like(first, t),
-                                          first)
-
     def _step(self, *args, **kwargs):
-        """The base optimizer's step, fingerprinted before and after."""
-        start = self._fingerprints()
-        if self._state is None:
-            self._start_state(start.device)
-        if self._end is not None:
-            changed = (start != self._end).any(dim=1)
-            if self.post_step is not None:
-                changed = self._explain(changed)
-            self._mark("between", changed)
+        """The base optimizer's step, with every tensor compared to the copy before it and the
+        copy refreshed after it."""
+        if self._watched is None:
+            self._watched = [_Watched(t) for t in self.tensors]
+        else:
+            self._between()
         out = self._patch.original(*args, **kwargs)
-        end = self._fingerprints()
-        self._mark("inside", (start != end).any(dim=1) & ~self._movable)
-        self._end = end
-        if self.post_step is not None:
-            self._snapshot = self._copies()
+        fixed = [self._watched[j].differs() for j in self._fixed]
+        self._tally["inside"].add(self._fixed, fixed, self._steps)  # never allowed, inside either
+        self._refresh(self._fixed, fixed)
+        self._refresh(self._dp, [True] * len(self._dp))
         self._steps += 1
         return out
 
-    @torch.no_grad()
-    def _explain(self, changed: torch.Tensor) -> torch.Tensor:
-        """The changes between steps that the declared post_step does not reproduce."""
-        idx = changed.nonzero().flatten().tolist()  # a synchronisation, with post_step only
-        if not idx or self._snapshot is None:
+    def _between(self) -> None:
+        """The changes since the last step ended (after private step ``steps - 1``)."""
+        every = range(len(self.tensors))
+        changed = [w.differs() for w in self._watched]
+        if self.post_step is not None:
+            changed = self._explain([bool(c) for c in changed])
+        self._tally["between"].add(every, changed, self._steps - 1)
+        self._refresh(every, changed)
+
+    def _explain(self, changed: list[bool]) -> list[bool]:
+        """The changes between steps that the declared post_step does not reproduce (reading
+        the flags synchronises: with post_step only)."""
+        if not any(changed):
             return changed
-        expected = self._apply_post_step(self._snapshot)
-        left = changed.clone()
-        for j in idx:
+        copies = [w.copy for w in self._watched]
+        expected = self._apply_post_step(self._named(copies))
+        left = list(changed)
+        for j in [j for j, c in enumerate(changed) if c]:
             name = self.names[j]
-            want = expected.get(name, self._snapshot[name])
+            want = expected.get(name, copies[j])
             now = self.tensors[j].detach()
-            if want.shape == now.shape and torch.equal(want.to(now.device, now.dtype), now):
+            if (want.shape == now.shape
+                    and not bool(differs(want.to(now.device, now.dtype), now))):
                 left[j] = False
                 self._explained += 1
             else:
@@ -231,20 +303,19 @@ class ModelIntegrity:
     def steps(self) -> int:
         return self._steps
 
+    def nbytes(self) -> int:
+        """Bytes of the copy of the model (one model's parameters and buffers, once)."""
+        if self._watched is None:
+            return 0
+        return int(sum(w.copy.numel() * w.copy.element_size() for w in self._watched))
+
     def record(self) -> IntegrityRecord:
         """What was seen so far (``IntegrityRecord``)."""
-        j = len(self.tensors)
-        if self._state is None:
-            zeros, minus = torch.zeros(j, dtype=torch.int64), torch.full((j,), -1)
-            state = {"changed_between": zeros, "first_between": minus,
-                     "changed_inside": zeros, "first_inside": minus}
-        else:
-            state = self._state
-        host = {k: v.cpu().numpy() for k, v in state.items()}
+        between, inside = self._tally["between"].read(), self._tally["inside"].read()
         return IntegrityRecord(
             names=list(self.names), kinds=list(self.kinds), steps=self._steps,
-            changed_between=host["changed_between"], first_between=host["first_between"],
-            changed_inside=host["changed_inside"], first_inside=host["first_inside"],
+            changed_between=between[0], first_between=between[1],
+            changed_inside=inside[0], first_inside=inside[1],
             explained=self._explained, largest_change=dict(self._largest) or None,
             post_step=self.post_step is not None,
         )

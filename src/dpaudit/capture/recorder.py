@@ -18,7 +18,7 @@ and keeps, per step, a ``records.StepRecord``:
   minus the canaries inserted there, and the loader's batches since the last step
   (``sampling_record.SamplingRecorder``).
 
-While attached it also fingerprints the model around every private step
+While attached it also compares the model with its copy around every private step
 (``integrity.ModelIntegrity``) and records the batches the training loader yields. It records
 every tensor the optimizer releases, whatever ``params`` the hook's canaries and scores use:
 the checks are about the mechanism. ``records()`` gives the typed ``WhiteBoxRecords`` that
@@ -66,7 +66,7 @@ class WhiteBoxRecorder:
         distributed: Opacus' DPDDP (the noise is summed over the ranks).
         rank: this process's rank (0 without DPDDP).
         data_loader: the training loader whose batches are recorded, or None.
-        check_integrity: fingerprint the model around every private step.
+        check_integrity: compare the model with its copy around every private step.
         post_step: the declared post-processing of the parameters (``integrity``).
         check_noise_data: probe whether the noise ignores the data (``noise_probe``).
     """
@@ -154,7 +154,7 @@ class WhiteBoxRecorder:
             self._probes.to(device)
 
     def attach(self) -> None:
-        """Start recording the loader's batches and fingerprinting the private steps."""
+        """Start recording the loader's batches and watching the model around the private steps."""
         if self._sampling is not None:
             self._sampling.attach()
         if self._integrity is not None:
@@ -171,6 +171,12 @@ class WhiteBoxRecorder:
             self._integrity.detach()
         if self._sampling is not None:
             self._sampling.detach()
+
+    def nbytes(self) -> dict[str, int]:
+        """Bytes held by the records of the other doors: the loader's batches (O(n + T)) and
+        the copy of the model (one model, whatever T)."""
+        return {"sampling_by_example": 0 if self._sampling is None else self._sampling.nbytes(),
+                "model_copy": 0 if self._integrity is None else self._integrity.nbytes()}
 
     @property
     def dataset_size(self) -> int | None:

@@ -123,27 +123,27 @@ class SamplingRecorder:
             self._duplicates = 0
             self._duplicate_witness: dict = {}
             self._out_of_range = 0
-            self._bucket_sizes, self._bucket_signed = self._bucket_totals()
+            self._example_hashes()
 
     @property
     def active(self) -> bool:
         return self.sampler is not None
 
-    def _bucket_signs(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        k = _mix(idx, self._keys[0])
-        bucket = (k & np.uint64(self.buckets - 1)).astype(np.int64)
-        sign = 1.0 - 2.0 * ((k >> np.uint64(40)) & np.uint64(1)).astype(np.float64)
-        return bucket, sign
-
-    def _bucket_totals(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every bucket's size and sign sum over the n examples (in blocks)."""
-        sizes = np.zeros(self.buckets)
-        signed = np.zeros(self.buckets)
+    def _example_hashes(self) -> None:
+        """Every example's bucket, sign and set-hash key (13 bytes an example, made once),
+        and every bucket's size and sign sum."""
+        self._bucket = np.empty(self.n, dtype=np.int32)
+        self._sign = np.empty(self.n, dtype=np.float64)
+        self._key = np.empty(self.n, dtype=np.uint64)
         for start in range(0, self.n, _CHUNK):
-            bucket, sign = self._bucket_signs(np.arange(start, min(self.n, start + _CHUNK)))
-            sizes += np.bincount(bucket, minlength=self.buckets)
-            signed += np.bincount(bucket, weights=sign, minlength=self.buckets)
-        return sizes, signed
+            idx = np.arange(start, min(self.n, start + _CHUNK))
+            k = _mix(idx, self._keys[0])
+            self._bucket[idx] = k & np.uint64(self.buckets - 1)
+            self._sign[idx] = 1.0 - 2.0 * ((k >> np.uint64(40)) & np.uint64(1))
+            self._key[idx] = _mix(idx, self._keys[1])
+        self._bucket_sizes = np.bincount(self._bucket, minlength=self.buckets).astype(float)
+        self._bucket_signed = np.bincount(self._bucket, weights=self._sign,
+                                          minlength=self.buckets)
 
     # ------------------------------------------------------------------ attach / detach
     def attach(self) -> None:
@@ -228,17 +228,20 @@ class SamplingRecorder:
             idx = idx[~bad]
         self._sizes.append(int(idx.size))
         if idx.size:
-            uniq, cnt = np.unique(idx, return_counts=True)
-            if cnt.max() > 1:
+            ordered = np.sort(idx)
+            if idx.size > 1 and (ordered[1:] == ordered[:-1]).any():
+                uniq, cnt = np.unique(ordered, return_counts=True)
                 if not self._duplicates:
                     j = int(np.argmax(cnt))
                     self._duplicate_witness = {"batch": len(self._sizes) - 1,
                                                "example": int(uniq[j]), "times": int(cnt[j])}
                 self._duplicates += 1
-            self._counts[uniq] += cnt
-            bucket, sign = self._bucket_signs(idx)
-            sketch = np.bincount(bucket, weights=sign, minlength=self.buckets)
-            key = int(_mix(idx, self._keys[1]).sum(dtype=np.uint64))
+                self._counts[uniq] += cnt
+            else:
+                self._counts[idx] += 1
+            sketch = np.bincount(self._bucket[idx], weights=self._sign[idx],
+                                 minlength=self.buckets)
+            key = int(self._key[idx].sum(dtype=np.uint64))
         else:
             sketch, key = np.zeros(self.buckets), 0
         self._sketches.append(sketch.astype(np.float32))
@@ -253,9 +256,19 @@ class SamplingRecorder:
             self._sketches = [s[:half] + s[half:] for s in self._sketches]
             self._bucket_sizes = self._bucket_sizes[:half] + self._bucket_sizes[half:]
             self._bucket_signed = self._bucket_signed[:half] + self._bucket_signed[half:]
+            self._bucket &= half - 1
             self.buckets = half
 
     # ------------------------------------------------------------------ results
+    def nbytes(self) -> int:
+        """Bytes the records hold: O(n) for the counts and per-example hashes, O(T) for the
+        sizes, set hashes and sketches (T x at most 256 buckets, folded past the budget)."""
+        if self.sampler is None:
+            return 0
+        per_example = sum(a.nbytes for a in (self._counts, self._bucket, self._sign, self._key))
+        per_batch = sum(s.nbytes for s in self._sketches) + 16 * len(self._sizes)
+        return int(per_example + per_batch)
+
     def record(self) -> ExampleSampling | None:
         """The records so far (None when the loader could not be recorded: ``reason``)."""
         if self.sampler is None:

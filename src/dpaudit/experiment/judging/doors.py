@@ -118,8 +118,8 @@ def integrity_check(records: WhiteBoxRecords) -> CheckResult:
                    "largest_change": (rec.largest_change or {}).get(moved[0]["tensor"])}
     counts = {k: rec.kinds.count(k) for k in ("dp", "other", "buffer")}
     checked = [f"{counts['dp']} parameters the DP optimizer updates, {counts['other']} other "
-               f"parameters and {counts['buffer']} buffers, fingerprinted when each of "
-               f"{rec.steps} private steps started and returned (exact)"]
+               f"parameters and {counts['buffer']} buffers, compared bit for bit with their copy "
+               f"when each of {rec.steps} private steps started and returned"]
     if rec.post_step:
         checked.append(f"the declared post_step explained {rec.explained} changes between "
                        "steps exactly")
@@ -162,7 +162,7 @@ def noise_source_check(records: WhiteBoxRecords) -> CheckResult:
         "different noise once the generator advanced",
         witness=witness,
         checked=[f"{rec.conclusive} of {rec.steps_probed} probed steps (the first and a seeded "
-                 f"quarter of the others), every tensor"],
+                 f"tenth of the others), every tensor"],
         unchecked=unchecked,
     )
 
