@@ -94,11 +94,36 @@ def own_loop() -> str:
             f"certify at most {ceiling['epsilon']:.2f} even with perfectly separated scores")
 
 
+def shuffled_bound() -> str:
+    """``run_audit(dp={"bug": "shuffled_batches", "noise_multiplier": 1})`` (seed 0): the
+    sampling seen, Opacus' epsilon for the training data and the shuffled batches' lower
+    bound (Chua et al.) the report prints beside it."""
+    import contextlib
+    import io
+    import warnings
+
+    from dpaudit.experiment import run_audit
+
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        res = run_audit(dp={"bug": "shuffled_batches", "noise_multiplier": 1.0},
+                        progress=False)
+    seen = res["white_box"]["checks"]["sampling_by_example"]["details"]["sampling_seen"]
+    bound = seen["lower_bound"]
+    train = res["theory"]["training_data"]
+    return (f"fixed batches of {seen['batch_size']}, {bound['batches_per_pass']} a pass, "
+            f"{bound['passes']} full passes in {res['steps']} steps: Opacus claims epsilon "
+            f"{train['opacus_epsilon']:.2f} for the training data (Poisson, q = "
+            f"{train['sample_rate']:.3f}), and the shuffled batches' true epsilon is at least "
+            f"{bound['epsilon']:.2f}, at delta {bound['delta']:g}")
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "stats_demo": stats_demo,
     "claim_default": claim_default,
     "claim_sigma10": claim_sigma10,
     "own_loop": own_loop,
+    "shuffled_bound": shuffled_bound,
 }
 
 

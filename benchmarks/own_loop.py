@@ -2,7 +2,7 @@
 
 For each of the 17 model families of ``tests/support/own_loop_models.py`` (an ordinary Opacus
 loop with an ``AuditHook``, judged by ``audit_report(hook, privacy_engine=..., dataset_size=...)``)
-and each of the ten bug classes of ``own_loop_models.BUG_CLASSES`` (one zoo bug each), plus the
+and each of the bug classes of ``own_loop_models.BUG_CLASSES`` (one zoo bug each), plus the
 correct optimizer, prints the verdict: for the correct optimizer the number of checks that ran
 and whether any refuted the claim; for a bug, whether it was a PRIVACY BUG by the check named
 for its class (``ok``), by another check only (its names), or not flagged (``MISSED``).

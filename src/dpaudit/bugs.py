@@ -626,8 +626,8 @@ BUG_ZOO: dict[str, BugSpec] = {
             "shuffling accounted as Poisson with the sizes Poisson sampling would draw: each "
             "pass a random permutation cut into Binomial(n, q)-sized batches (every size "
             "exactly Poisson's; each example used once per pass; Chua et al. 2024)",
-            "fraction of the passes so drawn (Poisson sampling on the others), in (0, 1]",
-            1.0, 0.2, None, target="sampler",
+            "fraction of the passes so drawn (Poisson sampling on the others), in (0, 1] "
+            "(0.5: every second pass)", 1.0, 0.5, None, target="sampler",
         ),
         BugSpec(
             "replayed_batches", "sampling that is not Poisson",

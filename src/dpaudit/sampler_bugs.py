@@ -12,7 +12,8 @@ bug keeps it, so only the records of which examples each step used can tell:
   five);
 * ``shuffled_binomial_batches``: each pass a random permutation of the data cut into batches
   of Binomial(n, q) sizes (the sizes are exactly Poisson sampling's; each example is used once
-  per pass), on a fraction f of the passes (Poisson sampling on the others);
+  per pass), on a fraction f of the passes (Poisson sampling on the others: f = 0.5, every
+  second pass);
 * ``shuffled_batches``: each pass a random permutation cut into fixed-size batches of the
   expected size, n q (the classic shuffled loader accounted as Poisson, Opacus #80);
 * ``duplicated_examples``: on a fraction f of the steps the batch is drawn at rate q / 2 and
@@ -68,19 +69,25 @@ def _replayed(fraction: float):
 
 def _permutation_cut(sampler, sizes) -> list[list[int]]:
     """A stream of random permutations of the data cut into consecutive batches of
-    ``sizes`` (a new permutation starts where one runs out)."""
+    ``sizes``. Where a batch runs past the end of one permutation it is completed from the
+    next one's examples that it does not hold yet (those it holds wait their turn), so no
+    batch holds an example twice."""
     rng = np.random.default_rng(_seed(sampler))
     n = sampler.num_samples
     perm, pos, out = rng.permutation(n), 0, []
     for k in sizes:
-        take = []
-        while k > 0:
-            if pos == n:
-                perm, pos = rng.permutation(n), 0
-            m = min(k, n - pos)
-            take += perm[pos : pos + m].tolist()
-            pos, k = pos + m, k - m
-        out.append(take)
+        k = min(int(k), n)
+        if pos + k <= n:
+            out.append(perm[pos : pos + k].tolist())
+            pos += k
+            continue
+        rest = perm[pos:]
+        fresh = rng.permutation(n)
+        held = np.isin(fresh, rest)
+        fresh = np.concatenate([fresh[~held], fresh[held]])  # the held ones last
+        need = k - rest.size
+        out.append(rest.tolist() + fresh[:need].tolist())
+        perm, pos = fresh, need
     return out
 
 
