@@ -58,7 +58,7 @@ def _cancel_noise(opt, rank):
     InstancePatch(opt, "add_noise", add_noise, owner="test").apply()
 
 
-def _run(rank, data, hook_fn, ghost=False, cancel=False, with_loader=False):
+def _run(rank, data, hook_fn, ghost=False, cancel=False, with_loader=False, alike=False):
     from opacus import PrivacyEngine
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
     from torch.utils.data import DataLoader
@@ -94,7 +94,9 @@ def _run(rank, data, hook_fn, ghost=False, cancel=False, with_loader=False):
         else None
     if hook:
         hook.attach()
-    torch.manual_seed(100 + rank)  # Poisson sampling: the same draws with and without hook
+    # Poisson sampling: the same draws with and without hook; ``alike``: every rank seeded
+    # alike (a common set-up), so the ranks' samplers draw the same masks
+    torch.manual_seed(100 if alike else 100 + rank)
     local_sizes = []
     for _ in range(2):
         for xb, yb in loader:
@@ -127,7 +129,12 @@ def _run(rank, data, hook_fn, ghost=False, cancel=False, with_loader=False):
         out["local_sizes"] = local_sizes
         if rec.by_example is not None:
             out["by_example"] = {"counts": rec.by_example.counts, "sizes": rec.by_example.sizes,
-                                 "ranks": rec.by_example.ranks, "n": rec.by_example.n}
+                                 "ranks": rec.by_example.ranks, "n": rec.by_example.n,
+                                 "rank_sizes": rec.by_example.rank_sizes}
+            from dpaudit.experiment.judging.doors import sampling_check
+
+            check = sampling_check(rec, 1e-7, 1e-5)
+            out["sampling_seen"] = check.details["sampling_seen"]["kind"]
         probe = rec.noise_source
         out["probe"] = (probe.steps_probed, probe.conclusive, int(probe.data_dependent.sum()),
                         int(probe.stale.sum()))
@@ -195,6 +202,10 @@ def ddp_results(rank: int) -> dict:
     results["loader"] = _run(
         rank, data, lambda o, m, loader: AuditHook(o, m, grad, scores=(Keep(),),
                                                    data_loader=loader), with_loader=True)
+    results["alike"] = _run(
+        rank, data, lambda o, m, loader: AuditHook(o, m, grad, scores=(Keep(),),
+                                                   data_loader=loader), with_loader=True,
+        alike=True)
     results["coords"], results["x"], results["y"] = coords[:k], x[:3], y[:3]
     results["refusal"] = _refusal(data, grad)
     return results
@@ -218,6 +229,22 @@ def test_the_sampling_by_example_is_the_union_over_the_ranks_on_every_rank(ranks
             assert name in r["white_box"] and not r["white_box"][name][0], (name, r["white_box"])
     # the noise probe runs on rank 0, where the noise is added; both ranks hold its outcome
     assert a["probe"] == b["probe"] and a["probe"][1] >= 1 and a["probe"][2:] == (0, 0)
+    # each rank's own batch sizes are kept: they add up to the union's
+    np.testing.assert_array_equal(a["by_example"]["rank_sizes"].sum(axis=1), union)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ddp")
+def test_ranks_seeded_alike_are_refuted_as_not_poisson(ranks):
+    # every rank's sampler seeded alike draws the same mask over its shard: the examples at one
+    # shard position are sampled together, and each rank's batch has the other's size
+    a, b = (r["alike"] for r in ranks)
+    sizes = a["by_example"]["rank_sizes"]
+    assert np.array_equal(sizes[:, 0], sizes[:, 1])
+    for r in (a, b):
+        assert r["white_box"]["sampling_by_example"][0], r["white_box"]
+        assert r["sampling_seen"] == "ranks drawing alike"
+    assert a["sampling_seen"] == "ranks drawing alike"
 
 
 @pytest.fixture(scope="module")

@@ -167,3 +167,17 @@ def test_sampling_arguments_must_describe_one_run():
     s = sketch(poisson(50, 0.2, 5, np.random.default_rng(5)), 50)
     with pytest.raises(ValueError, match="disagree"):
         sampling_by_example_test(**{**s, "counts": s["counts"] * 0}, q=0.2, level=0.05)
+
+
+def test_ranks_drawing_alike_are_refuted_and_independent_ranks_are_not():
+    from dpaudit.stats.sampling import ranks_alike_test
+
+    rng = np.random.default_rng(6)
+    shard, q, t = 320, 0.05, 30
+    alike = rng.binomial(shard, q, t)
+    p, witness = ranks_alike_test(np.stack([alike, alike], axis=1), [shard, shard], q)
+    assert p < 1e-20 and witness["equal_steps"] == t
+    runs = 300
+    rejected = [ranks_alike_test(rng.binomial(shard, q, (t, 3)), [shard] * 3, q)[0] < 0.05
+                for _ in range(runs)]
+    assert np.mean(rejected) <= _limit(0.05, runs)

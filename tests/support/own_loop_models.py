@@ -213,8 +213,12 @@ def own_loop_audit(family: str, bug: str = "none", seed: int = 0, sigma: float =
         model = DPDDP(model)
     train = data(fam.inputs, seed)
     shuffled = bug == "shuffled_batches"
+    # under DPDDP each rank's Poisson sampler draws from this generator: seeded alike on every
+    # rank, the ranks would draw the same masks and sample the examples at one shard
+    # position together (not Poisson sampling; the batch sizes' spread doubles)
+    rank = torch.distributed.get_rank() if ddp else 0
     loader = DataLoader(train, batch_size=BATCH, shuffle=shuffled,
-                        generator=torch.Generator().manual_seed(seed))
+                        generator=torch.Generator().manual_seed(seed + 7919 * rank))
     engine = PrivacyEngine()
     model, opt, loader = engine.make_private(
         module=model, optimizer=OPTIMIZERS[optimizer](

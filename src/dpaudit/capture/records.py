@@ -124,6 +124,9 @@ class ExampleSampling:
         out_of_range: indices outside 0..n-1 (not counted).
         optimizer_steps: optimizer steps taken while recording.
         ranks: processes whose batches were joined (DPDDP), 1 otherwise.
+        rank_sizes: (T, ranks) each rank's own batch size in each joined batch (DPDDP), or
+            None.
+        rank_examples: each rank's share of the data set (its sampler's examples), or None.
     """
 
     n: int
@@ -139,6 +142,8 @@ class ExampleSampling:
     out_of_range: int
     optimizer_steps: int
     ranks: int = 1
+    rank_sizes: np.ndarray | None = None
+    rank_examples: list[int] | None = None
 
     @property
     def batches(self) -> int:

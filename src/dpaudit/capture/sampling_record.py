@@ -20,7 +20,9 @@ The batch sampler is given a subclass whose ``__iter__`` records each batch as i
 Every batch the sampler yields while attached is recorded, in order: under the claim they are
 all i.i.d. Poisson draws, whichever of them the loop trains on. Under DPDDP each rank's
 batches are exchanged at every optimizer step (one all-gather) and the i-th batches of the
-ranks are recorded as one batch, their union: every rank then holds the same records. The
+ranks are recorded as one batch, their union (each rank's own batch size is kept too: ranks
+that draw the same masks, a sampler seeded alike on every rank, sample the examples at one
+shard position together): every rank then holds the same records. The
 hashes h, s and the set hash come from splitmix64 keyed by the hook's seed, never from the
 training's random streams.
 """
@@ -37,6 +39,7 @@ from dpaudit.capture.patching import ClassPatch
 from dpaudit.capture.records import ExampleSampling
 
 BUCKETS = 256  # sketch buckets per batch (a power of two)
+CHUNK_BATCHES = 32  # batches recorded at once (vectorised; at most this many wait)
 SKETCH_BUDGET = 1 << 22  # stored sketch entries (batches x buckets) before folding
 _CHUNK = 1 << 20
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -112,7 +115,10 @@ class SamplingRecorder:
                       int(_mix(np.array([seed, 2]), 0xA5A5)[0]))
         self._patch: ClassPatch | None = None
         self._pending: list[np.ndarray] = []
+        self._ready: list[np.ndarray] = []  # flushed, queued for ``_process``
         self._remote: list[list[np.ndarray]] = []
+        self._rank_sizes: list[list[int]] = []  # DPDDP: each rank's batch size, per batch
+        self._shards: list[int] | None = None  # DPDDP: each rank's share of the data
         self.buckets = BUCKETS
         self._steps = 0
         if self.sampler is not None:
@@ -199,7 +205,8 @@ class SamplingRecorder:
         device = (torch.device("cuda", torch.cuda.current_device())
                   if dist.get_backend() == "nccl" else torch.device("cpu"))
         local, self._pending = self._pending, []
-        pack = np.concatenate([np.array([len(local)], dtype=np.int64),
+        shard = int(getattr(self.sampler, "num_samples", -1))  # this rank's share of the data
+        pack = np.concatenate([np.array([shard, len(local)], dtype=np.int64),
                                np.array([b.size for b in local], dtype=np.int64), *local])
         size = torch.tensor([pack.size], dtype=torch.int64, device=device)
         sizes = [torch.zeros_like(size) for _ in range(world)]
@@ -211,41 +218,63 @@ class SamplingRecorder:
         dist.all_gather(packs, mine)
         if not self._remote:
             self._remote = [[] for _ in range(world)]
+        shards = []
         for r, t in enumerate(packs):
             arr = t.cpu().numpy()
-            k = int(arr[0])
-            lengths = arr[1 : 1 + k]
-            cuts = np.cumsum(np.concatenate([[1 + k], lengths]))
+            shards.append(int(arr[0]))
+            k = int(arr[1])
+            lengths = arr[2 : 2 + k]
+            cuts = np.cumsum(np.concatenate([[2 + k], lengths]))
             self._remote[r] += [arr[a:b] for a, b in itertools.pairwise(cuts)]
+        self._shards = shards if min(shards) > 0 else None
         while all(self._remote):
-            self._add(np.concatenate([q.pop(0) for q in self._remote]))
+            parts = [q.pop(0) for q in self._remote]
+            self._rank_sizes.append([p.size for p in parts])  # each rank's own batch
+            self._add(np.concatenate(parts))
 
     def _add(self, idx: np.ndarray) -> None:
-        """Record one batch's indices."""
-        bad = (idx < 0) | (idx >= self.n)
+        """Queue one batch's indices; they are recorded ``CHUNK_BATCHES`` at a time."""
+        self._ready.append(idx)
+        if len(self._ready) >= CHUNK_BATCHES:
+            self._process()
+
+    def _process(self) -> None:
+        """Record the queued batches at once: counts, sizes, duplicates, sketches, hashes."""
+        batches, self._ready = self._ready, []
+        if not batches:
+            return
+        first = len(self._sizes)
+        lengths = np.array([b.size for b in batches], dtype=np.int64)
+        flat = np.concatenate(batches) if lengths.sum() else np.zeros(0, dtype=np.int64)
+        owner = np.repeat(np.arange(len(batches)), lengths)
+        bad = (flat < 0) | (flat >= self.n)
         if bad.any():
             self._out_of_range += int(bad.sum())
-            idx = idx[~bad]
-        self._sizes.append(int(idx.size))
-        if idx.size:
-            ordered = np.sort(idx)
-            if idx.size > 1 and (ordered[1:] == ordered[:-1]).any():
-                uniq, cnt = np.unique(ordered, return_counts=True)
-                if not self._duplicates:
-                    j = int(np.argmax(cnt))
-                    self._duplicate_witness = {"batch": len(self._sizes) - 1,
-                                               "example": int(uniq[j]), "times": int(cnt[j])}
-                self._duplicates += 1
-                self._counts[uniq] += cnt
-            else:
-                self._counts[idx] += 1
-            sketch = np.bincount(self._bucket[idx], weights=self._sign[idx],
-                                 minlength=self.buckets)
-            key = int(self._key[idx].sum(dtype=np.uint64))
-        else:
-            sketch, key = np.zeros(self.buckets), 0
-        self._sketches.append(sketch.astype(np.float32))
-        self._hashes.append(key)
+            flat, owner = flat[~bad], owner[~bad]
+        sizes = np.bincount(owner, minlength=len(batches))
+        self._sizes += sizes.tolist()
+        keyed = np.sort(owner * self.n + flat)
+        repeat = np.flatnonzero(keyed[1:] == keyed[:-1])
+        if repeat.size:
+            hit = np.unique(keyed[repeat] // self.n)
+            if not self._duplicates:
+                b = int(hit[0])
+                uniq, cnt = np.unique(flat[owner == b], return_counts=True)
+                j = int(np.argmax(cnt))
+                self._duplicate_witness = {"batch": first + b, "example": int(uniq[j]),
+                                           "times": int(cnt[j])}
+            self._duplicates += int(hit.size)
+        self._counts += np.bincount(flat, minlength=self.n)
+        m = self.buckets
+        sketch = np.bincount(owner * m + self._bucket[flat], weights=self._sign[flat],
+                             minlength=len(batches) * m).reshape(len(batches), m)
+        self._sketches += list(sketch.astype(np.float32))
+        keys = np.zeros(len(batches), dtype=np.uint64)
+        full = np.flatnonzero(sizes)
+        if full.size:  # the owners are in order: one reduceat over the nonempty batches
+            starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])[full]
+            keys[full] = np.add.reduceat(self._key[flat], starts, dtype=np.uint64)
+        self._hashes += [int(k) for k in keys]
         self._bound_sketches()
 
     def _bound_sketches(self) -> None:
@@ -266,7 +295,8 @@ class SamplingRecorder:
         if self.sampler is None:
             return 0
         per_example = sum(a.nbytes for a in (self._counts, self._bucket, self._sign, self._key))
-        per_batch = sum(s.nbytes for s in self._sketches) + 16 * len(self._sizes)
+        per_batch = (sum(s.nbytes for s in self._sketches) + 16 * len(self._sizes)
+                     + sum(b.nbytes for b in self._ready))
         return int(per_example + per_batch)
 
     def record(self) -> ExampleSampling | None:
@@ -275,6 +305,7 @@ class SamplingRecorder:
             return None
         if not self.distributed and self._patch is not None:
             self._flush()
+        self._process()
         t_n = len(self._sizes)
         return ExampleSampling(
             n=int(self.n), source=self.source,
@@ -288,4 +319,7 @@ class SamplingRecorder:
             duplicate_witness=dict(self._duplicate_witness),
             out_of_range=self._out_of_range, optimizer_steps=self._steps,
             ranks=torch.distributed.get_world_size() if self.distributed else 1,
+            rank_sizes=(np.asarray(self._rank_sizes, dtype=np.int64) if self._rank_sizes
+                        else None),
+            rank_examples=None if self._shards is None else list(self._shards),
         )

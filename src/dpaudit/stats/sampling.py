@@ -32,6 +32,7 @@ rho fixed in advance. Bonferroni over the lags.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -47,14 +48,21 @@ _LAM_GRID = np.geomspace(1e-4, 1e2, 121)
 _CHUNK = 1 << 16  # binomial support points per block of the exact moment generating function
 
 
+@functools.lru_cache(maxsize=4)
+def _support(n: int, q: float) -> tuple[np.ndarray, np.ndarray]:
+    """Binomial(n, q)'s log pmf and squared deviations (k - n q)^2 over its support."""
+    k = np.arange(n + 1)
+    return binom.logpmf(k, n, q), (k - n * q) ** 2
+
+
 def _log_mgf_sq_dev(lam: np.ndarray, n: int, q: float) -> np.ndarray:
     """log E[exp(lam (X - n q)^2)] for X ~ Binomial(n, q), each lam of either sign, exactly
     (a log-sum over the whole support, in blocks so that memory stays bounded)."""
     lam = np.asarray(lam, dtype=np.float64)
+    logpmf, dev2 = _support(int(n), float(q))
     total = np.full(lam.shape, -np.inf)
     for start in range(0, n + 1, _CHUNK):
-        k = np.arange(start, min(n + 1, start + _CHUNK))
-        a = binom.logpmf(k, n, q)[None, :] + lam[:, None] * ((k - n * q) ** 2)[None, :]
+        a = logpmf[None, start : start + _CHUNK] + lam[:, None] * dev2[None, start : start + _CHUNK]
         top = a.max(axis=1)
         block = top + np.log(np.exp(a - top[:, None]).sum(axis=1))
         total = np.logaddexp(total, block)
@@ -280,6 +288,32 @@ def _fixed_within_passes(sizes: np.ndarray, n: int) -> bool:
     return mode > 0 and odd <= math.ceil(b.sum() / n) + 1
 
 
+def ranks_alike_test(rank_sizes, rank_examples, q: float) -> tuple[float, dict]:
+    """Under DPDDP: do the ranks draw alike? Each rank samples its own share of the data at
+    rate q, independently of the others under the claim, so rank r's batch size equals rank
+    0's at a step with probability p_r = sum_k P(X_0 = k) P(X_r = k) (X_r ~ Binomial(n_r, q);
+    the larger of that and its value given non-empty batches, which Opacus' distributed
+    sampler alone yields), independently across steps: the count of equal steps is at most
+    Binomial(T, p_r) (upper tail, Bonferroni over the ranks). Ranks seeded alike draw the
+    same masks and have equal sizes at every step. Returns (p-value, witness)."""
+    sizes = np.asarray(rank_sizes, dtype=np.int64)
+    t_n, world = sizes.shape
+    best, witness = 1.0, {}
+    for r in range(1, world):
+        k = np.arange(max(rank_examples[0], rank_examples[r]) + 1)
+        a, b = binom.pmf(k, rank_examples[0], q), binom.pmf(k, rank_examples[r], q)
+        p_eq = float((a * b).sum())
+        nonempty = (1.0 - a[0]) * (1.0 - b[0])
+        if nonempty > 0:
+            p_eq = max(p_eq, float((a[1:] * b[1:]).sum() / nonempty))
+        equal = int((sizes[:, 0] == sizes[:, r]).sum())
+        p = float(min(1.0, (world - 1) * binom.sf(equal - 1, t_n, min(1.0, p_eq))))
+        if p < best or not witness:
+            best, witness = min(best, p), {"rank": r, "equal_steps": equal, "steps": t_n,
+                                           "chance": p_eq}
+    return best, witness
+
+
 SAMPLING_STATEMENT = (
     "each step's batch was drawn by Poisson sampling at the claimed rate: every example "
     "independently with probability q, fresh at every step (participation counts i.i.d. "
@@ -288,13 +322,14 @@ SAMPLING_STATEMENT = (
 
 
 def sampling_by_example_test(counts, sizes, signatures, bucket_sizes, bucket_signed, q: float,
-                             *, level: float, set_hashes=None,
-                             duplicate_batches: int = 0) -> CheckResult:
+                             *, level: float, set_hashes=None, duplicate_batches: int = 0,
+                             rank_sizes=None, rank_examples=None) -> CheckResult:
     """Did every step use a fresh Poisson sample of the examples? (module doc)
 
     Three exact tests, each at ``level`` / 3: the participation counts' spread below and
     above Binomial(T, q)'s, and the batches' overlap at every lag (both signs, Bonferroni over
-    the T - 1 lags).
+    the T - 1 lags); under DPDDP a fourth (each at ``level`` / 4): whether the ranks draw
+    alike (``ranks_alike_test``).
 
     Args:
         counts: (n,) how many of the T batches each example was in.
@@ -305,6 +340,8 @@ def sampling_by_example_test(counts, sizes, signatures, bucket_sizes, bucket_sig
         level: the test's error probability.
         set_hashes: (T,) an exact hash of each batch's multiset of indices (names replays).
         duplicate_batches: batches with an example drawn twice (names the sampling seen).
+        rank_sizes / rank_examples: under DPDDP, (T, ranks) each rank's own batch sizes and
+            each rank's share of the data.
     """
     c = check_real_array(counts, "counts").reshape(-1)
     b = check_real_array(sizes, "sizes").reshape(-1)
@@ -331,8 +368,12 @@ def sampling_by_example_test(counts, sizes, signatures, bucket_sizes, bucket_sig
     lag = overlap_lags(signatures, bucket_sizes, bucket_signed, q)
     k = int(np.argmin(lag["log_p"]))
     p_overlap = float(min(1.0, (t_n - 1) * np.exp(lag["log_p"][k])))
-    parts = (("participation too regular", p_low), ("participation too spread", p_high),
-             ("overlap", p_overlap))
+    parts = [("participation too regular", p_low), ("participation too spread", p_high),
+             ("overlap", p_overlap)]
+    ranks = {}
+    if rank_sizes is not None and rank_examples is not None:
+        p_ranks, ranks = ranks_alike_test(rank_sizes, rank_examples, q)
+        parts.append(("ranks drawing alike", p_ranks))
     p = min(1.0, len(parts) * min(v for _, v in parts))
     which = min(parts, key=lambda x: x[1])[0]
     z = float(abs(lag["q"][k]) / math.sqrt(lag["v"][k] + lag["rho"][k]))
@@ -340,6 +381,12 @@ def sampling_by_example_test(counts, sizes, signatures, bucket_sizes, bucket_sig
                "mean_excess": float(lag["q"][k] / (t_n - k - 1))}
     seen = describe_sampling(c, b, q, set_hashes=set_hashes, overlap=overlap,
                              duplicate_batches=duplicate_batches)
+    if which == "ranks drawing alike" and parts[-1][1] < 0.01:
+        seen = {"kind": "ranks drawing alike", "text": (
+            f"the ranks draw alike: rank {ranks['rank']}'s own batch had rank 0's size at "
+            f"{ranks['equal_steps']} of {ranks['steps']} steps (chance {ranks['chance']:.3g} "
+            "a step): the same masks on every rank, a sampler seeded alike, so the examples at "
+            "one shard position are sampled together")}
     expected_var = t_n * q * (1.0 - q)
     witness = {
         "failed": which,
@@ -365,5 +412,5 @@ def sampling_by_example_test(counts, sizes, signatures, bucket_sizes, bucket_sig
                  "bucket sketch)"],
         details={"p_participation_low": p_low, "p_participation_high": p_high,
                  "p_overlap": p_overlap, "overlap": overlap, "sampling_seen": seen,
-                 "expected_mean_overlap": float(n * q * q)},
+                 "expected_mean_overlap": float(n * q * q), "ranks": ranks},
     )

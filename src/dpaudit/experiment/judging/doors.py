@@ -49,7 +49,8 @@ def sampling_check(records: WhiteBoxRecords, level: float, delta: float | None) 
     q = float(records.sampling["q"])
     res = sampling_by_example_test(by.counts, by.sizes, by.signatures, by.bucket_sizes,
                                    by.bucket_signed, q, level=level, set_hashes=by.set_hashes,
-                                   duplicate_batches=by.duplicate_batches)
+                                   duplicate_batches=by.duplicate_batches,
+                                   rank_sizes=by.rank_sizes, rank_examples=by.rank_examples)
     details = dict(res.details)
     seen = dict(details["sampling_seen"])
     if seen.get("kind") == "shuffled passes of fixed-size batches" and delta is not None:
