@@ -43,7 +43,8 @@ class _Model(nn.Module):
         return self.fc(x[:, 1:])
 
 
-def _train(physical=None, poisson=True, give_loader=True, workers=0, hook=True, seed=0):
+def _train(physical=None, poisson=True, give_loader=True, workers=0, hook=True, seed=0,
+           policy="never"):
     """An ordinary Opacus loop; returns (hook, the indices each optimizer step trained on,
     the final parameters, the loader)."""
     torch.manual_seed(seed)
@@ -55,7 +56,7 @@ def _train(physical=None, poisson=True, give_loader=True, workers=0, hook=True, 
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=poisson,
         noise_generator=torch.Generator().manual_seed(seed + 1))
-    can = GradientCanaries.dirac([0, 1], norm=1.0, dim=24, policy="never")  # training as is
+    can = GradientCanaries.dirac([0, 1], norm=1.0, dim=24, policy=policy)  # never: as is
     h = AuditHook(opt, model, [can], data_loader=loader if give_loader else None) if hook \
         else None
     steps, current = [], []
@@ -188,3 +189,19 @@ def test_without_a_loader_the_sampling_by_example_is_named_as_not_checked():
     assert rec.by_example is None
     assert any("sampling by example: the training loader was not given" in s
                for s in not_checked(rec, True))
+
+
+def test_a_loader_given_to_audit_report_gives_the_size_and_names_the_records_missing():
+    from dpaudit import audit_report
+    from dpaudit.experiment.judging.loop_report import LOADER_TOO_LATE
+
+    hook, _, _, loader = _train(give_loader=False, policy=["every_step", "never"])
+    res = audit_report(hook, data_loader=loader, independent_canaries=True)
+    wb = res["white_box"]
+    assert "poisson_sampling" in wb["checks"]  # the size came from the loader
+    assert f"sampling by example: {LOADER_TOO_LATE}" in wb["not_checked"]
+    with pytest.raises(ValueError, match="dataset_size: the sizes given disagree"):
+        audit_report(hook, data_loader=loader, dataset_size=N + 1)
+    given, _, _, loader = _train(policy=["every_step", "never"])
+    with pytest.raises(ValueError, match="disagree"):
+        audit_report(given, dataset_size=N - 1)

@@ -9,9 +9,13 @@ or ``input_pass="separate"`` asks for one extra per-sample pass per step (``dpau
 The hook's phases live in their own modules: ``insertion`` (gradient canaries added to the
 clipped sum before noise), ``view`` (the coordinate view and the released gradient),
 ``input_grads`` (input canaries' clipped gradients), ``accumulate`` (score accumulation);
+the white-box records in ``recorder`` (``noise_record``, ``clip_check``, and the mechanism's
+other doors: ``sampling_record``, which examples each step used; ``integrity``, the model
+moving only inside the private step; ``noise_probe``, the noise ignoring the data);
 ``support`` lists the supported Opacus set-ups and refuses the others; ``patching`` is the one
-save/restore helper for the optimizer attributes dpaudit patches; ``coordinates`` maps a user's
-parameters to the flat coordinates Dirac canaries take and finds the ones no data touch.
+save/restore helper for the attributes (and, for batch samplers, the classes) dpaudit patches;
+``coordinates`` maps a user's parameters to the flat coordinates Dirac canaries take and finds
+the ones no data touch.
 """
 
 from dpaudit.capture.canary_kinds import GradientCanaries, InputCanaries

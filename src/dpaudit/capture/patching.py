@@ -1,11 +1,12 @@
 """One save/restore helper for the optimizer attributes dpaudit patches on an instance.
 
-The audit hook wraps ``add_noise`` and chains ``step_hook``, the batch fold wraps
-``clip_and_accumulate``, the planted bugs replace ``add_noise`` / ``clip_and_accumulate`` /
-``scale_grad``. Each does it on one optimizer *instance* (never the class), and each must put
-back exactly what was there: a previous instance attribute (e.g. another patch, or the
-accountant's ``step_hook``) is set back, a class method is uncovered by removing the instance
-attribute. ``InstancePatch`` does this once for all of them:
+The audit hook wraps ``add_noise``, chains ``step_hook`` and wraps the base optimizer's
+``step`` (the integrity check), the batch fold wraps ``clip_and_accumulate``, the planted bugs
+replace ``add_noise`` / ``clip_and_accumulate`` / ``scale_grad`` / ``step``. Each does it on one
+optimizer *instance* (never the class), and each must put back exactly what was there: a
+previous instance attribute (e.g. another patch, or the accountant's ``step_hook``) is set
+back, a class method is uncovered by removing the instance attribute. ``InstancePatch`` does
+this once for all of them:
 
 * ``original`` is the attribute in force when the patch was applied (a bound method, a previous
   wrapper, a hook function): the replacement calls through it;
@@ -13,6 +14,10 @@ attribute. ``InstancePatch`` does this once for all of them:
   that something else has since covered raises instead of silently dropping the other patch;
 * the same ``owner`` cannot patch the same attribute of the same object twice at once (two
   audit hooks on one optimizer, a fold attached twice): ``apply`` raises.
+
+A batch sampler's ``__iter__`` is a special method, looked up on the type: ``ClassPatch``
+gives that one object a subclass instead (the hook's recording of the loader's batches, the
+zoo's sampling bugs), with the same last-in first-out rule.
 """
 
 from __future__ import annotations
