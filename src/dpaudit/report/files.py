@@ -122,25 +122,21 @@ def _umask() -> int:
     return mask
 
 
-def p_text(p) -> str:
-    """A p-value as the reports print it: "p = 3.2e-08", and "p < 1e-300" where it underflows
-    (a p-value is never exactly 0: printed so, it would read as certainty)."""
-    if p is None:
-        return "p = -"
-    p = float(p)
-    if math.isnan(p):
-        return "p = nan"
-    return "p < 1e-300" if p < 1e-300 else f"p = {p:.2g}"
-
-
-def p_cell(p) -> str:
-    """A p-value in a table cell: "3.2e-08", "< 1e-300" where it underflows, "-" if none."""
+def p_cell(p, digits: int = 4) -> str:
+    """A p-value in a table cell: "3.2e-08", "< 1e-300" where it underflows (a p-value is never
+    exactly 0: printed so, it would read as certainty), "-" when there is none."""
     if p is None:
         return "-"
     p = float(p)
     if math.isnan(p):
         return "nan"
-    return "< 1e-300" if p < 1e-300 else f"{p:.4g}"
+    return "< 1e-300" if p < 1e-300 else f"{p:.{digits}g}"
+
+
+def p_text(p) -> str:
+    """A p-value in a sentence: "p = 3.2e-08", "p < 1e-300" where it underflows."""
+    cell = p_cell(p, digits=2)
+    return f"p {cell}" if cell.startswith("<") else f"p = {cell}"
 
 
 def cell_text(value, precision: int = 3) -> str:

@@ -69,6 +69,13 @@ def _log_mgf_sq_dev(lam: np.ndarray, n: int, q: float) -> np.ndarray:
     return total
 
 
+def bonferroni(parts) -> tuple[float, str]:
+    """The p-value of several exact tests at once, (name, p) pairs: the smallest p times their
+    number (capped at 1), and the name of the test that gave it."""
+    name, smallest = min(parts, key=lambda x: x[1])
+    return min(1.0, len(parts) * smallest), name
+
+
 def spread_tails(values, n: int, q: float) -> tuple[float, float]:
     """Chernoff p-values of both tails of V = sum_i (X_i - n q)^2 for X_1, ..., X_m i.i.d.
     Binomial(n, q): P(V <= v) <= min_lam e^(lam v) E[e^(-lam (X - n q)^2)]^m and
@@ -125,10 +132,8 @@ def poisson_sampling_test(batch_sizes, n: int, q: float, *, level: float) -> Che
     p_near_one = float(np.exp(binom.logpmf(k[near], n, q)).sum()) if near.any() else 0.0
     hits = int((np.abs(b - n * q) <= 1.0).sum())
     p_close = float(binom.sf(hits - 1, t_n, min(1.0, p_near_one))) if hits else 1.0
-    parts = (("rate", p_sum), ("regularity", p_reg), ("spread", p_spread),
-             ("expected size", p_close))
-    p = min(1.0, len(parts) * min(v for _, v in parts))
-    which = min(parts, key=lambda x: x[1])[0]
+    p, which = bonferroni((("rate", p_sum), ("regularity", p_reg), ("spread", p_spread),
+                           ("expected size", p_close)))
     return CheckResult(
         name="poisson_sampling",
         kind=STATISTICAL,
@@ -374,8 +379,7 @@ def sampling_by_example_test(counts, sizes, signatures, bucket_sizes, bucket_sig
     if rank_sizes is not None and rank_examples is not None:
         p_ranks, ranks = ranks_alike_test(rank_sizes, rank_examples, q)
         parts.append(("ranks drawing alike", p_ranks))
-    p = min(1.0, len(parts) * min(v for _, v in parts))
-    which = min(parts, key=lambda x: x[1])[0]
+    p, which = bonferroni(parts)
     z = float(abs(lag["q"][k]) / math.sqrt(lag["v"][k] + lag["rho"][k]))
     overlap = {"lag": k + 1, "z": z, "sign": int(np.sign(lag["q"][k])),
                "mean_excess": float(lag["q"][k] / (t_n - k - 1))}
