@@ -4,7 +4,7 @@ states saved and restored.
 DP-SGD's claim is that the noise is independent of the data. A noise drawn from a generator
 seeded by the batch ("reproducible noise per batch") is a fresh-looking Gaussian of the right
 scale at every step, so the tests of its law pass, and it is a deterministic function of the
-private batch. At the first step and a seeded tenth of the others, just before the real
+private batch. At the first step and a seeded twentieth of the others, just before the real
 ``add_noise``, ``NoiseProbe`` runs the optimizer's ``add_noise`` (whatever is installed: Opacus',
 a patched one) three more times on fresh zero clipped sums:
 
@@ -36,7 +36,7 @@ import torch
 from dpaudit import seeds
 from dpaudit.capture.records import NoiseSourceRecord
 
-STEP_SHARE = 0.1  # the share of the steps after the first that are probed
+STEP_SHARE = 0.05  # the share of the steps after the first that are probed
 
 
 def _generators(opt) -> list:

@@ -163,7 +163,7 @@ def noise_source_check(records: WhiteBoxRecords) -> CheckResult:
         "different noise once the generator advanced",
         witness=witness,
         checked=[f"{rec.conclusive} of {rec.steps_probed} probed steps (the first and a seeded "
-                 f"tenth of the others), every tensor"],
+                 f"twentieth of the others), every tensor"],
         unchecked=unchecked,
     )
 
