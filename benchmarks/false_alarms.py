@@ -36,7 +36,7 @@ most the level), the old statistics beside the new.
 
 Run (the numbers in docs/evidence.md and the closing note):
 
-    OMP_NUM_THREADS=1 python benchmarks/false_alarms.py --seeds 170 --jobs 2 --json fa.json
+    OMP_NUM_THREADS=1 python benchmarks/false_alarms.py --seeds 100 --jobs 2 --json fa.json
 
 ``--seeds N`` audits per configuration: configuration i (in the order above) uses seeds
 1000 i, ..., 1000 i + N - 1, so that no two configurations share their noise draws (the
