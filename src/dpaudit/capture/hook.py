@@ -166,11 +166,11 @@ class AuditHook:
     examples each batch used, in O(n + T) (``sampling_record``): without it the report names
     the sampling by example as not checked; ``check_integrity`` compares every parameter
     and buffer of the model, bit for bit, with a copy when each private step starts and
-    returns (``integrity``): the
-    model may move only inside it, and ``post_step`` declares a post-processing of the
-    parameters after ``optimizer.step()`` (a function of {name: tensor} returning
-    {name: new value}, e.g. ``lambda t: {"fc.weight": t["fc.weight"].clamp(-1, 1)}``) that
-    then explains such changes exactly; ``check_noise_data`` probes the optimizer's own
+    returns (``integrity``): the model may move only inside it, and ``post_step`` declares a
+    post-processing of the parameters after ``optimizer.step()`` (a function of
+    {name: tensor} returning {name: new value}, e.g.
+    ``lambda t: {"fc.weight": t["fc.weight"].clamp(-1, 1)}``) that then explains such changes
+    exactly; ``check_noise_data`` probes the optimizer's own
     ``add_noise`` at seeded steps with every generator state restored (``noise_probe``): the
     noise must not depend on the clipped sum and must change when the generator advances.
     Each leaves training bit for bit unchanged.

@@ -39,6 +39,7 @@ from dpaudit.capture.patching import InstancePatch
 from dpaudit.capture.records import IntegrityRecord
 from dpaudit.gradients.persample import unwrap_model
 
+# what a watched tensor is: a parameter the DP optimizer updates, another parameter, a buffer
 KINDS = ("dp", "other", "buffer")
 _INT = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
 _NUMPY = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16,

@@ -91,12 +91,12 @@ class WhiteBoxRecorder:
         self._pending_batch: int | None = None
         self._pending_noised: float | None = None
         self._distributed = bool(distributed)
-        self._sampling = (SamplingRecorder(data_loader, seed, distributed=distributed)
-                          if data_loader is not None else None)
-        self._integrity = ModelIntegrity(optimizer, model, post_step) if check_integrity else None
         if post_step is not None and not check_integrity:
             raise ValueError("post_step needs check_integrity=True (it declares what the "
                              "integrity check may see change between steps)")
+        self._sampling = (SamplingRecorder(data_loader, seed, distributed=distributed)
+                          if data_loader is not None else None)
+        self._integrity = ModelIntegrity(optimizer, model, post_step) if check_integrity else None
         self._probe = (NoiseProbe(optimizer, self.names, seed, rank=rank,
                                   distributed=distributed) if check_noise_data else None)
 

@@ -114,8 +114,8 @@ class SamplingRecorder:
         self._keys = (int(_mix(np.array([seed, 1]), 0x5A5A)[0]),
                       int(_mix(np.array([seed, 2]), 0xA5A5)[0]))
         self._patch: ClassPatch | None = None
-        self._pending: list[np.ndarray] = []
-        self._ready: list[np.ndarray] = []  # flushed, queued for ``_process``
+        self._pending: list[np.ndarray] = []  # DPDDP: yielded, awaiting the step's exchange
+        self._ready: list[np.ndarray] = []  # queued for ``_process``
         self._remote: list[list[np.ndarray]] = []
         self._rank_sizes: list[list[int]] = []  # DPDDP: each rank's batch size, per batch
         self._shards: list[int] | None = None  # DPDDP: each rank's share of the data
@@ -136,7 +136,7 @@ class SamplingRecorder:
         return self.sampler is not None
 
     def _example_hashes(self) -> None:
-        """Every example's bucket, sign and set-hash key (13 bytes an example, made once),
+        """Every example's bucket, sign and set-hash key (20 bytes an example, made once),
         and every bucket's size and sign sum."""
         self._bucket = np.empty(self.n, dtype=np.int32)
         self._sign = np.empty(self.n, dtype=np.float64)
@@ -170,32 +170,29 @@ class SamplingRecorder:
         """Stop recording (the batches yielded so far are kept)."""
         if self._patch is None:
             return
-        if not self.distributed:
-            self._flush()
         self._patch.restore()
         self._patch = None
 
     def _seen(self, batch) -> None:
+        """One batch the sampler yielded: recorded (queued for ``_process``) at once in one
+        process; under DPDDP held until the step's exchange with the other ranks."""
         if isinstance(batch, torch.Tensor):
             batch = batch.detach().cpu().numpy()
-        self._pending.append(np.asarray(batch, dtype=np.int64).reshape(-1))
+        idx = np.asarray(batch, dtype=np.int64).reshape(-1)
+        if self.distributed:
+            self._pending.append(idx)
+        else:
+            self._add(idx)
 
     # ------------------------------------------------------------------ per step
     def step(self) -> None:
-        """At every optimizer step: record the batches yielded since the last one (under
-        DPDDP, exchanged with the other ranks first)."""
+        """At every optimizer step: count it; under DPDDP, exchange the batches yielded since
+        the last one with the other ranks and record their unions."""
         if self.sampler is None:
             return
         self._steps += 1
         if self.distributed:
             self._exchange()
-        else:
-            self._flush()
-
-    def _flush(self) -> None:
-        pending, self._pending = self._pending, []
-        for idx in pending:
-            self._add(idx)
 
     def _exchange(self) -> None:
         """One all-gather of every rank's pending batches; the i-th batches of all ranks are
@@ -303,8 +300,6 @@ class SamplingRecorder:
         """The records so far (None when the loader could not be recorded: ``reason``)."""
         if self.sampler is None:
             return None
-        if not self.distributed and self._patch is not None:
-            self._flush()
         self._process()
         t_n = len(self._sizes)
         return ExampleSampling(

@@ -25,6 +25,7 @@ import math
 
 import numpy as np
 
+from dpaudit.capture.integrity import KINDS
 from dpaudit.capture.records import WhiteBoxRecords
 from dpaudit.stats.checks import CheckResult, deterministic
 from dpaudit.stats.sampling import sampling_by_example_test
@@ -117,7 +118,7 @@ def integrity_check(records: WhiteBoxRecords) -> CheckResult:
     if moved:
         witness = {**moved[0], "tensors": [m["tensor"] for m in moved][:8],
                    "largest_change": (rec.largest_change or {}).get(moved[0]["tensor"])}
-    counts = {k: rec.kinds.count(k) for k in ("dp", "other", "buffer")}
+    counts = {k: rec.kinds.count(k) for k in KINDS}
     checked = [f"{counts['dp']} parameters the DP optimizer updates, {counts['other']} other "
                f"parameters and {counts['buffer']} buffers, compared bit for bit with their copy "
                f"when each of {rec.steps} private steps started and returned"]
