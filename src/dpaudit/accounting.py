@@ -117,6 +117,13 @@ def accountant_epsilon(
     return _epsilon_from_history(history, delta, _check_accountant(accountant))
 
 
+def history_epsilon(history, delta: float, accountant: str = "prv") -> AccountantEpsilon:
+    """Epsilon of a heterogeneous history, entries (noise multiplier, sample rate, steps),
+    by one of Opacus' accountants (as ``PrivacyEngine.accountant.history`` holds it)."""
+    check_open_unit(delta, "delta")
+    return _epsilon_from_history(history, delta, _check_accountant(accountant))
+
+
 def all_accountants(
     noise_multiplier: float, sample_rate: float, steps: int, delta: float
 ) -> dict[str, AccountantEpsilon]:

@@ -598,7 +598,9 @@ BUG_ZOO: dict[str, BugSpec] = {
             "a grad sampler, a parameter excluded from the norm; Opacus #664: a fast "
             "clipping path that ignored the norm)",
             "fraction of the tensors after the first left out of the norm, from the last "
-            "(small: only the last)", 1.0, 0.01, _layer_clip_ignored,
+            "(mild: half of them; the last bias alone adds about 0.7% to the default MLP's "
+            "contribution, +0.8% epsilon: a warning by the clipping rule, not a bug)", 1.0, 0.5,
+            _layer_clip_ignored,
         ),
         BugSpec(
             "microbatch_clipping", "clipping broken",

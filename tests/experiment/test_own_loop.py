@@ -114,3 +114,53 @@ def test_the_classes_kept_aside_are_refuted(make, statement):
     # two bug classes that keep each tensor's noise norm right, planted in the own loop
     v = own_loop_audit("conv2d_groupnorm", planted=_patch_noise(make))["verdict"]
     assert v["status"] == "privacy_bug" and statement in v["white_box_fired"], v["message"]
+
+
+# mixed precision: the forward and the loss under bfloat16 autocast (Opacus' ExpandedWeights,
+# the ew family, fails under autocast without the hook)
+MIXED = [f for f in FAMILIES if f != "ew"]
+
+
+def _bf16(family: str, seed: int = 0, **kw) -> dict:
+    import torch
+
+    return own_loop_audit(family, seed=seed, autocast=torch.bfloat16, **kw)
+
+
+@pytest.mark.parametrize("family", ["linear", "conv2d_groupnorm", "dplstm"])
+def test_bfloat16_correct_training_is_consistent_and_its_excess_reported(family):
+    res = _bf16(family)
+    v, clip = res["verdict"], res["white_box"]["checks"]["clipping"]
+    assert v["status"] == "consistent", v["message"]
+    # bfloat16 per-sample gradients: Opacus' clipped contribution exceeds C by a fraction of
+    # a percent, reported with the epsilon it implies (a warning), never a PRIVACY BUG
+    assert clip["warning"] and not clip["rejected"]
+    assert 1 + 1e-4 < clip["witness"]["ratio"] < 1.02
+    assert 0 < clip["witness"]["epsilon_excess"] < 0.05
+    assert "clipping: example" in v["message"] and "implies epsilon" in v["message"]
+
+
+@pytest.mark.parametrize("bug,statement", [("halved_noise", "noise_scale"),
+                                           ("clip_2C", "clipping")])
+def test_bfloat16_bugs_are_still_privacy_bugs(bug, statement):
+    from own_loop_models import clip_at_twice_the_norm
+
+    res = (_bf16("linear", planted=clip_at_twice_the_norm) if bug == "clip_2C"
+           else _bf16("linear", bug=bug))
+    v = res["verdict"]
+    assert v["status"] == "privacy_bug" and statement in v["white_box_fired"], v["message"]
+
+
+def test_float16_with_a_grad_scaler_is_named_when_it_overflows():
+    import torch
+
+    with pytest.raises(ValueError, match="GradScaler"):
+        own_loop_audit("linear", autocast=torch.float16, grad_scaler=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", MIXED)
+def test_bfloat16_every_family_consistent(family):
+    for seed in range(3):
+        v = _bf16(family, seed)["verdict"]
+        assert v["status"] == "consistent", (family, seed, v["message"])

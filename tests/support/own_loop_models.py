@@ -174,6 +174,22 @@ BUG_CLASSES = {
 }
 
 
+def clip_at_twice_the_norm(opt) -> None:
+    """Plant a clipping bug of 2 C: the optimizer clips to 2 C while its noise stays sigma C
+    (``opt.max_grad_norm`` doubled inside ``clip_and_accumulate`` only)."""
+    clip = opt.clip_and_accumulate
+
+    def doubled() -> None:
+        c = opt.max_grad_norm
+        opt.max_grad_norm = 2 * c
+        try:
+            clip()
+        finally:
+            opt.max_grad_norm = c
+
+    opt.clip_and_accumulate = doubled
+
+
 def data(inputs: str, seed: int = 0) -> TensorDataset:
     """Synthetic examples of the family's input kind, with labels."""
     g = torch.Generator().manual_seed(seed)
@@ -197,13 +213,16 @@ OPTIMIZERS = {
 def own_loop_audit(family: str, bug: str = "none", seed: int = 0, sigma: float = 2.0,
                    canaries: int = 24, planted=None, optimizer: str = "sgd",
                    schedule: bool = False, ema: bool = False, ddp: bool = False,
+                   autocast: torch.dtype | None = None, grad_scaler: bool = False,
                    **report) -> dict:
     """Train ``family`` in an ordinary Opacus loop with an ``AuditHook`` (and ``bug``
     planted, or ``planted(optimizer)`` called to patch it) for ``STEPS`` steps and return
     ``audit_report``'s result. ``optimizer`` (``OPTIMIZERS``), ``schedule`` (a StepLR on the
     DP optimizer) and ``ema`` (an EMA copy of the weights, torch's AveragedModel, updated
     after every step) are the loop's own; ``ddp``: inside an initialised process group, the
-    model wrapped in Opacus' DPDDP (its distributed Poisson loader and optimizer)."""
+    model wrapped in Opacus' DPDDP (its distributed Poisson loader and optimizer);
+    ``autocast``: the forward and the loss under ``torch.autocast("cpu", dtype=autocast)``
+    (mixed precision); ``grad_scaler``: the loss scaled by a ``torch.amp.GradScaler``."""
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
 
     fam = FAMILIES[family]
@@ -244,6 +263,7 @@ def own_loop_audit(family: str, bug: str = "none", seed: int = 0, sigma: float =
     rate = BATCH / N if bug.startswith("accountant") else None
     hook = AuditHook(opt, model, [can], seed=seed, sample_rate=rate, data_loader=loader)
     loss_fn = nn.CrossEntropyLoss()
+    scaler = torch.amp.GradScaler("cpu") if grad_scaler else None
     with hook:
         batches = (BatchMemoryManager(data_loader=loader, max_physical_batch_size=
                                       fam.physical_batch, optimizer=opt)
@@ -252,9 +272,17 @@ def own_loop_audit(family: str, bug: str = "none", seed: int = 0, sigma: float =
             while hook.steps < STEPS:
                 for x, y in it:
                     opt.zero_grad()
-                    loss_fn(model(x), y).backward()
+                    with torch.autocast("cpu", dtype=autocast or torch.bfloat16,
+                                        enabled=autocast is not None):
+                        loss = loss_fn(model(x), y)
                     before = hook.steps
-                    opt.step()
+                    if scaler is None:
+                        loss.backward()
+                        opt.step()
+                    else:
+                        scaler.scale(loss).backward()
+                        scaler.step(opt)
+                        scaler.update()
                     if hook.steps > before:  # a real step (not one BatchMemoryManager skips)
                         if sched is not None:
                             sched.step()

@@ -501,7 +501,8 @@ class AuditHook:
                 else all_finite(released)
             )
             if not finite:
-                raise ValueError(f"non-finite released gradient at optimizer step {t}")
+                raise ValueError(f"non-finite released gradient at optimizer step {t}"
+                                 + _half_hint(self._params))
         if opt.loss_reduction == "mean":  # distributed: the all-reduce averages the ranks
             divisor = float(opt.expected_batch_size * opt.accumulated_iterations * self.world_size)
         else:
@@ -660,3 +661,15 @@ def _restore_warning_filter(entry) -> None:
     mutated = getattr(warnings, "_filters_mutated", None)  # what filterwarnings calls, so
     if mutated is not None:  # the per-module "already warned" caches see the change
         mutated()
+
+
+def _half_hint(params) -> str:
+    """Why a float16 training's release may be non-finite (empty for other dtypes)."""
+    half = any(getattr(getattr(p, "grad_sample", None), "dtype", None) == torch.float16
+               for p in params)
+    if not half:
+        return ""
+    return (": the per-sample gradients are float16, whose range a scaled loss overflows; "
+            "with a GradScaler, Opacus clips the scaled per-sample gradients (the scaler's "
+            "unscale_ acts on p.grad, which DP-SGD then overwrites), so train float16 without "
+            "a GradScaler, or under bfloat16 autocast")

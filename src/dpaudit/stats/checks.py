@@ -39,6 +39,8 @@ class CheckResult:
         details: numbers for the report and the plots.
         warning_level: the check's share of the bounds' failure probability; ``p_value``
             below it but not below ``level`` is a warning (None: no warning level).
+        noted: a deterministic fact short of a refutation, reported as a warning (a clipped
+            contribution above C whose epsilon cost is within the stated tolerance).
     """
 
     name: str
@@ -52,6 +54,7 @@ class CheckResult:
     unchecked: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
     warning_level: float | None = None
+    noted: bool = False
 
     @property
     def statistical(self) -> bool:
@@ -62,8 +65,8 @@ class CheckResult:
         """Evidence against the claim at the bounds' level, short of the PRIVACY BUG level."""
         return bool(
             not self.rejected
-            and self.warning_level is not None
-            and self.p_value < self.warning_level
+            and (self.noted or (self.warning_level is not None
+                                and self.p_value < self.warning_level))
         )
 
     def at_levels(self, level: float, warning_level: float) -> CheckResult:
@@ -81,10 +84,11 @@ class CheckResult:
 
 
 def deterministic(name: str, fired: bool, statement: str, *, witness=None, checked=(),
-                  unchecked=(), details=None) -> CheckResult:
-    """A deterministic check's result: a fact, no levels."""
+                  unchecked=(), details=None, warn: bool = False) -> CheckResult:
+    """A deterministic check's result: a fact, no levels (``warn``: a fact reported as a
+    warning, short of a refutation)."""
     return CheckResult(
         name=name, kind=DETERMINISTIC, rejected=bool(fired), p_value=0.0 if fired else 1.0,
         level=None, statement=statement, witness=dict(witness or {}), checked=list(checked),
-        unchecked=list(unchecked), details=dict(details or {}),
+        unchecked=list(unchecked), details=dict(details or {}), noted=bool(warn and not fired),
     )

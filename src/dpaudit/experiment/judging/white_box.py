@@ -20,7 +20,8 @@ checks test the mechanism itself, each certified on its own terms:
   no example touches, the released noise is fresh at every step.
 * ``poisson_sampling`` (statistical): the batch sizes are Poisson sampling's at the claimed rate.
 * ``clipping`` (deterministic): no probed example changed the optimizer's clipped sum by more
-  than C (``capture.clip_check``).
+  than C (``capture.clip_check``), beyond an excess whose epsilon cost is within a stated
+  tolerance (``judging.clipping``: arithmetic precision is reported, not a bug by itself).
 * ``bookkeeping`` (deterministic): the accountant was told at least the steps, at most the
   noise multiplier and at least the sample rate that training used.
 * ``normalisation`` (deterministic): the release is the noised sum divided by the claimed
@@ -43,6 +44,7 @@ from dataclasses import replace
 import numpy as np
 
 from dpaudit.capture.records import WhiteBoxRecords
+from dpaudit.experiment.judging.clipping import clipping_check, describe_clipping
 from dpaudit.experiment.judging.doors import (
     by_example_runs,
     describe_door,
@@ -163,23 +165,6 @@ def bookkeeping_check(history, noise_multipliers, sample_rate: float, steps: int
     )
 
 
-def clipping_verdict(summary: dict) -> CheckResult:
-    """The clipping check's summary as a check (deterministic)."""
-    return deterministic(
-        "clipping", bool(summary.get("violations")),
-        "no probed example changed the optimizer's clipped sum by more than C (its own "
-        "clipping, run on the example alone and on the batch without it)",
-        witness=summary.get("worst") or {},
-        checked=[
-            f"{summary.get('probes', 0)} probes on {summary.get('steps_checked', 0)} of "
-            f"{summary.get('steps_seen', 0)} steps ({summary.get('leave_one_out_steps', 0)} "
-            "with leave-one-out; the first step and a seeded random share of the others)"
-        ],
-        unchecked=[summary["unchecked"]] if summary.get("unchecked") else [],
-        details=summary,
-    )
-
-
 NORMALISATION_TOLERANCE = 1e-4  # relative, plus 64 machine epsilons of the parameters' dtype
 
 
@@ -275,7 +260,8 @@ def white_box_evidence(
         warning_level: each one's share of the bounds' failure probability (``warning``);
             defaults to ``level``.
         delta: the claim's delta, for the lower bound reported beside it when the sampling
-            seen is shuffled fixed-size batches (``doors``).
+            seen is shuffled fixed-size batches (``doors``) and for the epsilon a clipped
+            contribution above C implies (``clipping``).
     """
     if records is None or not records.steps:
         return {}
@@ -302,7 +288,8 @@ def white_box_evidence(
     out.update(door_checks(records, level, delta))
     out = {k: v.at_levels(level, warning_level) for k, v in out.items()}
     if records.clipping is not None:
-        out["clipping"] = clipping_verdict(records.clipping)
+        out["clipping"] = clipping_check(
+            records.clipping, stds / float(records.max_grad_norm), sampling.get("q"), delta)
     if records.accountant_history is not None and sampling.get("q"):
         out["bookkeeping"] = bookkeeping_check(
             records.accountant_history, stds / float(records.max_grad_norm),
@@ -435,12 +422,7 @@ def describe(check: CheckResult) -> str:
             f"{w.get('expected_sd', 0):.2f} ({w.get('failed')}, {p})"
         )
     if name == "clipping":
-        if not w:
-            return "clipping: a probed example changed the clipped sum by more than C"
-        return (
-            f"clipping: example {w.get('example')} at step {w.get('step')} changed the clipped "
-            f"sum by {w.get('ratio', float('nan')):.3g} C ({w.get('kind')})"
-        )
+        return describe_clipping(check)
     if name == "bookkeeping":
         return "bookkeeping: " + "; ".join(w.get("problems", []))
     if name == "normalisation":
