@@ -1,33 +1,44 @@
-"""The audit's cost inside a user's own training loop at the scale people train on GPUs.
+"""The audit's cost inside a user's own training loop at the scale people train.
 
-Two models, each trained with Opacus DP-SGD in an ordinary loop, (a) plainly and (b) with
-``AuditHook`` (1,000 Dirac gradient canaries and 64 input canaries, the white-box records on:
-the hook's defaults), alternated ``--repeats`` times on the same seed:
+Each set-up is trained with Opacus DP-SGD in an ordinary loop, (a) plainly and (b) with
+``AuditHook`` at its defaults (1,000 Dirac gradient canaries and 64 input canaries, the
+white-box records on, the training loader given to the hook so that the sampling, integrity and
+noise-ignores-data checks run), alternated ``--repeats`` times on the same seed, **each
+training in its own fresh process** (so that its peak memory is its own):
 
-* ``resnet18``: a ResNet-18-shaped CNN (BasicBlocks [2, 2, 2, 2], widths 64-512, GroupNorm for
-  DP, 11.2M weights) on CIFAR-shaped synthetic data (3 x 32 x 32, 10 classes);
-* ``transformer``: a small transformer classifier (token embedding 1,000 x 256, 4 blocks of
-  Opacus' ``DPMultiheadAttention`` with 4 heads + a 1,024-wide MLP, sequences of 64 tokens).
+* ``resnet_b256``: a ResNet-18-shaped CNN (BasicBlocks [2, 2, 2, 2], widths 64-512 x
+  ``--scale``, GroupNorm for DP) on CIFAR-shaped synthetic data (3 x 32 x 32, 10 classes),
+  expected (Poisson) batch 256;
+* ``resnet_b1024``: the same at an expected batch of 1,024 through Opacus'
+  ``BatchMemoryManager`` (physical batches of 256);
+* ``transformer_b64``: a small transformer classifier (token embedding 1,000 x 256 x
+  ``--scale``, 4 blocks of Opacus' ``DPMultiheadAttention`` with 4 heads + an MLP 4x as wide),
+  sequences of 128 tokens, expected batch 64.
 
-Prints, per model, the median seconds per optimizer step over the steps after ``--warmup``
-(``torch.cuda.synchronize`` around each step on CUDA), the peak memory of each training
-(``torch.cuda.max_memory_allocated`` on CUDA, the process's peak RSS on CPU), their ratios,
-and with ``--profile`` the 15 operators that take the most time in three audited steps.
-Prints the device, threads and load. ``--scale`` shrinks the widths (a CPU smoke test).
+The data set holds 16 expected batches (sample rate 1/16). Prints, per set-up, the median
+seconds per *logical* step (optimizer steps that BatchMemoryManager skips are part of the next
+real step's time) over the steps after ``--warmup`` (``torch.cuda.synchronize`` around each
+on CUDA), the peak memory of each training (``torch.cuda.max_memory_allocated`` on CUDA; on
+CPU the process's peak RSS during the training, VmHWM reset through ``/proc/self/clear_refs``
+when training starts), the ratios audited / plain, and the device, threads and load. With
+``--profile``, the 15 costliest operators of three audited steps (in the parent process).
+``one_run_live_1e5`` has its own script: ``benchmarks/one_run_live_cost.py``.
 
     python benchmarks/gpu_cost.py --device cuda
-    python benchmarks/gpu_cost.py --device cuda --profile --models resnet18
-    OMP_NUM_THREADS=2 python benchmarks/gpu_cost.py --scale 0.125 --steps 3 --warmup 1 \
-        --batch 8 --repeats 1          # CPU smoke test
+    OMP_NUM_THREADS=2 python benchmarks/gpu_cost.py --scale 0.25 --steps 8 --warmup 2  # CPU
+    python benchmarks/gpu_cost.py --device cuda --profile --setups resnet_b256
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import resource
 import statistics
+import subprocess
+import sys
 import time
 import warnings
 
@@ -96,44 +107,68 @@ class Transformer(nn.Module):
         return self.head(x.mean(dim=1))
 
 
+SETUPS = {  # name: (model, expected batch, physical batch or None)
+    "resnet_b256": ("resnet18", 256, None),
+    "resnet_b1024": ("resnet18", 1024, 256),
+    "transformer_b64": ("transformer", 64, None),
+}
+SEQ = 128
+BATCHES = 16  # the data set holds this many expected batches
+
+
 def data(name: str, n: int, gen: torch.Generator):
     y = torch.randint(0, 10, (n,), generator=gen)
     if name == "resnet18":
         return torch.randn(n, 3, 32, 32, generator=gen), y
-    return torch.randint(0, 1000, (n, 64), generator=gen), y
+    return torch.randint(0, 1000, (n, SEQ), generator=gen), y
 
 
 def build(name: str, scale: float):
-    return resnet18(scale) if name == "resnet18" else Transformer(scale)
+    return resnet18(scale) if name == "resnet18" else Transformer(scale, seq=SEQ)
 
 
 def peak_reset(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:  # the process's peak RSS from here on (Linux)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
 
 
 def peak_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def train(name: str, audited: bool, a, device: torch.device, profile: bool = False):
-    """One training of ``a.steps`` steps: (seconds per step after warm-up, peak MB)."""
+def train(setup: str, audited: bool, a, device: torch.device, profile: bool = False) -> dict:
+    """One training of ``a.steps`` logical steps: seconds per step after warm-up, peak MB."""
     from opacus import PrivacyEngine
+    from opacus.utils.batch_memory_manager import BatchMemoryManager
     from torch.utils.data import DataLoader, TensorDataset
 
     from dpaudit.capture import AuditHook, GradientCanaries, InputCanaries
 
+    name, batch, physical = SETUPS[setup]
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
-    x, y = data(name, 64 * a.batch, gen)
+    x, y = data(name, BATCHES * batch, gen)
     model = build(name, a.scale).to(device)
     engine = PrivacyEngine()
     model, opt, loader = engine.make_private(
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
-        data_loader=DataLoader(TensorDataset(x, y), batch_size=a.batch),
+        data_loader=DataLoader(TensorDataset(x, y), batch_size=batch),
         noise_multiplier=1.0, max_grad_norm=1.0)
     hook = None
     if audited:
@@ -142,34 +177,40 @@ def train(name: str, audited: bool, a, device: torch.device, profile: bool = Fal
         policy = ["every_step" if i % 2 else "never" for i in range(1000)]
         grads = GradientCanaries.dirac(coords, norm=1.0, dim=dim, policy=policy)
         xc, yc = data(name, 64, gen)
-        hook = AuditHook(opt, model, [InputCanaries(xc.to(device), yc.to(device)), grads])
-    times = []
-    peak_reset(device)
+        hook = AuditHook(opt, model, [InputCanaries(xc.to(device), yc.to(device)), grads],
+                         data_loader=loader)
+    times: list[float] = []
     prof = None
     if profile:
         from torch.profiler import ProfilerActivity
         from torch.profiler import profile as torch_profile
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        prof = torch_profile(activities=acts)
-    ctx = hook if hook is not None else _null()
-    with ctx:
-        step = 0
+        prof = torch_profile(activities=acts, profile_memory=True)
+    peak_reset(device)
+    with (hook if hook is not None else _null()), \
+            (BatchMemoryManager(data_loader=loader, max_physical_batch_size=physical,
+                                optimizer=opt) if physical else _null(loader)) as batches:
+        step, t0 = 0, None
         while step < a.steps:
-            for xb, yb in loader:
+            for xb, yb in batches:
+                if t0 is None:
+                    if prof is not None and step == a.warmup:
+                        prof.__enter__()
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                    t0 = time.perf_counter()
                 xb, yb = xb.to(device), yb.to(device)
-                if prof is not None and step == a.warmup:
-                    prof.__enter__()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
                 opt.zero_grad()
                 nn.functional.cross_entropy(model(xb), yb).backward()
                 opt.step()
+                if opt._is_last_step_skipped:  # a physical batch of a logical step
+                    continue
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 if step >= a.warmup:
                     times.append(time.perf_counter() - t0)
+                t0 = None
                 step += 1
                 if prof is not None and step == a.warmup + 3:
                     prof.__exit__(None, None, None)
@@ -178,49 +219,68 @@ def train(name: str, audited: bool, a, device: torch.device, profile: bool = Fal
                     prof = None
                 if step >= a.steps:
                     break
-    return statistics.median(times), peak_mb(device), sum(p.numel() for p in model.parameters())
+    return {"seconds": statistics.median(times), "peak_mb": peak_mb(device),
+            "weights": sum(p.numel() for p in model.parameters())}
 
 
 class _null:
+    def __init__(self, value=None):
+        self.value = value
+
     def __enter__(self):
-        return self
+        return self.value
 
     def __exit__(self, *exc):
         return False
 
 
+def _in_fresh_process(setup: str, audited: bool, argv: list[str]) -> dict:
+    """``train`` in a new interpreter: its JSON result (the last line it prints)."""
+    cmd = [sys.executable, __file__, *argv, "--worker", setup, "--audited", str(int(audited))]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--models", default="resnet18,transformer")
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--setups", default=",".join(SETUPS))
+    p.add_argument("--steps", type=int, default=30, help="logical steps per training")
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--batch", type=int, default=64, help="expected (Poisson) batch size")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--scale", type=float, default=1.0, help="width multiplier")
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--audited", type=int, default=0, help=argparse.SUPPRESS)
+    argv = sys.argv[1:] if argv is None else argv
     a = p.parse_args(argv)
     warnings.simplefilter("ignore")
     device = torch.device(a.device)
+    if a.worker:
+        print(json.dumps(train(a.worker, bool(a.audited), a, device)))
+        return
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
     print(f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, threads "
           f"{torch.get_num_threads()}, load {os.getloadavg()[0]:.2f}; device {device} ({name}); "
-          f"{a.steps} steps ({a.warmup} warm-up), expected batch {a.batch}, scale {a.scale}")
-    print("| model | weights | plain s/step | audited s/step | ratio | plain peak MB "
+          f"{a.steps} logical steps ({a.warmup} warm-up), scale {a.scale}, each training in "
+          f"its own process, alternated {a.repeats}x")
+    print("| set-up | weights | plain s/step | audited s/step | ratio | plain peak MB "
           "| audited peak MB | ratio |")
     print("|---|---|---|---|---|---|---|---|")
-    for model in a.models.split(","):
+    forward = [x for x in argv if x != "--profile"]
+    for setup in a.setups.split(","):
         plain, aud = [], []
         for _ in range(a.repeats):
-            plain.append(train(model, False, a, device))
-            aud.append(train(model, True, a, device))
-        tp, ta = (statistics.median(r[0] for r in rows) for rows in (plain, aud))
-        mp, ma = (max(r[1] for r in rows) for rows in (plain, aud))
-        print(f"| {model} | {plain[0][2]:,} | {tp:.4f} | {ta:.4f} | {ta / tp:.2f} | {mp:.0f} "
-              f"| {ma:.0f} | {ma / mp:.2f} |", flush=True)
+            plain.append(_in_fresh_process(setup, False, forward))
+            aud.append(_in_fresh_process(setup, True, forward))
+        tp, ta = (statistics.median(r["seconds"] for r in rows) for rows in (plain, aud))
+        mp, ma = (statistics.median(r["peak_mb"] for r in rows) for rows in (plain, aud))
+        print(f"| {setup} | {plain[0]['weights']:,} | {tp:.4f} | {ta:.4f} | {ta / tp:.2f} "
+              f"| {mp:.0f} | {ma:.0f} | {ma / mp:.2f} |", flush=True)
         if a.profile:
-            print(f"\n{model}: the 15 costliest operators of 3 audited steps")
-            train(model, True, a, device, profile=True)
+            print(f"\n{setup}: the 15 costliest operators of 3 audited steps")
+            train(setup, True, a, device, profile=True)
+    print(f"load at the end {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -21,8 +21,11 @@ torch optimizer recording the gradient really applied, and per-example autograd 
 Options: grad_sample_mode hooks / functorch / ew / ghost (gradient canaries only; input
 canaries refused by name), BatchMemoryManager, manual accumulation (Opacus requires
 poisson_sampling=False for it), poisson on/off, bf16 autocast (references replay the autocast,
-compared at bf16 tolerance), DPDDP with two gloo processes; per-layer and adaptive clipping
-are asserted to be refused at construction by name. Dropout models: the canaries' masks are
+compared at bf16 tolerance), DPDDP with two gloo processes, per-layer clipping (references
+clip each parameter's part to its own C_p; Dirac canaries of norm C = ||(C_p)||) and adaptive
+clipping (the bound C_t of each step: "in" coordinates move by C_t / B, references are clipped
+at C_t, and the hook scores the release and the canaries in units of C_0, times C_0 / C_t;
+the bounds themselves are the un-hooked run's). Dropout models: the canaries' masks are
 the hook's private draw, so (c) checks their norms only. Known defects are strict xfails
 (``KNOWN``): a fix shows up as XPASS, to be removed there.
 """
@@ -44,6 +47,7 @@ from conformance_models import (
     Family,
     Options,
     make_private,
+    per_layer_bounds,
     reference_clipped_grads,
     run,
 )
@@ -64,6 +68,9 @@ FAST = [
     ("cnn_groupnorm", Options(bmm=3)),
     ("cnn_groupnorm", Options(accumulate=2, poisson=False)),
     ("cnn_groupnorm", Options(poisson=False)),
+    ("cnn_groupnorm", Options(clipping="per_layer")),
+    ("cnn_groupnorm", Options(clipping="adaptive")),
+    ("transformer_mask", Options(clipping="per_layer")),
 ]
 SLOW = [
     (fam, Options(mode=mode))
@@ -78,6 +85,9 @@ SLOW = [
         Options(accumulate=2, poisson=False),
         Options(poisson=False),
         Options(autocast=True),
+        Options(clipping="per_layer"),
+        Options(clipping="adaptive"),
+        Options(clipping="adaptive", bmm=3),
     )
     if (fam, opts) not in FAST
 ]
@@ -121,6 +131,32 @@ def input_canary_refusal(family: Family, opts: Options) -> str | None:
 def divisor(opts: Options) -> float:
     """Opacus' 'mean' divisor, from the set-up alone: expected batch x backward passes."""
     return float(BATCH * opts.accumulate)
+
+
+def step_bounds(opts: Options, run_) -> np.ndarray:
+    """(STEPS,) the bound C_t each step clipped with (adaptive: C_0, then the run's updates)."""
+    if opts.clipping != "adaptive":
+        return np.full(STEPS, CLIP)
+    return np.array([CLIP, *run_.bounds[:-1]])
+
+
+def clip_rule(opts: Options, run_, t: int):
+    """The rule example t is clipped by: flat C_t, or the per-layer bounds."""
+    if opts.clipping == "per_layer":
+        return per_layer_bounds(_plain_module(run_))
+    return float(step_bounds(opts, run_)[t])
+
+
+def _plain_module(run_):  # the trained model's plain module
+    module = getattr(run_.model, "_module", run_.model)
+    return getattr(module, "module", module)
+
+
+def sigma_gradient(opts: Options) -> float:
+    """The noise multiplier of the gradient (adaptive clipping: Opacus' sigma_g)."""
+    if opts.clipping != "adaptive":
+        return SIGMA
+    return (SIGMA**-2 - (2 * 2.0) ** -2) ** -0.5
 
 
 # ----------------------------------------------------------------------------- one case
@@ -187,9 +223,11 @@ def test_trajectory_unchanged_and_dirac_canaries_enter_once(fam_name, opts):
     assert hooked.applied.shape == plain.applied.shape == (STEPS, family.dim())
     assert torch.equal(hooked.applied[:, others], plain.applied[:, others])
     assert torch.equal(hooked.final[others], plain.final[others])
+    assert hooked.bounds == plain.bounds  # adaptive clipping's bounds: the un-hooked ones
     shift = hooked.applied[:, in_coords] - plain.applied[:, in_coords]
+    bounds = torch.from_numpy(step_bounds(opts, plain)).float().unsqueeze(1)
     torch.testing.assert_close(
-        shift, torch.full_like(shift, CLIP / divisor(opts)), rtol=0, atol=1e-5
+        shift, (bounds / divisor(opts)).expand_as(shift), rtol=0, atol=1e-5
     )
 
 
@@ -206,8 +244,11 @@ def test_scored_gradient_is_the_applied_gradient(fam_name, opts):
     """(d): the released gradient the hook records is the one the base optimizer applies, and
     every per-step score is <canary gradient, applied gradient>."""
     _, _, hooked, trace, *_ = case(fam_name, opts, supported_inputs(fam_name, opts))
-    applied = hooked.applied.double().numpy()
-    np.testing.assert_array_equal(trace["released"], hooked.applied.numpy())
+    frame = CLIP / step_bounds(opts, hooked)  # adaptive: scored in units of C_0
+    applied = hooked.applied.double().numpy() * frame[:, None]
+    np.testing.assert_allclose(trace["released"], applied, rtol=1e-6, atol=0)
+    if opts.clipping != "adaptive":
+        np.testing.assert_array_equal(trace["released"], hooked.applied.numpy())
     per_step = hooked.hook.per_step()["scalar"]  # (K, T)
     expected = np.einsum("tkd,td->kt", trace["canaries"].astype(np.float64), applied)
     np.testing.assert_allclose(per_step, expected, rtol=1e-5, atol=1e-7)
@@ -220,13 +261,16 @@ def test_dirac_canaries_give_the_theoretical_mean_shift(fam_name, opts):
     _, _, hooked, _, dead, in_mask = case(fam_name, opts, supported_inputs(fam_name, opts))
     n = len(dead)
     per_step = hooked.hook.per_step()["scalar"][:n]
+    frame = CLIP / step_bounds(opts, hooked)
     np.testing.assert_allclose(
-        per_step, CLIP * hooked.applied[:, dead].double().numpy().T, rtol=1e-6, atol=1e-9
+        per_step, CLIP * (hooked.applied[:, dead].double().numpy() * frame[:, None]).T,
+        rtol=1e-6, atol=1e-9
     )
     s = hooked.hook.scores()["scalar"][:n]
     b = divisor(opts)
     shift = s[in_mask].mean() - s[~in_mask].mean()
-    sd = SIGMA * CLIP**2 / b * math.sqrt(STEPS * (1 / in_mask.sum() + 1 / (~in_mask).sum()))
+    sd = (sigma_gradient(opts) * CLIP**2 / b
+          * math.sqrt(STEPS * (1 / in_mask.sum() + 1 / (~in_mask).sum())))
     assert abs(shift - STEPS * CLIP**2 / b) < 4 * sd, (shift, STEPS * CLIP**2 / b, sd)
     # the test can tell: no insertion (0) or a double insertion (2x) is > 4 sd away
     assert STEPS * CLIP**2 / b > 8 * sd
@@ -248,16 +292,18 @@ def test_input_canary_gradients_match_per_example_autograd(fam_name, opts):
     got = torch.from_numpy(trace["canaries"][:, len(dead) :])  # (T, K_INPUT, d)
     assert got.shape == (STEPS, K_INPUT, family.dim())
     norms = got.double().norm(dim=2)
-    assert float(norms.max()) <= CLIP * (1 + 1e-6)
+    assert float(norms.max()) <= CLIP * (1 + 1e-6)  # (in units of C_0 under adaptive clipping)
     if family.dropout:
         # the canaries' dropout masks are the hook's own private draw: no reference for them
         return
     tol = {"rtol": 2e-2, "atol": 2e-3} if opts.autocast else {"rtol": 1e-4, "atol": 1e-6}
+    bounds = step_bounds(opts, hooked)
     for t in range(STEPS):
         ref = reference_clipped_grads(
-            family, hooked.thetas[t], xs, y, CLIP, autocast=opts.autocast
+            family, hooked.thetas[t], xs, y, clip_rule(opts, hooked, t), autocast=opts.autocast
         )
-        torch.testing.assert_close(got[t], ref, **tol)
+        # adaptive clipping: the hook scores the canaries in units of C_0 (times C_0 / C_t)
+        torch.testing.assert_close(got[t], ref * float(CLIP / bounds[t]), **tol)
     # the premise of (e): the data's per-example gradients vanish on the dead coordinates
     *data_x, data_y = family.data(seed=0)
     ref = reference_clipped_grads(
@@ -290,14 +336,15 @@ def test_separate_pass_is_bit_exact_where_a_forced_fold_would_not_be(fam_name, o
 
 
 # ----------------------------------------------------------------------------- refusals
-@pytest.mark.parametrize("clipping", ["per_layer", "adaptive"])
-@pytest.mark.parametrize("fam_name", ["cnn_groupnorm", "mlp_dropout"])
-def test_per_layer_and_adaptive_clipping_refused_at_construction(fam_name, clipping):
-    family = FAMILIES[fam_name]
-    model, opt, *_ = make_private(family, Options(clipping=clipping))
-    canaries = GradientCanaries.dirac(family.dead_coords()[:2], norm=CLIP, dim=family.dim())
-    with pytest.raises(ValueError, match=f"clipping='{clipping}'"):
-        AuditHook(opt, model, canaries)
+def test_per_layer_clipping_under_ddp_is_refused_by_name():
+    """Opacus adds per-layer clipping's noise inside the backward hooks under DPDDP: refused."""
+    from opacus.optimizers import SimpleDistributedPerLayerOptimizer
+
+    from dpaudit.capture.support import check_optimizer_supported
+
+    opt = object.__new__(SimpleDistributedPerLayerOptimizer)
+    with pytest.raises(ValueError, match="clipping='per_layer' under DPDDP"):
+        check_optimizer_supported(opt)
 
 
 

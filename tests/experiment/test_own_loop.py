@@ -164,3 +164,48 @@ def test_bfloat16_every_family_consistent(family):
     for seed in range(3):
         v = _bf16(family, seed)["verdict"]
         assert v["status"] == "consistent", (family, seed, v["message"])
+
+
+# Opacus' per-layer and adaptive clipping in the own loop: correct training consistent (the
+# adaptive accounting's warning aside), a bug of each class adapted to the set-up refuted by
+# its own statement
+def _clipping_cases():
+    from own_loop_models import CLIPPING_BUGS
+
+    return [(setup, cls) for setup, bugs in CLIPPING_BUGS.items() for cls in bugs]
+
+
+@pytest.mark.parametrize("setup", ["per_layer", "adaptive"])
+@pytest.mark.parametrize("family", ["linear", "conv2d_groupnorm", "batch_memory_manager"])
+def test_per_layer_and_adaptive_clipping_correct_training_is_consistent(setup, family):
+    res = own_loop_audit(family, clipping=setup)
+    v, checks = res["verdict"], res["white_box"]["checks"]
+    assert v["status"] == "consistent", v["message"]
+    assert res["white_box"]["not_checked"] == []
+    expected = ALL_CHECKS | ({"count_noise", "adaptive_bound", "adaptive_accounting"}
+                             if setup == "adaptive" else set())
+    assert set(checks) == expected
+    assert not any(c["rejected"] for c in checks.values())
+    if setup == "adaptive":  # the count's sensitivity: reported with its epsilon, a warning
+        assert v["white_box_warned"] == ["adaptive_accounting"], v["white_box_warned"]
+        assert checks["adaptive_accounting"]["witness"]["epsilon_excess"] > 0
+    else:
+        assert checks["clipping"]["details"]["max_group_ratio"] <= 1 + 1e-4
+
+
+@pytest.mark.parametrize("setup,cls", _clipping_cases())
+def test_per_layer_and_adaptive_clipping_bugs_are_flagged(setup, cls):
+    from own_loop_models import CLIPPING_BUGS
+
+    bug, statement = CLIPPING_BUGS[setup][cls]
+    kw = {"bug": bug} if isinstance(bug, str) else {"planted": bug}
+    v = own_loop_audit("linear", clipping=setup, **kw)["verdict"]
+    assert v["status"] == "privacy_bug" and statement in v["white_box_fired"], v["message"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setup", ["per_layer", "adaptive"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_per_layer_and_adaptive_clipping_every_family(setup, family):
+    v = own_loop_audit(family, clipping=setup)["verdict"]
+    assert v["status"] == "consistent", (family, setup, v["message"])

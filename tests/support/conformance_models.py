@@ -262,12 +262,17 @@ LR = 0.5
 STEPS = 4
 
 
+def per_layer_bounds(model: nn.Module) -> list[float]:
+    """The per-layer set-up's bounds: C / sqrt(L) for each of the L trainable tensors."""
+    n = sum(1 for p in model.parameters() if p.requires_grad)
+    return [CLIP / n**0.5] * n
+
+
 def _clipping_kwargs(opts: Options, model: nn.Module) -> dict:
     if opts.clipping == "flat":
         return {"max_grad_norm": CLIP}
     if opts.clipping == "per_layer":
-        n = sum(1 for p in model.parameters() if p.requires_grad)
-        return {"clipping": "per_layer", "max_grad_norm": [CLIP / n**0.5] * n}
+        return {"clipping": "per_layer", "max_grad_norm": per_layer_bounds(model)}
     if opts.clipping == "adaptive":
         return {
             "clipping": "adaptive",
@@ -330,11 +335,12 @@ def run(
     """One seeded run of ``steps`` real optimizer steps; instruments in the module doc."""
     model, opt, criterion, loader, engine = make_private(family, opts, seed)
     params = [p for _, p in trainable(model)]
-    applied, thetas = [], []
+    applied, thetas, bounds = [], [], []
 
     def record(optimizer, args, kwargs):  # the gradient the base optimizer really applies
         applied.append(flat(p.grad for p in params))
         thetas.append(flat(params))
+        bounds.append(float(opt.max_grad_norm))  # adaptive clipping: C_{t+1}, updated
 
     handle = opt.original_optimizer.register_step_pre_hook(record)
     hook = hook_fn(opt, model) if hook_fn is not None else None
@@ -377,6 +383,7 @@ def run(
         hook=hook,
         applied=torch.stack(applied),
         thetas=torch.stack(thetas),
+        bounds=bounds,
         final=flat(params),
         epsilon=engine.accountant.get_epsilon(delta=1e-5),
         expected_batch_size=opt.expected_batch_size,
@@ -390,13 +397,14 @@ def reference_clipped_grads(
     theta: torch.Tensor,
     inputs: tuple[torch.Tensor, ...],
     targets: torch.Tensor,
-    clip: float,
+    clip,
     train: bool = True,
     autocast: bool = False,
 ) -> torch.Tensor:
     """(K, d) per-example gradients at ``theta`` by K single-example backward passes on a fresh
     copy of the plain model (forward under bf16 autocast when ``autocast``, as in training),
-    clipped in float32 with Opacus' flat rule min(1, C / (||g|| + 1e-6))."""
+    clipped in float32 with Opacus' rule: flat min(1, C / (||g|| + 1e-6)) for a float ``clip``,
+    per-layer (each parameter's part by its own C_p) for a list aligned with the parameters."""
     model = family.model()
     params = [p for p in model.parameters() if p.requires_grad]
     torch.nn.utils.vector_to_parameters(theta.clone(), params)
@@ -409,14 +417,12 @@ def reference_clipped_grads(
             out = family.forward(model, xs)
         loss = nn.functional.cross_entropy(out.float(), targets[k : k + 1])
         g = torch.autograd.grad(loss, params, allow_unused=True)
-        g = torch.cat(
-            [
-                (gi if gi is not None else torch.zeros_like(p)).reshape(-1)
-                for gi, p in zip(g, params, strict=True)
-            ]
-        )
-        g = g.float()
-        rows.append(g * (clip / (g.norm() + 1e-6)).clamp(max=1.0))
+        parts = [(gi if gi is not None else torch.zeros_like(p)).reshape(-1).float()
+                 for gi, p in zip(g, params, strict=True)]
+        if isinstance(clip, list):
+            rows.append(torch.cat([x * (c / (x.norm() + 1e-6)).clamp(max=1.0)
+                                   for x, c in zip(parts, clip, strict=True)]))
+        else:
+            g = torch.cat(parts)
+            rows.append(g * (clip / (g.norm() + 1e-6)).clamp(max=1.0))
     return torch.stack(rows)
-
-

@@ -190,6 +190,55 @@ def clip_at_twice_the_norm(opt) -> None:
     opt.clip_and_accumulate = doubled
 
 
+def double_first_layer_bound(opt) -> None:
+    """Plant a per-layer clipping bug: the first tensor clipped to 2 C_1 while the noise stays
+    sigma C (``DPPerLayerOptimizer.max_grad_norms[0]`` doubled after construction)."""
+    opt.max_grad_norms = [2 * opt.max_grad_norms[0], *opt.max_grad_norms[1:]]
+
+
+def bound_from_true_count(opt) -> None:
+    """Plant an adaptive-clipping bug: the bound moves by the true count of unclipped examples
+    (read before the count's noise), not the released one."""
+    add_noise, update = opt.add_noise, opt.update_max_grad_norm
+    seen = {}
+
+    def noised() -> None:
+        seen["count"] = opt.unclipped_num
+        add_noise()
+
+    def updated() -> None:
+        noisy, opt.unclipped_num = opt.unclipped_num, seen["count"]
+        update()
+        opt.unclipped_num = noisy
+
+    opt.add_noise, opt.update_max_grad_norm = noised, updated
+
+
+CLIPPING_BUGS = {  # set-up -> {bug class: (plant or zoo bug name, the check that must refute)}
+    "per_layer": {"noise": ("halved_noise", "noise_scale"),
+                  "clipping": (double_first_layer_bound, "clipping"),
+                  "bookkeeping": ("accountant_sigma", "bookkeeping")},
+    "adaptive": {"noise": ("halved_noise", "noise_scale"),
+                 "clipping": (clip_at_twice_the_norm, "clipping"),
+                 "bookkeeping": ("accountant_sigma", "bookkeeping"),
+                 "bound update": (bound_from_true_count, "adaptive_bound")},
+}
+
+
+def clipping_kwargs(clipping: str, model: nn.Module, sigma: float) -> dict:
+    """``make_private``'s clipping arguments: flat C = 1; per-layer 1 / sqrt(L) for each of
+    the L trainable tensors; adaptive from C = 1 (the CLI's defaults: target 0.5, rate 0.2,
+    bounds [0.01, 100], count noise max(B / 20, 2 sigma))."""
+    if clipping == "per_layer":
+        n = sum(1 for p in model.parameters() if p.requires_grad)
+        return {"clipping": "per_layer", "max_grad_norm": [n**-0.5] * n}
+    if clipping == "adaptive":
+        return {"clipping": "adaptive", "max_grad_norm": 1.0, "target_unclipped_quantile": 0.5,
+                "clipbound_learning_rate": 0.2, "min_clipbound": 0.01, "max_clipbound": 100.0,
+                "unclipped_num_std": max(BATCH / 20, 2 * sigma)}
+    return {"max_grad_norm": 1.0}
+
+
 def data(inputs: str, seed: int = 0) -> TensorDataset:
     """Synthetic examples of the family's input kind, with labels."""
     g = torch.Generator().manual_seed(seed)
@@ -214,7 +263,7 @@ def own_loop_audit(family: str, bug: str = "none", seed: int = 0, sigma: float =
                    canaries: int = 24, planted=None, optimizer: str = "sgd",
                    schedule: bool = False, ema: bool = False, ddp: bool = False,
                    autocast: torch.dtype | None = None, grad_scaler: bool = False,
-                   **report) -> dict:
+                   clipping: str = "flat", **report) -> dict:
     """Train ``family`` in an ordinary Opacus loop with an ``AuditHook`` (and ``bug``
     planted, or ``planted(optimizer)`` called to patch it) for ``STEPS`` steps and return
     ``audit_report``'s result. ``optimizer`` (``OPTIMIZERS``), ``schedule`` (a StepLR on the
@@ -222,7 +271,8 @@ def own_loop_audit(family: str, bug: str = "none", seed: int = 0, sigma: float =
     after every step) are the loop's own; ``ddp``: inside an initialised process group, the
     model wrapped in Opacus' DPDDP (its distributed Poisson loader and optimizer);
     ``autocast``: the forward and the loss under ``torch.autocast("cpu", dtype=autocast)``
-    (mixed precision); ``grad_scaler``: the loss scaled by a ``torch.amp.GradScaler``."""
+    (mixed precision); ``grad_scaler``: the loss scaled by a ``torch.amp.GradScaler``;
+    ``clipping``: Opacus' flat, per-layer or adaptive clipping (``clipping_kwargs``)."""
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
 
     fam = FAMILIES[family]
@@ -242,8 +292,9 @@ def own_loop_audit(family: str, bug: str = "none", seed: int = 0, sigma: float =
     model, opt, loader = engine.make_private(
         module=model, optimizer=OPTIMIZERS[optimizer](
             [p for p in model.parameters() if p.requires_grad]),
-        data_loader=loader, noise_multiplier=sigma, max_grad_norm=1.0,
-        poisson_sampling=not shuffled, grad_sample_mode=fam.grad_sample_mode)
+        data_loader=loader, noise_multiplier=sigma,
+        poisson_sampling=not shuffled, grad_sample_mode=fam.grad_sample_mode,
+        **clipping_kwargs(clipping, model, sigma))
     if bug not in ("none", "shuffled_batches"):
         if BUG_ZOO[bug].optimizer:
             plant_bug(opt, bug)

@@ -21,7 +21,11 @@ really contributes:
   when the other examples of the micro-batch point elsewhere) gets that many chances.
 
 A contribution of norm above C (1 + ``TOLERANCE``) is a sensitivity violation seen on data:
-deterministic evidence, no statistics. It catches an example left unclipped, a layer left out
+deterministic evidence, no statistics (``experiment.judging.clipping`` judges its epsilon
+cost). C is read from the optimizer at every step: the flat bound, per-layer clipping's
+combined ||(C_p)|| (each parameter's part is also measured against its own C_p:
+``max_group_ratio``), adaptive clipping's current C_t (its counters restored after the probes).
+It catches an example left unclipped, a layer left out
 of the norm, micro-batches clipped as one example, clipping at the wrong norm. It cannot see a
 per-sample gradient that is itself wrong (that needs an independent per-example reference, as
 the conformance suite has). Nothing here changes training: the probes run on copies of the
@@ -38,6 +42,7 @@ import torch
 from opacus.optimizers import DPOptimizer
 
 from dpaudit import seeds
+from dpaudit.capture.support import clip_bound, clip_bounds, restore_counters, save_counters
 
 TOLERANCE = 1e-4  # float32 sums of B clipped rows: rounding far below this share of C
 FIRST_STEP_ALL = 16  # examples probed on the first step (largest gradient norms first)
@@ -54,13 +59,15 @@ class ClipRecord:
     norm: float
     ratio: float
     gradient_norm: float  # the example's own per-sample gradient norm, for the report
+    group_ratio: float | None = None  # per-layer clipping: the largest ||part_p|| / C_p
 
 
 class ClippingCheck:
     """Probes of the optimizer's clipping at each step (module doc).
 
     Args:
-        max_grad_norm: the claimed clip norm C.
+        max_grad_norm: the claimed clip norm C (the optimizer's own bound is read at every
+            step; this one is reported).
         seed: seeds the random examples and the probed steps
             (``seeds.stream(seed, seeds.CLIP_CHECK)``; never the training's streams).
         probe_rate: share of the steps (after the first) that are probed, in (0, 1].
@@ -91,6 +98,8 @@ class ClippingCheck:
         self.steps_checked = 0
         self.leave_one_out_steps = 0
         self.unchecked: str | None = None
+        self._bound = self.max_grad_norm
+        self._groups: list[float] | None = None
 
     @torch.no_grad()
     def run(self, opt: DPOptimizer, step: int) -> None:
@@ -117,10 +126,14 @@ class ClippingCheck:
             picks = [int(torch.argmax(norms))] + ([int(self.rng.integers(b))] if b > 1 else [])
         loo = b > 1 and u < self.leave_one_out_rate
         saved = [(p.grad_sample, p.summed_grad) for p in opt.params]
+        counters = save_counters(opt)
+        self._bound = clip_bound(opt)
+        bounds = clip_bounds(opt)
+        self._groups = bounds if isinstance(bounds, list) else None
         try:
             for i in dict.fromkeys(picks):
                 alone = self._clipped_sum(opt, flats, torch.tensor([i]))
-                self._record(step, i, "single", _norm(alone), float(norms[i]))
+                self._record(step, i, "single", alone, float(norms[i]))
                 if loo:
                     others = np.delete(np.arange(b), i)
                     rest = np.sort(self.rng.choice(others, min(LOO_CONTEXT, b - 1), replace=False))
@@ -128,8 +141,9 @@ class ClippingCheck:
                     full = self._clipped_sum(opt, flats, torch.from_numpy(with_i))
                     without = self._clipped_sum(opt, flats, torch.from_numpy(rest))
                     diff = [a - r for a, r in zip(full, without, strict=True)]
-                    self._record(step, i, "leave_one_out", _norm(diff), float(norms[i]))
+                    self._record(step, i, "leave_one_out", diff, float(norms[i]))
         finally:
+            restore_counters(opt, counters)
             for p, (gs, sg) in zip(opt.params, saved, strict=True):
                 p.grad_sample, p.summed_grad = gs, sg
         self.steps_checked += 1
@@ -146,9 +160,15 @@ class ClippingCheck:
         opt.clip_and_accumulate()
         return [p.summed_grad.detach().to(torch.float64) for p in opt.params]
 
-    def _record(self, step: int, example: int, kind: str, norm: float, grad_norm: float) -> None:
+    def _record(self, step: int, example: int, kind: str, parts: list[torch.Tensor],
+                grad_norm: float) -> None:
+        norm = _norm(parts)
+        group = None
+        if self._groups is not None:
+            group = max(float(torch.linalg.vector_norm(x)) / c
+                        for x, c in zip(parts, self._groups, strict=True))
         self.records.append(
-            ClipRecord(step, example, kind, norm, norm / self.max_grad_norm, grad_norm)
+            ClipRecord(step, example, kind, norm, norm / self._bound, grad_norm, group)
         )
 
     def summary(self) -> dict:
@@ -164,6 +184,9 @@ class ClippingCheck:
         for kind in ("single", "leave_one_out"):
             rs = [r for r in self.records if r.kind == kind]
             out[f"max_ratio_{kind}"] = max((r.ratio for r in rs), default=None)
+        groups = [r.group_ratio for r in self.records if r.group_ratio is not None]
+        if groups:  # per-layer clipping: each part against its own bound C_p
+            out["max_group_ratio"] = max(groups)
         bad = [r for r in self.records if r.ratio > 1.0 + TOLERANCE]
         out["violations"] = len(bad)
         out["worst"] = None if not bad else vars(max(bad, key=lambda r: r.ratio))

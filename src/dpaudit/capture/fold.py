@@ -55,11 +55,12 @@ from torch import nn
 
 from dpaudit.capture.input_canaries import InputCanaries, argument_kind
 from dpaudit.capture.patching import InstancePatch
+from dpaudit.capture.support import clip_bounds
 from dpaudit.gradients.persample import (
     clip_dtype,
-    clip_factor,
     clip_rows,
     in_per_sample_pass,
+    per_part_factors,
     summed_loss_output_grad,
 )
 
@@ -150,7 +151,8 @@ class BatchFold:
         sets: the ``InputCanaries`` (and reference points) whose rows are folded, in the order
             ``take()`` returns them; they must take the same forward arguments (``signature``).
         param_names: the returned coordinates (names in the unwrapped module).
-        max_grad_norm: the flat clip bound C.
+        max_grad_norm: the clip bound C at construction (the optimizer's own rule is read
+            when it clips: flat, per-layer, or adaptive clipping's current bound).
         probe: True (``input_pass="auto"``): the first training forward runs unfolded and is
             watched; folding starts only if it left the global RNG untouched. False
             (``"batch"``): fold from the first forward (each folded forward is still checked).
@@ -459,7 +461,8 @@ class BatchFold:
         ):
             out = torch.empty((k, width), dtype=dtype, device=selected[0].device)
         self._out = out
-        _, norms = clip_rows(list(rows.values()), selected, self.max_grad_norm, out=out)
+        _, norms = clip_rows(list(rows.values()), selected, clip_bounds(self.optimizer),
+                             out=out)
         # handed out as a view: whoever keeps it holds a reference to the storage, which
         # _exclusively_held sees at the next step (the buffer itself is only ever ours)
         self._result = (out.view(out.shape), norms, False)
@@ -468,19 +471,21 @@ class BatchFold:
         """Clipped rows at the view's coordinates only: norms over every parameter, then the
         K x |view| gathered entries scaled (no K x d temporary)."""
         dtype = clip_dtype(selected[0].dtype)
-        norms = torch.stack(
+        part_norms = torch.stack(
             [torch.linalg.vector_norm(g.reshape(k, -1), dim=1, dtype=dtype) for g in per_param],
             1,
-        ).norm(2, dim=1)
+        )
+        norms = part_norms.norm(2, dim=1)
+        factors = per_part_factors(part_norms, norms, per_param, selected,
+                                   clip_bounds(self.optimizer))
         locals_, back = self._view_blocks
         parts = [
-            g.reshape(k, -1).index_select(1, local)
-            for g, local in zip(selected, locals_, strict=True)
+            g.reshape(k, -1).index_select(1, local).to(dtype) * f
+            for g, local, f in zip(selected, locals_, factors, strict=True)
             if local is not None
         ]
         gathered = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
-        factor = clip_factor(norms, self.max_grad_norm).unsqueeze(1)
-        return torch.mul(gathered.index_select(1, back), factor).to(dtype), norms
+        return gathered.index_select(1, back), norms
 
     # ------------------------------------------------------------------ results
     def take(self) -> tuple[torch.Tensor, torch.Tensor, bool] | None:

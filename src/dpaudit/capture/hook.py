@@ -43,9 +43,16 @@ ghost clipping fills with the clipped sum, before noise); Opacus' distributed op
 (DPDDP): every rank draws the same inclusions, only rank 0 inserts the canaries (before the
 all-reduce, as Opacus adds its noise on rank 0 only), and every rank records the gradient
 after ``reduce_gradients`` (the one applied, noise included; the ranks' scores agree), with
-B_exp x world size as the divisor under ``loss_reduction="mean"``. Adaptive and per-layer
-clipping, FSDP and multi-process runs without Opacus' distributed optimizer are refused at
-construction.
+B_exp x world size as the divisor under ``loss_reduction="mean"``. Per-layer clipping
+(``DPPerLayerOptimizer``, one process): gradient canaries of norm <= C = ||(C_p)|| (the claim
+is a Gaussian mechanism of sensitivity C whatever the layer), input canaries clipped layer by
+layer as the optimizer clips examples. Adaptive clipping (``AdaClipDPOptimizer``): the bound
+C_t of each step is read when it is used; a gradient canary of norm c <= C_0 (the initial bound)
+is inserted at step t as c C_t / C_0, input canaries are clipped at C_t, and the scores see the
+release and the canaries times C_0 / C_t, so every step is the same Gaussian mechanism in units
+of C_0, with the gradient's noise multiplier sigma_g (``support.gradient_noise_multiplier``).
+Per-layer clipping under DPDDP, FSDP and multi-process runs without Opacus' distributed
+optimizer are refused at construction.
 
 Only real optimizer steps are recorded: ``BatchMemoryManager`` virtual steps (skipped steps)
 never reach ``add_noise`` or the step hook, so the whole logical batch is captured once.
@@ -83,6 +90,8 @@ from dpaudit.capture.records import WhiteBoxRecords
 from dpaudit.capture.support import (
     check_input_canaries_supported,
     check_optimizer_supported,
+    clip_bound,
+    gradient_noise_multiplier,
     is_distributed,
 )
 from dpaudit.capture.trace import Trace
@@ -215,7 +224,7 @@ class AuditHook:
         _check_arguments(optimizer, model, seed)
         self.optimizer = optimizer
         self.model = model
-        self.max_grad_norm = float(optimizer.max_grad_norm)
+        self.max_grad_norm = clip_bound(optimizer)
         self._select_parameters(params, coordinates)
         self._set_canaries(canaries)
         self._set_scores(scores, keep_per_step, reference, sample_rate)
@@ -446,7 +455,9 @@ class AuditHook:
             row = self._insertion.draw()  # drawn on every rank: the same draws everywhere
             self._pending_inclusion = row
             if self.rank == 0:  # once in the applied gradient, like Opacus' noise
-                self._insertion.insert(row, self._steps)
+                # adaptive clipping: a canary of norm C_0 enters as one of norm C_t
+                self._insertion.insert(row, self._steps,
+                                       clip_bound(opt) / self.max_grad_norm)
         self._white_box.probe_noise(opt, self._steps, self._add_noise_patch.original)
         self._add_noise_patch.original()
         self._white_box.after_noise(opt)
@@ -489,11 +500,17 @@ class AuditHook:
         self._pending_inclusion = None
         self._inputs.check_forward(t)
         released = self._score_view.released()
+        frame = self.max_grad_norm / clip_bound(opt)  # adaptive clipping: C_0 / C_t, else 1
         if self._fixed_canary_grads is not None:
             ref, canary_grads = None, self._fixed_canary_grads
         else:
             per_set, ref = self._inputs.compute(t)
+            if frame != 1.0:
+                per_set = [g * frame for g in per_set]
+                ref = None if ref is None else ref * frame
             canary_grads = self._canary_grads(per_set)
+        if frame != 1.0:  # scores see every step in units of C_0 (module doc)
+            released = released * frame
         if self.check_finite:  # canary gradients: checked where computed
             finite = (
                 all(bool(torch.isfinite(p.grad.sum())) for p in self._params)
@@ -507,16 +524,17 @@ class AuditHook:
             divisor = float(opt.expected_batch_size * opt.accumulated_iterations * self.world_size)
         else:
             divisor = 1.0
+        sigma = gradient_noise_multiplier(opt)
         ctx = StepContext(
             step=t,
-            noise_multiplier=float(opt.noise_multiplier),
+            noise_multiplier=sigma,
             max_grad_norm=self.max_grad_norm,
             divisor=divisor,
             sample_rate=self.sample_rate,
             reference_grads=ref,
         )
         self._accumulator.step(canary_grads, released, ctx)
-        self._white_box.on_release(opt, t, ctx.noise_multiplier * ctx.max_grad_norm, divisor,
+        self._white_box.on_release(opt, t, sigma * clip_bound(opt), divisor,
                                    self._inclusions[-1])
         if self.trace is not None:
             context = {

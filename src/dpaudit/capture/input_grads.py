@@ -39,9 +39,9 @@ from torch import nn
 from dpaudit.capture.fold import BatchFold, random_modules, row_coupled_modules
 from dpaudit.capture.forward_watch import ForwardWatcher, Replay
 from dpaudit.capture.input_canaries import InputCanaries, argument_kind
-from dpaudit.capture.support import is_distributed, world_size
+from dpaudit.capture.support import clip_bounds, is_distributed, world_size
 from dpaudit.capture.view import CoordinateView
-from dpaudit.gradients.persample import per_sample_clipped_grads
+from dpaudit.gradients.persample import per_sample_clipped_grads, unwrap_model
 
 INPUT_PASSES = ("auto", "batch", "separate")
 
@@ -82,7 +82,8 @@ class InputGradients:
         sets: the ``InputCanaries`` sets, in canary order.
         reference: reference points (``InputCanaries``) or None; returned apart.
         param_names: the hook's parameter selection (names in the unwrapped model).
-        max_grad_norm: the flat clip bound C.
+        max_grad_norm: the clip bound C at construction (the optimizer's own rule is read
+            at every step: flat, per-layer, or adaptive clipping's current bound).
         input_pass: ``"auto"``, ``"batch"`` or ``"separate"`` (module doc).
         check_finite: raise ValueError on a non-finite canary gradient.
         seed: seeds the private random stream of the separate pass (module doc).
@@ -199,6 +200,16 @@ class InputGradients:
         if self.fold is not None:  # the fold gathers the view itself (no K x d temporary)
             self.fold.set_view(view.index)
 
+    def _bounds(self) -> float | dict[str, float]:
+        """The optimizer's clip rule now, as ``per_sample_clipped_grads`` takes it: a float
+        (flat; adaptive clipping's current C_t) or {parameter name: C_p} (per-layer)."""
+        bounds = clip_bounds(self.optimizer)
+        if not isinstance(bounds, list):
+            return bounds
+        by_id = {id(p): c for p, c in zip(self.optimizer.params, bounds, strict=True)}
+        return {n: by_id[id(p)] for n, p in unwrap_model(self.model).named_parameters()
+                if id(p) in by_id}
+
     def separate_pass(self, spec: InputCanaries, t: int) -> torch.Tensor:
         """Clipped gradients of ``spec`` at theta_t from one extra per-sample pass, with the
         canaries' own arguments and the step's replay, off the global RNG (module doc)."""
@@ -219,7 +230,7 @@ class InputGradients:
                 spec.inputs,
                 spec.targets,
                 spec.loss_fn,
-                self.max_grad_norm,
+                self._bounds(),
                 param_names=self.param_names,
                 args=spec.args,
                 kwargs=spec.kwargs,

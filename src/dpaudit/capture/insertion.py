@@ -332,11 +332,15 @@ class GradientInsertion:
         total = self.view.scatter(torch.stack(dense).sum(0)) if dense else None
         return total, sparse
 
-    def insert(self, row: np.ndarray, step: int) -> None:
-        """Add the canaries included in ``row`` to every selected ``p.summed_grad``."""
+    def insert(self, row: np.ndarray, step: int, scale: float = 1.0) -> None:
+        """Add the canaries included in ``row`` to every selected ``p.summed_grad``, times
+        ``scale`` (adaptive clipping: C_t / C_0, so that a canary of norm C_0 is one of C_t)."""
         total, sparse = self.included_sum(row)
         if total is None and sparse is None:
             return
+        if scale != 1.0:
+            total = None if total is None else total * scale
+            sparse = None if sparse is None else sparse * scale
         for i, (p, a, b) in enumerate(self.view.slices()):
             if p.summed_grad is None:
                 raise RuntimeError(f"parameter has no summed_grad at step {step}")

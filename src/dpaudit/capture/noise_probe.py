@@ -35,6 +35,12 @@ import torch
 
 from dpaudit import seeds
 from dpaudit.capture.records import NoiseSourceRecord
+from dpaudit.capture.support import (
+    clip_bound,
+    gradient_noise_multiplier,
+    restore_counters,
+    save_counters,
+)
 
 STEP_SHARE = 0.05  # the share of the steps after the first that are probed
 
@@ -109,7 +115,7 @@ class NoiseProbe:
         probe = self._probe_now(step == 0)
         if self.reason is not None or not probe:
             return
-        std = float(opt.noise_multiplier) * float(opt.max_grad_norm)
+        std = gradient_noise_multiplier(opt) * clip_bound(opt)
         if not std > 0:
             return
         if self.distributed and self.rank != 0:
@@ -119,8 +125,10 @@ class NoiseProbe:
         gens = _generators(opt)
         states = [g.get_state() for g in gens]
         saved = [(p.summed_grad, p.grad) for p in params]
+        counters = save_counters(opt)  # adaptive clipping's add_noise also noises its count
 
         def call() -> list[torch.Tensor]:
+            restore_counters(opt, counters)
             for p, (summed, _) in zip(params, saved, strict=True):
                 p.summed_grad = torch.zeros_like(summed)
             add_noise()
@@ -129,6 +137,7 @@ class NoiseProbe:
         def restore() -> None:
             for g, s in zip(gens, states, strict=True):
                 g.set_state(s)
+            restore_counters(opt, counters)
 
         try:
             a = call()

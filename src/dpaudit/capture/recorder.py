@@ -13,6 +13,8 @@ and keeps, per step, a ``records.StepRecord``:
   ``p.grad - p.summed_grad`` on every tensor, sketched by ``noise_record.NoiseRecorder``, the
   squared norm of the noised sum itself (what the release must be, over the divisor), and the
   probe's comparison of that noise with the zero sum's;
+* under adaptive clipping, the bound C_t each step used and its count of unclipped examples,
+  before and after the optimizer's noise (``records.AdaptiveRecord``);
 * ``on_release`` (after the accountant, or after DPDDP's all-reduce): every tensor's released
   sum (squared norm), the released sum at the noise probes (coordinates no example touches)
   minus the canaries inserted there, and the loader's batches since the last step
@@ -36,8 +38,9 @@ from dpaudit.capture.gradient_canaries import GradientCanaries
 from dpaudit.capture.integrity import ModelIntegrity
 from dpaudit.capture.noise_probe import NoiseProbe
 from dpaudit.capture.noise_record import NoiseRecorder
-from dpaudit.capture.records import StepRecord, WhiteBoxRecords
+from dpaudit.capture.records import AdaptiveRecord, StepRecord, WhiteBoxRecords
 from dpaudit.capture.sampling_record import SamplingRecorder
+from dpaudit.capture.support import clip_bound, gradient_noise_multiplier, is_adaptive
 from dpaudit.capture.view import CoordinateView, check_coordinates
 from dpaudit.gradients.persample import unwrap_model
 
@@ -77,7 +80,7 @@ class WhiteBoxRecorder:
                  data_loader=None, check_integrity: bool = True, post_step=None,
                  check_noise_data: bool = True) -> None:
         self.optimizer = optimizer
-        self.max_grad_norm = float(optimizer.max_grad_norm)
+        self.max_grad_norm = clip_bound(optimizer)
         self.names = optimizer_tensor_names(model, optimizer)
         self.dims = [int(p.numel()) for p in optimizer.params]
         self._selection = list(params)
@@ -99,6 +102,9 @@ class WhiteBoxRecorder:
         self._integrity = ModelIntegrity(optimizer, model, post_step) if check_integrity else None
         self._probe = (NoiseProbe(optimizer, self.names, seed, rank=rank,
                                   distributed=distributed) if check_noise_data else None)
+        # adaptive clipping: (C_t, true count, examples counted, noisy count) of every step
+        self._adaptive: list[tuple] | None = [] if is_adaptive(optimizer) else None
+        self._pending_count: tuple | None = None
 
     @property
     def has_noise_probes(self) -> bool:
@@ -187,6 +193,9 @@ class WhiteBoxRecorder:
     def before_noise(self, opt: DPOptimizer, step: int) -> None:
         """Before anything is added to the clipped sum: the batch size, the clipping probes."""
         self._pending_batch = _batch_rows(opt)
+        if self._adaptive is not None:  # the true count, the examples counted, the bound
+            self._pending_count = (clip_bound(opt), int(opt.unclipped_num),
+                                   int(opt.sample_size))
         if self._clip is not None:
             self._clip.run(opt, step)
 
@@ -206,7 +215,9 @@ class WhiteBoxRecorder:
                 torch.linalg.vector_norm(p.grad, dtype=torch.float64) ** 2
                 for p in opt.params))
         if self._noise is not None:
-            self._noise.record(opt, float(opt.noise_multiplier) * self.max_grad_norm)
+            self._noise.record(opt, gradient_noise_multiplier(opt) * clip_bound(opt))
+        if self._adaptive is not None:
+            self._pending_count = (*self._pending_count, float(opt.unclipped_num))
 
     @torch.no_grad()
     def on_release(self, opt: DPOptimizer, step: int, noise_std: float, divisor: float,
@@ -227,8 +238,11 @@ class WhiteBoxRecorder:
             batch_size=self._pending_batch, released_sq=sq.cpu().numpy() * divisor * divisor,
             probe_noise=probe, noised_sq=self._pending_noised,
             dtype_eps=float(torch.finfo(opt.params[0].dtype).eps),
+            clip_bound=clip_bound(opt),
         ))
-        self._pending_batch = self._pending_noised = None
+        if self._adaptive is not None:
+            self._adaptive.append(self._pending_count)
+        self._pending_batch = self._pending_noised = self._pending_count = None
 
     # ------------------------------------------------------------------ results
     @property
@@ -268,6 +282,23 @@ class WhiteBoxRecorder:
             by_example=by_example, by_example_reason=None if by_example else reason,
             integrity=None if self._integrity is None else self._integrity.record(),
             noise_source=None if self._probe is None else self._probe.record(),
+            adaptive=self._adaptive_record(),
+        )
+
+    def _adaptive_record(self) -> AdaptiveRecord | None:
+        """Adaptive clipping's bounds and counts (``records.AdaptiveRecord``), or None."""
+        if self._adaptive is None:
+            return None
+        opt = self.optimizer
+        rows = np.array(self._adaptive, dtype=np.float64).reshape(-1, 4)
+        return AdaptiveRecord(
+            sigma=float(opt.noise_multiplier), sigma_gradient=gradient_noise_multiplier(opt),
+            sigma_count=float(opt.unclipped_num_std),
+            target_quantile=float(opt.target_unclipped_quantile),
+            learning_rate=float(opt.clipbound_learning_rate),
+            min_bound=float(opt.min_clipbound), max_bound=float(opt.max_clipbound),
+            bounds=rows[:, 0], counts=rows[:, 1], sizes=rows[:, 2], noisy_counts=rows[:, 3],
+            next_bound=clip_bound(opt),
         )
 
 

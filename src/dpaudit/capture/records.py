@@ -92,6 +92,8 @@ class StepRecord:
         noised_sq: the squared norm of the noised clipped sum right after ``add_noise`` (all
             tensors; the release times the divisor must equal it), or None (DPDDP).
         dtype_eps: the parameters' machine epsilon (the release's rounding).
+        clip_bound: the clip bound C the step's noise is scaled by (adaptive clipping: C_t;
+            None: the run's one ``max_grad_norm``).
     """
 
     step: int
@@ -103,6 +105,40 @@ class StepRecord:
     noise: NoiseStep | None = None
     noised_sq: float | None = None
     dtype_eps: float = float(np.finfo(np.float32).eps)
+    clip_bound: float | None = None
+
+
+@dataclass(frozen=True)
+class AdaptiveRecord:
+    """Adaptive clipping's own release (Opacus' ``AdaClipDPOptimizer``), step by step.
+
+    Attributes:
+        sigma: the noise multiplier the accountant is told (``noise_multiplier``).
+        sigma_gradient: the multiplier of the noise added to the clipped gradient sum,
+            (sigma^-2 - (2 sigma_u)^-2)^(-1/2) (Andrew et al. 2021, Theorem 1).
+        sigma_count: the std sigma_u of the noise added to the count of unclipped examples.
+        target_quantile / learning_rate / min_bound / max_bound: the bound's update rule,
+            C_{t+1} = clamp(C_t exp(-learning_rate (noisy count / batch size - target)), min,
+            max).
+        bounds: (T,) the clip bound C_t each step clipped and noised with.
+        counts: (T,) the true count of unclipped examples (read before the noise).
+        noisy_counts: (T,) the count the optimizer released (after its noise).
+        sizes: (T,) the number of examples the optimizer counted (its ``sample_size``).
+        next_bound: the bound after the last step (what its update produced).
+    """
+
+    sigma: float
+    sigma_gradient: float
+    sigma_count: float
+    target_quantile: float
+    learning_rate: float
+    min_bound: float
+    max_bound: float
+    bounds: np.ndarray
+    counts: np.ndarray
+    noisy_counts: np.ndarray
+    sizes: np.ndarray
+    next_bound: float
 
 
 @dataclass(frozen=True)
@@ -237,10 +273,30 @@ class WhiteBoxRecords:
     by_example_reason: str | None = None
     integrity: IntegrityRecord | None = None
     noise_source: NoiseSourceRecord | None = None
+    adaptive: AdaptiveRecord | None = None
 
     @property
     def num_steps(self) -> int:
         return len(self.steps)
+
+    @property
+    def clip_bounds(self) -> np.ndarray:
+        """(T,) the clip bound C of each step (adaptive clipping's C_t, else C)."""
+        return np.asarray([self.max_grad_norm if s.clip_bound is None else s.clip_bound
+                           for s in self.steps], dtype=np.float64)
+
+    @property
+    def noise_multipliers(self) -> np.ndarray:
+        """(T,) the multiplier of the noise each step added to its clipped sum (std / C_t)."""
+        return self.noise_stds / self.clip_bounds
+
+    @property
+    def claimed_multipliers(self) -> np.ndarray:
+        """(T,) the noise multiplier the claim composes: the optimizer's ``noise_multiplier``
+        (under adaptive clipping the accountant's sigma, smaller than the gradient's)."""
+        if self.adaptive is not None:
+            return np.full(self.num_steps, float(self.adaptive.sigma))
+        return self.noise_multipliers
 
     @property
     def released_sq(self) -> np.ndarray:

@@ -127,6 +127,9 @@ class ModelSettings:
         require_positive("model.width", self.width, integer=True)
 
 
+CLIPPINGS = ("flat", "per_layer", "adaptive")
+
+
 @dataclass(frozen=True)
 class DPSettings:
     """DP-SGD with Poisson sampling (``dp`` group): sample rate = batch_size / n_train."""
@@ -143,6 +146,22 @@ class DPSettings:
     max_physical_batch_size: int | None = _opt(
         None, "split logical batches for memory (Opacus BatchMemoryManager); null: off"
     )
+    clipping: str = _opt(
+        "flat", "Opacus' clipping: flat (one bound C), per_layer (each of the L parameter "
+        "tensors clipped to C / sqrt(L); noise sigma C) or adaptive (AdaClipDPOptimizer, the "
+        "bound starting at C)", CLIPPINGS)
+    target_unclipped_quantile: float = _opt(
+        0.5, "clipping=adaptive: the share of examples the bound aims to leave unclipped, "
+        "in (0, 1)")
+    clipbound_learning_rate: float = _opt(0.2, "clipping=adaptive: the bound's learning "
+                                          "rate, > 0")
+    min_clipbound: float | None = _opt(None, "clipping=adaptive: the smallest bound "
+                                       "(null: C / 100)")
+    max_clipbound: float | None = _opt(None, "clipping=adaptive: the largest bound "
+                                       "(null: 100 C)")
+    unclipped_num_std: float | None = _opt(
+        None, "clipping=adaptive: the std of the count's noise, > noise_multiplier / 2 "
+        "(null: the larger of batch_size / 20, Andrew et al.'s choice, and 2 sigma)")
     bug: str = _opt("none", "plant a known privacy bug in the optimizer (none: correct DP-SGD)",
                     "BUGS")
     bug_factor: float | None = _opt(
@@ -165,12 +184,44 @@ class DPSettings:
         if self.max_physical_batch_size is not None:
             require_positive("dp.max_physical_batch_size", self.max_physical_batch_size,
                              integer=True)
+        require_choice("dp.clipping", self.clipping, CLIPPINGS)
+        if self.clipping == "adaptive":
+            if not (is_finite_number(self.target_unclipped_quantile)
+                    and 0 < self.target_unclipped_quantile < 1):
+                refuse("dp.target_unclipped_quantile", "in (0, 1)",
+                       self.target_unclipped_quantile)
+            require_positive("dp.clipbound_learning_rate", self.clipbound_learning_rate)
+            lo, hi = self.clipbounds()
+            require_positive("dp.min_clipbound", lo)
+            if not hi > lo:
+                refuse("dp.max_clipbound", f"above dp.min_clipbound = {lo}", hi)
+            if self.unclipped_num_std is not None and not (
+                    is_finite_number(self.unclipped_num_std)
+                    and self.unclipped_num_std > self.noise_multiplier / 2):
+                refuse("dp.unclipped_num_std",
+                       f"a number above dp.noise_multiplier / 2 = {self.noise_multiplier / 2:g} "
+                       "(Opacus' adaptive clipping needs sigma < 2 sigma_u)",
+                       self.unclipped_num_std)
         require_choice("dp.bug", self.bug, _registry_names("BUGS"))
         if self.bug_factor is not None and not is_finite_number(self.bug_factor):
             refuse("dp.bug_factor", "null or a finite number", self.bug_factor)
         from dpaudit.bugs import check_bug
 
         check_bug(self.bug, self.bug_factor)
+
+    def clipbounds(self) -> tuple[float, float]:
+        """clipping=adaptive: (smallest, largest) bound, the defaults filled in."""
+        lo = self.max_grad_norm / 100 if self.min_clipbound is None else self.min_clipbound
+        hi = self.max_grad_norm * 100 if self.max_clipbound is None else self.max_clipbound
+        return lo, hi
+
+    def count_std(self) -> float:
+        """clipping=adaptive: the count's noise std (the default filled in: the larger of
+        batch_size / 20 and 2 sigma, so that the gradient's noise multiplier,
+        (sigma^-2 - (2 sigma_u)^-2)^(-1/2), is at most 1.033 sigma)."""
+        if self.unclipped_num_std is not None:
+            return float(self.unclipped_num_std)
+        return max(self.batch_size / 20, 2 * self.noise_multiplier)
 
 
 @dataclass(frozen=True)

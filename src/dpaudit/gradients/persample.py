@@ -65,7 +65,7 @@ def per_sample_clipped_grads(
     inputs: torch.Tensor,
     targets: torch.Tensor,
     loss_fn: LossFn,
-    max_grad_norm: float | None,
+    max_grad_norm: float | Mapping[str, float] | None,
     param_names: Sequence[str] | None = None,
     chunk_size: int | None = 256,
     backend: str = "auto",
@@ -83,7 +83,9 @@ def per_sample_clipped_grads(
     ``nn.functional.cross_entropy``). ``param_names`` selects which parameters' coordinates are
     returned (default: all trainable); clipping always uses the norm over all trainable
     parameters, in at least float32 (so the result has norm <= C up to float32 rounding also
-    when the gradients are bfloat16). ``max_grad_norm=None`` returns unclipped gradients.
+    when the gradients are bfloat16); a mapping {parameter name: C_p} over every trainable
+    parameter clips each parameter's part to its own bound (Opacus' per-layer clipping).
+    ``max_grad_norm=None`` returns unclipped gradients.
     The result lives on the model's device; the model's parameters are not modified.
     ``backend``: ``"auto"`` (default), ``"func"`` or ``"opacus"`` (see the module docstring).
     """
@@ -106,12 +108,11 @@ def per_sample_clipped_grads(
     clash = sorted(set(kwargs) & set(shared_kwargs))
     if clash:
         raise ValueError(f"shared_kwargs repeats per-example kwargs {clash}")
-    if max_grad_norm is not None and not max_grad_norm > 0:
-        raise ValueError(f"max_grad_norm must be positive or None, got {max_grad_norm!r}")
     named = dict(module.named_parameters())
     trainable = [n for n, p in named.items() if p.requires_grad]
     if not trainable:
         raise ValueError("model has no trainable parameters")
+    bounds = _check_bounds(max_grad_norm, trainable)
     selected = list(trainable if param_names is None else param_names)
     unknown = [n for n in selected if n not in named or not named[n].requires_grad]
     if unknown:
@@ -144,9 +145,27 @@ def per_sample_clipped_grads(
     if max_grad_norm is None:
         return torch.cat([grads[k].reshape(n, -1) for k in selected], dim=1)
     clipped, _ = clip_rows(
-        [grads[k] for k in trainable], [grads[k] for k in selected], max_grad_norm
+        [grads[k] for k in trainable], [grads[k] for k in selected], bounds
     )
     return clipped
+
+
+def _check_bounds(max_grad_norm, trainable: Sequence[str]):
+    """The clip bound as ``clip_rows`` takes it: a float (flat), a list aligned with
+    ``trainable`` (per-layer, from a {name: C_p} mapping) or None."""
+    if max_grad_norm is None:
+        return None
+    if isinstance(max_grad_norm, Mapping):
+        missing = [n for n in trainable if n not in max_grad_norm]
+        if missing:
+            raise ValueError(f"max_grad_norm: per-layer bounds missing for {missing}")
+        bounds = [float(max_grad_norm[n]) for n in trainable]
+        if not all(b > 0 for b in bounds):
+            raise ValueError(f"max_grad_norm: per-layer bounds must be positive, got {bounds}")
+        return bounds
+    if not max_grad_norm > 0:
+        raise ValueError(f"max_grad_norm must be positive or None, got {max_grad_norm!r}")
+    return float(max_grad_norm)
 
 
 def clip_factor(norms: torch.Tensor, max_grad_norm: float) -> torch.Tensor:
@@ -163,24 +182,29 @@ def clip_dtype(dtype: torch.dtype) -> torch.dtype:
 def clip_rows(
     per_param: Sequence[torch.Tensor],
     selected: Sequence[torch.Tensor],
-    max_grad_norm: float,
+    max_grad_norm: float | Sequence[float],
     out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Opacus' flat clipping of per-sample gradients given per parameter as (n, *shape).
+    """Opacus' clipping of per-sample gradients given per parameter as (n, *shape).
 
-    The norm of each row is taken over ``per_param`` (all parameters the optimizer clips);
-    returns the (n, d_selected) clipped rows of the ``selected`` tensors, flattened and
-    concatenated in order, and the (n,) norms before clipping. Norms, factors and the result
-    are in ``clip_dtype`` (at least float32). The rows are read once for the norms and once
-    while they are scaled straight into the result: ``out`` (an (n, d_selected) tensor of that
-    dtype, e.g. a buffer reused across steps) or a new tensor.
+    Flat (``max_grad_norm`` a float C): the norm of each row is taken over ``per_param`` (all
+    parameters the optimizer clips) and every part is scaled by min(1, C / (norm + 1e-6)).
+    Per-layer (a sequence of bounds C_p aligned with ``per_param``, as Opacus'
+    ``DPPerLayerOptimizer`` clips): each parameter's part is scaled by its own factor from its
+    own norm; ``selected`` must then be tensors of ``per_param`` (matched by identity).
+    Returns the (n, d_selected) clipped rows of the ``selected`` tensors, flattened and
+    concatenated in order, and the (n,) norms before clipping (over every parameter). Norms,
+    factors and the result are in ``clip_dtype`` (at least float32). The rows are read once for
+    the norms and once while they are scaled straight into the result: ``out`` (an
+    (n, d_selected) tensor of that dtype, e.g. a buffer reused across steps) or a new tensor.
     """
     n = per_param[0].shape[0]
     dtype = clip_dtype(per_param[0].dtype)
-    norms = torch.stack(
+    part_norms = torch.stack(
         [torch.linalg.vector_norm(g.reshape(n, -1), dim=1, dtype=dtype) for g in per_param], 1
-    ).norm(2, dim=1)
-    factor = clip_factor(norms, max_grad_norm).unsqueeze(1)
+    )
+    norms = part_norms.norm(2, dim=1)
+    factors = per_part_factors(part_norms, norms, per_param, selected, max_grad_norm)
     widths = [math.prod(g.shape[1:]) for g in selected]
     if out is None:
         out = selected[0].new_empty((n, sum(widths)), dtype=dtype)
@@ -190,10 +214,28 @@ def clip_rows(
             f"{tuple(out.shape)} {out.dtype}"
         )
     start = 0
-    for g, w in zip(selected, widths, strict=True):  # clip straight into the output
-        torch.mul(g.reshape(n, w), factor, out=out[:, start : start + w])
+    for g, w, f in zip(selected, widths, factors, strict=True):  # clip into the output
+        torch.mul(g.reshape(n, w), f, out=out[:, start : start + w])
         start += w
     return out, norms
+
+
+def per_part_factors(part_norms, norms, per_param, selected, max_grad_norm) -> list:
+    """The (n, 1) clip factor of each ``selected`` tensor: one flat factor from ``norms``, or
+    under per-layer bounds (a sequence aligned with ``per_param``) each part's own from
+    ``part_norms`` ((n, len(per_param)))."""
+    if not isinstance(max_grad_norm, Sequence):
+        flat = clip_factor(norms, float(max_grad_norm)).unsqueeze(1)
+        return [flat] * len(selected)
+    if len(max_grad_norm) != len(per_param):
+        raise ValueError(f"max_grad_norm: {len(max_grad_norm)} per-layer bounds for "
+                         f"{len(per_param)} parameters")
+    index = {id(g): i for i, g in enumerate(per_param)}
+    missing = [i for i, g in enumerate(selected) if id(g) not in index]
+    if missing:
+        raise ValueError("per-layer clipping: the selected tensors must be among per_param")
+    return [clip_factor(part_norms[:, index[id(g)]], float(max_grad_norm[index[id(g)]]))
+            .unsqueeze(1) for g in selected]
 
 
 def _opacus_backend_ok(model: nn.Module) -> bool:

@@ -120,6 +120,13 @@ def clipping_check(summary: dict, noise_multipliers, sample_rate: float | None =
     elif ratio is not None:
         checked.append(f"largest contribution {ratio:.6g} C (float32 rounding: at most "
                        f"1 + {TOLERANCE:g})")
+    group = summary.get("max_group_ratio")
+    if group is not None:  # per-layer clipping: each parameter's part against its C_p
+        checked.append(f"largest part of one parameter {group:.6g} C_p (its own bound)")
+        if group > 1.0 + TOLERANCE and not refuted:
+            # the total stays within C (the claim's sensitivity), but the rule is not Opacus'
+            noted = True
+            witness.setdefault("group_ratio", group)
     return deterministic(
         "clipping", refuted, statement, witness=witness, checked=checked,
         unchecked=[summary["unchecked"]] if summary.get("unchecked") else [],

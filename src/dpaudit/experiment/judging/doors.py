@@ -76,7 +76,7 @@ def shuffle_lower_bound(records: WhiteBoxRecords, seen: dict, delta: float) -> d
     stds = records.noise_stds
     if not size or not stds.size or not np.all(stds > 0):
         return None
-    sigma = float(stds.min() / records.max_grad_norm)
+    sigma = float(records.claimed_multipliers.min())
     per_pass = math.ceil(by.n / size)
     passes = by.batches // per_pass
     if passes < 1:

@@ -30,6 +30,8 @@ checks test the mechanism itself, each certified on its own terms:
   mechanism the accountant accounted, and reveals what it depends on.
 * the other doors (``doors``): ``sampling_by_example`` (statistical), ``sampling_duplicates``,
   ``model_integrity`` and ``noise_ignores_data`` (deterministic).
+* adaptive clipping's own release (``adaptive``): ``count_noise`` (statistical),
+  ``adaptive_bound`` (deterministic) and ``adaptive_accounting`` (a warning).
 
 Every check is a ``stats.checks.CheckResult``. A statistical one is judged at two levels: its
 share of the PRIVACY BUG verdict's failure probability (``rejected``) and its share of the
@@ -44,6 +46,11 @@ from dataclasses import replace
 import numpy as np
 
 from dpaudit.capture.records import WhiteBoxRecords
+from dpaudit.experiment.judging.adaptive import (
+    ADAPTIVE_TESTS,
+    adaptive_checks,
+    describe_adaptive,
+)
 from dpaudit.experiment.judging.clipping import clipping_check, describe_clipping
 from dpaudit.experiment.judging.doors import (
     by_example_runs,
@@ -116,6 +123,8 @@ def statistical_tests(records: WhiteBoxRecords | None) -> list[str]:
         out.append("poisson_sampling")
     if by_example_runs(records):
         out.append("sampling_by_example")
+    if records.adaptive is not None and records.adaptive.bounds.size:
+        out += list(ADAPTIVE_TESTS)
     return out
 
 
@@ -286,14 +295,14 @@ def white_box_evidence(
                                     level=level)
         out["poisson_sampling"] = replace(res, checked=[f"{len(sizes)} {where}"])
     out.update(door_checks(records, level, delta))
+    out.update(adaptive_checks(records, level, delta))
     out = {k: v.at_levels(level, warning_level) for k, v in out.items()}
+    claimed = records.claimed_multipliers
     if records.clipping is not None:
-        out["clipping"] = clipping_check(
-            records.clipping, stds / float(records.max_grad_norm), sampling.get("q"), delta)
+        out["clipping"] = clipping_check(records.clipping, claimed, sampling.get("q"), delta)
     if records.accountant_history is not None and sampling.get("q"):
         out["bookkeeping"] = bookkeeping_check(
-            records.accountant_history, stds / float(records.max_grad_norm),
-            float(sampling["q"]), records.num_steps)
+            records.accountant_history, claimed, float(sampling["q"]), records.num_steps)
     norm = normalisation_check(records)
     if norm is not None:
         out["normalisation"] = norm
@@ -376,6 +385,9 @@ def describe(check: CheckResult) -> str:
     door = describe_door(check, p_text)
     if door is not None:
         return door
+    adaptive = describe_adaptive(check)
+    if adaptive is not None:
+        return adaptive
     if name in ("noise_floor", "noise_scale"):
         what = "released" if name == "noise_floor" else "added noise of"
         return (

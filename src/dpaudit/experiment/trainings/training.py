@@ -103,11 +103,28 @@ def _make_private(model, train_set, dp: DPSettings, sample_rate: float, seed: in
             optimizer=make_optimizer(model, dp),
             data_loader=loader,
             noise_multiplier=dp.noise_multiplier,
-            max_grad_norm=dp.max_grad_norm,
             poisson_sampling=False,  # the loader above already samples
             grad_sample_mode="hooks",
+            **clipping_options(model, dp),
         )
     return engine, model, opt, loader
+
+
+def clipping_options(model: nn.Module, dp: DPSettings) -> dict:
+    """``make_private``'s clipping arguments for ``dp.clipping``: flat C; per-layer C / sqrt(L)
+    for each of the L trainable tensors (their combined bound is C, the noise sigma C);
+    adaptive clipping starting at C with the settings' update rule and count noise."""
+    if dp.clipping == "per_layer":
+        n = sum(1 for p in model.parameters() if p.requires_grad)
+        return {"clipping": "per_layer", "max_grad_norm": [dp.max_grad_norm / math.sqrt(n)] * n}
+    if dp.clipping == "adaptive":
+        lo, hi = dp.clipbounds()
+        return {"clipping": "adaptive", "max_grad_norm": dp.max_grad_norm,
+                "target_unclipped_quantile": dp.target_unclipped_quantile,
+                "clipbound_learning_rate": dp.clipbound_learning_rate,
+                "min_clipbound": lo, "max_clipbound": hi,
+                "unclipped_num_std": dp.count_std()}
+    return {"max_grad_norm": dp.max_grad_norm}
 
 
 def _physical_batches(loader, dp: DPSettings, opt):
