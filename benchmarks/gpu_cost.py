@@ -23,6 +23,10 @@ CPU the process's peak RSS during the training, VmHWM reset through ``/proc/self
 when training starts), the ratios audited / plain, and the device, threads and load. With
 ``--profile``, the 15 costliest operators of three audited steps (in the parent process).
 ``one_run_live_1e5`` has its own script: ``benchmarks/one_run_live_cost.py``.
+``--input-canaries`` and ``--hook-kwargs`` change the audited training (what each part of the
+hook costs: e.g. ``--hook-kwargs '{"check_clipping": false}'``). ``--floor`` also times the
+plain training with K more rows per batch (K = ``--input-canaries``): the cost of computing K
+more per-example gradients per step the way Opacus computes the batch's, without the hook.
 
     python benchmarks/gpu_cost.py --device cuda
     OMP_NUM_THREADS=2 python benchmarks/gpu_cost.py --scale 0.25 --steps 8 --warmup 2  # CPU
@@ -168,7 +172,7 @@ def train(setup: str, audited: bool, a, device: torch.device, profile: bool = Fa
     engine = PrivacyEngine()
     model, opt, loader = engine.make_private(
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
-        data_loader=DataLoader(TensorDataset(x, y), batch_size=batch),
+        data_loader=DataLoader(TensorDataset(x, y), batch_size=batch + a.extra_rows),
         noise_multiplier=1.0, max_grad_norm=1.0)
     hook = None
     if audited:
@@ -176,9 +180,11 @@ def train(setup: str, audited: bool, a, device: torch.device, profile: bool = Fa
         coords = torch.randperm(dim, generator=gen)[:1000].sort().values.tolist()
         policy = ["every_step" if i % 2 else "never" for i in range(1000)]
         grads = GradientCanaries.dirac(coords, norm=1.0, dim=dim, policy=policy)
-        xc, yc = data(name, 64, gen)
-        hook = AuditHook(opt, model, [InputCanaries(xc.to(device), yc.to(device)), grads],
-                         data_loader=loader)
+        sets = [grads]
+        if a.input_canaries:
+            xc, yc = data(name, a.input_canaries, gen)
+            sets.insert(0, InputCanaries(xc.to(device), yc.to(device)))
+        hook = AuditHook(opt, model, sets, data_loader=loader, **json.loads(a.hook_kwargs))
     times: list[float] = []
     prof = None
     if profile:
@@ -250,6 +256,12 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--scale", type=float, default=1.0, help="width multiplier")
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--input-canaries", type=int, default=64, help="input canaries (0: none)")
+    p.add_argument("--hook-kwargs", default="{}",
+                   help='AuditHook options as JSON, e.g. \'{"check_clipping": false}\'')
+    p.add_argument("--floor", action="store_true",
+                   help="also time plain training at the expected batch + the input canaries")
+    p.add_argument("--extra-rows", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--audited", type=int, default=0, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
@@ -265,18 +277,27 @@ def main(argv=None) -> None:
           f"{a.steps} logical steps ({a.warmup} warm-up), scale {a.scale}, each training in "
           f"its own process, alternated {a.repeats}x")
     print("| set-up | weights | plain s/step | audited s/step | ratio | plain peak MB "
-          "| audited peak MB | ratio |")
-    print("|---|---|---|---|---|---|---|---|")
-    forward = [x for x in argv if x != "--profile"]
+          "| audited peak MB | ratio |" + (" plain at B + K rows: time, memory ratio |"
+                                          if a.floor else ""))
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if a.floor else ""))
+    forward = [x for x in argv if x not in ("--profile", "--floor")]
     for setup in a.setups.split(","):
-        plain, aud = [], []
+        plain, aud, floor = [], [], []
         for _ in range(a.repeats):
             plain.append(_in_fresh_process(setup, False, forward))
             aud.append(_in_fresh_process(setup, True, forward))
+            if a.floor:  # the same training with K more rows per step, without the hook
+                floor.append(_in_fresh_process(
+                    setup, False, [*forward, "--extra-rows", str(a.input_canaries)]))
         tp, ta = (statistics.median(r["seconds"] for r in rows) for rows in (plain, aud))
         mp, ma = (statistics.median(r["peak_mb"] for r in rows) for rows in (plain, aud))
+        extra = ""
+        if floor:
+            tf = statistics.median(r["seconds"] for r in floor)
+            mf = statistics.median(r["peak_mb"] for r in floor)
+            extra = f" {tf / tp:.2f}, {mf / mp:.2f} |"
         print(f"| {setup} | {plain[0]['weights']:,} | {tp:.4f} | {ta:.4f} | {ta / tp:.2f} "
-              f"| {mp:.0f} | {ma:.0f} | {ma / mp:.2f} |", flush=True)
+              f"| {mp:.0f} | {ma:.0f} | {ma / mp:.2f} |{extra}", flush=True)
         if a.profile:
             print(f"\n{setup}: the 15 costliest operators of 3 audited steps")
             train(setup, True, a, device, profile=True)

@@ -311,12 +311,22 @@ def _clip_with(opt: DPOptimizer, factors: Callable[[list[torch.Tensor]], torch.T
     from the flat per-sample gradients (one tensor per parameter)."""
     samples = opt.grad_samples
     factor = factors(samples) if len(samples[0]) else torch.zeros((0,), device=samples[0].device)
+    _count_unclipped(opt, factor)
     for p in opt.params:
         _check_processed_flag(p.grad_sample)
         gs = opt._get_flat_grad_sample(p).to(p.dtype)
         grad = torch.einsum("i,i...", factor.to(gs.device, p.dtype), gs)
         p.summed_grad = grad if p.summed_grad is None else p.summed_grad + grad
         _mark_as_processed(p.grad_sample)
+
+
+def _count_unclipped(opt: DPOptimizer, factor: torch.Tensor) -> None:
+    """Adaptive clipping's counters, as its own ``clip_and_accumulate`` keeps them (the
+    examples seen, those left unclipped), so that a clipping bug planted on an
+    ``AdaClipDPOptimizer`` leaves its bound update working."""
+    if hasattr(opt, "unclipped_num") and hasattr(opt, "sample_size"):
+        opt.sample_size += len(factor)
+        opt.unclipped_num += len(factor) - (factor < 1).sum()
 
 
 def _norms(samples: list[torch.Tensor]) -> torch.Tensor:
@@ -382,6 +392,7 @@ def _microbatch_clipping(opt: DPOptimizer, fraction: float) -> Callable[[], None
                 0, groups, flat))
         norms = torch.stack([m.norm(2, dim=1) for m in summed], dim=1).norm(2, dim=1)
         f = clip_factor(norms, opt.max_grad_norm)
+        _count_unclipped(opt, f[groups])  # each example by its micro-batch's factor
         for p, m in zip(opt.params, summed, strict=True):
             _check_processed_flag(p.grad_sample)
             grad = (f[:, None] * m).sum(0).view_as(p).to(p.dtype)

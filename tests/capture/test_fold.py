@@ -91,6 +91,25 @@ def test_folding_leaves_training_unchanged_and_equals_separate_pass(kw):
     assert folded_rec.grads[0].shape == (8, sum(p.numel() for p in model_fn().parameters()))
 
 
+def test_auto_does_not_fold_a_logical_batch_batch_memory_manager_splits():
+    """Under BatchMemoryManager with logical batches of several physical ones, "auto" leaves
+    the physical batches as the user capped them: every step takes the separate pass, training
+    is unchanged bit for bit and the canaries' gradients are the separate pass's."""
+    kw = {"physical_batch": 16, "epochs": 2}
+    plain = private_run(DATA, logreg(NF), None, **kw)
+    auto_rec, separate_rec = GradRecorder(), GradRecorder()
+    auto = _audited("auto", auto_rec, **kw)
+    separate = _audited("separate", separate_rec, **kw)
+    assert auto.hook.folded_steps == 0 and auto.hook.steps == separate.hook.steps > 3
+    assert torch.equal(flat_params(auto.model), flat_params(plain.model))
+    for a, b in zip(auto_rec.grads, separate_rec.grads, strict=True):
+        assert torch.equal(a, b)
+    # one physical batch per logical one (no step skipped): "auto" folds as before, from the
+    # step after its probe (the first forward runs as it is, watched)
+    whole = _audited("auto", GradRecorder(), physical_batch=512, epochs=1)
+    assert whole.hook.folded_steps == whole.hook.steps - 1 >= 3
+
+
 def test_empty_poisson_batches_are_folded():
     """Batches of zero examples still carry the canaries and train exactly as without them."""
     data, _ = digits_flat(n_train=40)

@@ -256,3 +256,69 @@ def test_row_blocks_match_the_concatenated_matrix():
         RowBlocks([dense, torch.zeros(2, 41)])
     with pytest.raises(NotImplementedError):
         blocks.norm(dim=0)
+
+
+def test_clipped_rows_match_the_clipped_matrix():
+    """``ClippedRows`` (per-parameter row views and their clip factors) answers products,
+    norms, splits and scaling as the (K, d) clipped matrix would, flat or per-layer."""
+    from dpaudit.capture.insertion import ClippedRows
+    from dpaudit.gradients.persample import clip_rows, per_part_factors
+
+    g = torch.Generator().manual_seed(3)
+    per_param = [torch.randn(6, 4, 3, generator=g), torch.randn(6, 5, generator=g)]
+    v = torch.randn(17, generator=g)
+    for bound in (1.0, [0.5, 0.7]):
+        dense, _ = clip_rows(per_param, per_param, bound)
+        parts = [x.reshape(6, -1) for x in per_param]
+        part_norms = torch.stack([x.norm(dim=1) for x in parts], 1)
+        norms = part_norms.norm(dim=1)
+        factors = per_part_factors(part_norms, norms, per_param, per_param, bound)
+        rows = ClippedRows(parts, factors, part_norms, torch.float32)
+        assert rows.shape == dense.shape and len(rows) == 6
+        torch.testing.assert_close(rows.to_dense(), dense)
+        torch.testing.assert_close(rows @ v, dense @ v)
+        torch.testing.assert_close(rows.norm(dim=1), dense.norm(dim=1))
+        torch.testing.assert_close((rows * 0.5) @ v, (dense * 0.5) @ v)
+        a, b = rows.split([2, 4])
+        torch.testing.assert_close(torch.cat([a @ v, b @ v]), dense @ v)
+
+
+@pytest.mark.parametrize("physical", [None, 16])
+def test_folded_input_canaries_scored_without_the_clipped_matrix(physical):
+    """The default hook keeps folded input canaries as ``ClippedRows`` (no K x d buffer,
+    except on steps BatchMemoryManager skips) and scores them as the eager buffer would."""
+    from dpaudit.capture import InputCanaries
+    from dpaudit.capture.input_grads import InputGradients
+    from dpaudit.capture.insertion import ClippedRows
+
+    x, y = DATA.tensors[0][:12].clone(), DATA.tensors[1][:12].clone()
+    import unittest.mock as mock
+
+    kinds = []
+    folded = InputGradients.folded
+
+    def spy(self, t):
+        out = folded(self, t)
+        kinds.extend(type(r).__name__ for r in (out or []))
+        return out
+
+    def run(lazy):
+        def make(o, m):
+            hook = AuditHook(o, m, [InputCanaries(x, y)], scores=(ScalarProduct(), MixtureLR()),
+                             keep_per_step=True, input_pass="batch")
+            start = hook._inputs.start
+            hook._inputs.start = lambda view, dtype, lazy=False, _force=lazy: start(
+                view, dtype, _force)
+            return hook
+        return private_run(DATA, logreg(NF), make, batch_size=64, sigma=2.0,
+                           physical_batch=physical)
+
+    with mock.patch.object(InputGradients, "folded", spy):
+        lazy = run(True)
+    # under BatchMemoryManager the folded physical batch is a skipped step: the eager buffer
+    assert (ClippedRows.__name__ in kinds) == (physical is None), kinds
+    eager = run(False)
+    assert torch.equal(flat_params(lazy.model), flat_params(eager.model))
+    for name in ("scalar", "mixture_lr"):
+        np.testing.assert_allclose(lazy.hook.per_step()[name], eager.hook.per_step()[name],
+                                   rtol=1e-5, atol=1e-6)

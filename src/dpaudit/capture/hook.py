@@ -428,7 +428,11 @@ class AuditHook:
         self._insertion.start(self._device, self._dtype)
         self._score_vectors = self._insertion.score_vectors(self.routed, self.dirac_rows)
         self._fixed_canary_grads = self._canary_grads([]) if not self._inputs.active else None
-        self._inputs.start(self.view, self._dtype)
+        # the scores read input canaries' rows only through products and norms: the folded
+        # rows may stay views of Opacus' per-sample gradients (fold.BatchFold.lazy)
+        lazy = (self.trace is None and self.reference is None and self.coordinates is None
+                and all(type(s) in _DIRAC_ROWS for s in self.score_fns))
+        self._inputs.start(self.view, self._dtype, lazy=lazy)
         self._accumulator.start(self.scored_dim, self._device)
         self._white_box.start(self._device)
         if self.trace is not None:
@@ -484,7 +488,7 @@ class AuditHook:
                 i += 1
         if len(blocks) == 1:
             return blocks[0]
-        if not self.dirac_rows:
+        if not self.dirac_rows and all(isinstance(b, torch.Tensor) for b in blocks):
             return torch.cat(blocks)
         if all(isinstance(b, DiracRows) for b in blocks):
             return DiracRows.cat(blocks)

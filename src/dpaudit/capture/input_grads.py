@@ -194,11 +194,14 @@ class InputGradients:
         if self.watcher is not None:
             self.watcher.detach()
 
-    def start(self, view: CoordinateView, dtype: torch.dtype) -> None:
-        """Fix the coordinate view (on the model's device) and the dtype of the results."""
+    def start(self, view: CoordinateView, dtype: torch.dtype, lazy: bool = False) -> None:
+        """Fix the coordinate view (on the model's device) and the dtype of the results;
+        ``lazy``: the consumers read the rows only through products and norms, so folded rows
+        may stay ``insertion.ClippedRows`` (without a coordinate view)."""
         self._view, self._dtype = view, dtype
         if self.fold is not None:  # the fold gathers the view itself (no K x d temporary)
             self.fold.set_view(view.index)
+            self.fold.lazy = bool(lazy) and view.index is None
 
     def _bounds(self) -> float | dict[str, float]:
         """The optimizer's clip rule now, as ``per_sample_clipped_grads`` takes it: a float

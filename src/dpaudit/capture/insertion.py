@@ -138,6 +138,84 @@ class RowBlocks:
         return torch.cat([b.to_dense() if isinstance(b, DiracRows) else b for b in self.blocks])
 
 
+class ClippedRows:
+    """K clipped per-sample gradient rows kept as the per-parameter row views they came from
+    (the folded canary rows of Opacus' ``grad_sample``) and their clip factors, never written
+    out as a (K, d) matrix: what ``ScalarProduct`` and ``MixtureLR`` need of input canaries is
+    each row's product with the release and its norm, which the parts give exactly (each
+    part read in ``dtype``, at least float32). Saves the K x d buffer and its write per step.
+
+    Args:
+        parts: the (K, w_p) row views, one per selected parameter, in the view's order.
+        factors: the (K, 1) clip factor of each part (one shared factor under flat clipping).
+        part_norms: (K, len(parts)) the parts' norms before clipping, in ``dtype``.
+        dtype: the dtype the rows are read in.
+    """
+
+    def __init__(self, parts, factors, part_norms: torch.Tensor, dtype: torch.dtype) -> None:
+        self.parts, self.factors = list(parts), list(factors)
+        self.part_norms = part_norms
+        self._dtype = dtype
+        self.widths = [int(p.shape[1]) for p in self.parts]
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((int(self.parts[0].shape[0]), sum(self.widths)))
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.parts[0].device
+
+    def __len__(self) -> int:
+        return int(self.shape[0])
+
+    def __matmul__(self, vec: torch.Tensor) -> torch.Tensor:
+        out = None
+        for part, f, v in zip(self.parts, self.factors, vec.split(self.widths), strict=True):
+            term = (part.to(self._dtype) @ v.to(self._dtype)) * f.squeeze(1)
+            out = term if out is None else out + term
+        return out
+
+    def norm(self, p="fro", dim=None) -> torch.Tensor:
+        """The clipped rows' Euclidean norms (``dim=1``; the only norm the scores take)."""
+        if dim != 1 or p not in ("fro", 2):
+            raise NotImplementedError("ClippedRows.norm: only the rows' 2-norms (dim=1)")
+        scaled = torch.cat([self.part_norms[:, [i]] * f for i, f in enumerate(self.factors)],
+                           dim=1)
+        return scaled.norm(dim=1)
+
+    def __mul__(self, scale: float) -> ClippedRows:
+        """The rows times a number (adaptive clipping's C_0 / C_t)."""
+        return ClippedRows(self.parts, [f * scale for f in self.factors], self.part_norms,
+                           self._dtype)
+
+    def to(self, dtype: torch.dtype) -> ClippedRows:
+        return ClippedRows(self.parts, self.factors, self.part_norms, dtype)
+
+    def split(self, sizes: Sequence[int]) -> list[ClippedRows]:
+        """Consecutive groups of rows (one per canary set)."""
+        out, start = [], 0
+        for n in sizes:
+            sl = slice(start, start + n)
+            out.append(ClippedRows([p[sl] for p in self.parts], [f[sl] for f in self.factors],
+                                   self.part_norms[sl], self._dtype))
+            start += n
+        return out
+
+    def to_dense(self) -> torch.Tensor:
+        """The (K, d) matrix (for tests and small K only)."""
+        return torch.cat([p.to(self._dtype) * f for p, f in zip(self.parts, self.factors,
+                                                                 strict=True)], dim=1)
+
+
 def check_gradient_canaries(canaries: Sequence, dim: int, max_grad_norm: float, where: str) -> None:
     """Raise ValueError unless every ``GradientCanaries`` in ``canaries`` has ``dim`` columns
     and rows of norm <= C (``where`` names the coordinates, for the message). No K x d
