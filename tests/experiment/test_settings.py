@@ -46,6 +46,31 @@ def test_non_finite_and_out_of_range_values_name_the_key(group, key, value):
         AuditSettings.from_mappings(**{group: {key: value}})
 
 
+@pytest.mark.parametrize(
+    "dp,key",
+    [
+        ({"clipping": "ghost"}, "clipping"),
+        ({"clipping": "adaptive", "target_unclipped_quantile": 1.0}, "target_unclipped_quantile"),
+        ({"clipping": "adaptive", "clipbound_learning_rate": 0.0}, "clipbound_learning_rate"),
+        ({"clipping": "adaptive", "min_clipbound": 2.0, "max_clipbound": 1.0}, "max_clipbound"),
+        ({"clipping": "adaptive", "noise_multiplier": 4.0, "unclipped_num_std": 2.0},
+         "unclipped_num_std"),
+    ],
+)
+def test_clipping_settings_are_refused_by_name(dp, key):
+    with pytest.raises(ValueError, match=rf"dp\.{key}"):
+        AuditSettings.from_mappings(dp=dp)
+
+
+def test_clipping_defaults_fill_in():
+    dp = AuditSettings.from_mappings(dp={"clipping": "adaptive"}).dp
+    assert dp.clipbounds() == (0.01, 100.0)
+    # the larger of B / 20 and 2 sigma: the gradient's multiplier at most 1.033 sigma
+    assert dp.count_std() == 12.0
+    sigma_g = (dp.noise_multiplier**-2 - (2 * dp.count_std()) ** -2) ** -0.5
+    assert sigma_g == pytest.approx(dp.noise_multiplier / np.sqrt(1 - 1 / 16))
+
+
 def test_default_settings_validate():
     s = AuditSettings()
     s.check()

@@ -25,3 +25,34 @@ def test_plain_training_takes_the_configured_steps(physical):
     assert seconds > 0
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert torch.equal(state, torch.random.get_rng_state())  # the user's stream is untouched
+
+
+@pytest.mark.parametrize("clipping", ["per_layer", "adaptive"])
+def test_the_cli_trains_with_opacus_per_layer_and_adaptive_clipping(clipping, tmp_path):
+    """``dp.clipping``: Opacus' optimizer of that clipping, per-layer bounds C / sqrt(L), and
+    the audit's checks of the set-up (each part against its C_p; adaptive clipping's own)."""
+    import contextlib
+    import io
+
+    from dpaudit.experiment import run_audit
+    from dpaudit.experiment.trainings.training import clipping_options
+
+    model = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
+    opts = clipping_options(model, DPSettings(clipping=clipping, max_grad_norm=2.0))
+    if clipping == "per_layer":
+        assert opts["max_grad_norm"] == pytest.approx([1.0] * 4)  # 2 / sqrt(4) each
+    else:
+        assert opts["clipping"] == "adaptive" and opts["max_grad_norm"] == 2.0
+    with contextlib.redirect_stdout(io.StringIO()):
+        res = run_audit(output_dir=tmp_path, model={"name": "logreg"},
+                        dp={"clipping": clipping, "steps": 12}, canary={"count": 60},
+                        progress=False)
+    checks = res["white_box"]["checks"]
+    assert res["verdict"]["status"] == "consistent", res["verdict"]["message"]
+    # only a DPPerLayerOptimizer gets per-part ratios, only an AdaClipDPOptimizer these checks
+    if clipping == "per_layer":
+        assert checks["clipping"]["details"]["max_group_ratio"] <= 1 + 1e-4
+        assert "count_noise" not in checks
+    else:
+        assert {"count_noise", "adaptive_bound", "adaptive_accounting"} <= set(checks)
+        assert "max_group_ratio" not in checks["clipping"]["details"]
