@@ -26,7 +26,11 @@ Configurations (``--configs``; each a ``run_audit`` call, or the own loop of
 * ``own_optimizers``: the own loop with momentum, Adam or AdamW with weight decay (in turn by
   seed), a StepLR learning-rate schedule and an EMA copy of the weights;
 * ``own_ddp``: the own loop under Opacus' DPDDP in two processes (gloo), the loader's batches
-  joined over the ranks.
+  joined over the ranks;
+* ``own_bf16``: the own loop of the GroupNorm CNN (bfloat16's largest clipping excess) with its
+  forward under bfloat16 autocast;
+* ``own_per_layer`` / ``own_adaptive``: the own loop of an MLP with Opacus' per-layer or
+  adaptive clipping.
 
 Every own loop gives its loader to the hook, so all the checks of the mechanism's other doors
 run (sampling by example, duplicates, the model's integrity, the noise probe). Besides the
@@ -77,8 +81,11 @@ CONFIGS = {
     "own_bmm": "batch_memory_manager",
     "own_optimizers": ("linear", "optimizers"),
     "own_ddp": ("linear", "ddp"),
+    "own_bf16": ("conv2d_groupnorm", "bf16"),
+    "own_per_layer": ("linear", "per_layer"),
+    "own_adaptive": ("linear", "adaptive"),
 }
-NEW_STATISTICS = ("sampling_by_example",)  # this release's (poisson_sampling: now two-sided)
+NEW_STATISTICS = ("count_noise",)  # this release's
 LEVELS = (1e-2, 1e-3, 1e-4)
 
 
@@ -101,6 +108,10 @@ def one(args: tuple) -> dict:
         elif variant == "optimizers":
             res = own_loop_audit(family, seed=seed, schedule=True, ema=True,
                                  optimizer=("momentum", "adam", "adamw")[seed % 3])
+        elif variant == "bf16":
+            res = own_loop_audit(family, seed=seed, autocast=torch.bfloat16)
+        elif variant in ("per_layer", "adaptive"):
+            res = own_loop_audit(family, seed=seed, clipping=variant)
         else:
             res = own_loop_audit(family, seed=seed)
     else:
