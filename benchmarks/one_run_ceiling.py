@@ -13,10 +13,13 @@ if not), one markdown row with fractions of the true epsilon:
   epsilon is an estimate: it assumes a GDP-shaped curve), with the
   guess count fixed by the claim (``design_mu`` = mu, as the audit's one-run claim test
   does) and with a count per claim (no claim given); the same family as the ceiling.
-* **epsilon claims**: the ceiling of count tests of (eps', delta)-DP
-  (``epsilon_count_ceiling``: randomized response on independent canaries is such a null),
-  then **fdp_one_run_certified** (count fixed by the claim, as the audit; count per claim)
-  and **Steinke one_run**: ``epsilon_lower_bound(..., method=...)`` on ``--reps`` draws
+* **epsilon claims**: the ceilings of count tests of (eps', delta)-DP, one-sided
+  (``epsilon_count_ceiling``) and two-sided ("in" for the k top, "out" for the k bottom:
+  ``two_sided_epsilon_count_ceiling``; randomized response on independent canaries is such a
+  null), then **fdp_one_run_certified** (one pair fixed by the claim, as the audit, one- or
+  two-sided as the design picks; the same restricted to one-sided counts; a count per claim)
+  and **Steinke one_run** (the paper's grid under Bonferroni; one pair fixed by the claim):
+  ``epsilon_lower_bound(..., method=...)`` on ``--reps`` draws
   (random guess counts), median [min-max]; Steinke's counts 0 when not ``applicable``, and
   all count 0 on a draw whose member count they refuse as implausible under inclusion 1/2
   (two-sided p < 1e-3; the number of such draws is printed).
@@ -57,6 +60,7 @@ from dpaudit.validity.ceiling import (
     count_test_ceiling,
     critical_values,
     epsilon_count_ceiling,
+    two_sided_epsilon_count_ceiling,
 )
 from dpaudit.validity.interacting import RegimeMixture
 
@@ -88,8 +92,10 @@ def row(eps: float, m: int, reps: int, regime_runs: int, seed: int) -> dict:
     out = {"eps": eps, "mu": mu, "m": m, "ceiling": ceiling["fraction"], "k": ceiling["k"],
            "binding": ceiling["binding"],
            "epsilon_ceiling": epsilon_count_ceiling(mu, m, delta=DELTA)["fraction"],
-           "gdp_design": [], "gdp_default": [], "cert_design": [], "cert_default": [],
-           "one_run": [],
+           "epsilon_ceiling_two_sided": two_sided_epsilon_count_ceiling(
+               mu, m, delta=DELTA)["fraction"],
+           "gdp_design": [], "gdp_default": [], "cert_design": [], "cert_design_one": [],
+           "cert_default": [], "one_run": [], "one_run_design": [],
            "refused": 0, "order_statistics": [], "order_k": k_os,
            "order_statistics_ideal_ceiling": order["fraction"]}
     counts = []
@@ -100,8 +106,11 @@ def row(eps: float, m: int, reps: int, regime_runs: int, seed: int) -> dict:
             ("gdp_design", "fdp_one_run", {"design_mu": mu}),
             ("gdp_default", "fdp_one_run", {}),
             ("cert_design", "fdp_one_run_certified", {"design_mu": mu}),
+            ("cert_design_one", "fdp_one_run_certified", {"design_mu": mu,
+                                                          "two_sided": False}),
             ("cert_default", "fdp_one_run_certified", {}),
             ("one_run", "one_run", {}),
+            ("one_run_design", "one_run", {"design_mu": mu}),
         ):
             try:
                 b = epsilon_lower_bound(s_in, s_out, delta=DELTA, method=method, **opts)
@@ -147,11 +156,13 @@ def main(argv=None) -> None:
     print("| eps | mu | m | GDP claims: sound ceiling of count tests (k; binding nulls) "
           "| ours: GDP eps of the certified mu_lower (an estimate), count fixed by the claim "
           "| same, count per claim "
-          "| epsilon claims: sound ceiling of count tests | fdp_one_run_certified, count fixed "
-          "by the claim | same, count per claim | Steinke one_run | order statistics (not "
-          "valid under interaction) (k) | order statistics rejects TRUE claim on "
-          "RegimeMixture(mu, 0.1) (exact) | s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| epsilon claims: sound ceiling of count tests, one-sided / two-sided "
+          "| fdp_one_run_certified, pair fixed by the claim (one- or two-sided) "
+          "| same, one-sided count fixed by the claim | same, count per claim "
+          "| Steinke one_run, the paper's grid | Steinke one_run, one pair fixed by the claim "
+          "| order statistics (not valid under interaction) (k) | order statistics rejects "
+          "TRUE claim on RegimeMixture(mu, 0.1) (exact) | s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     t0 = time.perf_counter()
     for eps in epss:
@@ -162,9 +173,12 @@ def main(argv=None) -> None:
             refused = f" ({n} refused draw{'s' * (n > 1)}: 0)" if n else ""
             print(f"| {eps:g} | {r['mu']:.4f} | {m:,} | {r['ceiling']:.3f} ({r['k']}; "
                   f"{', '.join(r['binding'])}) | {med(r['gdp_design'])}{refused} "
-                  f"| {med(r['gdp_default'])} | {r['epsilon_ceiling']:.3f} "
-                  f"| {med(r['cert_design'])} | {med(r['cert_default'])} "
-                  f"| {med(r['one_run'])} | {med(r['order_statistics'])} (k {r['order_k']}; "
+                  f"| {med(r['gdp_default'])} | {r['epsilon_ceiling']:.3f} / "
+                  f"{r['epsilon_ceiling_two_sided']:.3f} "
+                  f"| {med(r['cert_design'])} | {med(r['cert_design_one'])} "
+                  f"| {med(r['cert_default'])} "
+                  f"| {med(r['one_run'])} | {med(r['one_run_design'])} "
+                  f"| {med(r['order_statistics'])} (k {r['order_k']}; "
                   f"exact {r['order_statistics_ideal_ceiling']:.3f}) "
                   f"| {r['regime_rejects']:.2f} of {r['regime_runs']} "
                   f"({r['regime_rejects_exact']:.3f}) | {r['seconds']:.1f} |", flush=True)

@@ -14,10 +14,13 @@ Three tables (``docs/one_run_fdp.md``; every number is measured by this script):
    The sound ceiling of count tests is printed by ``benchmarks/one_run_ceiling.py``.
 2. **Validity on interacting canaries.** For every certified one-run statement, the rate at
    which it is wrong about a TRUE mu-GDP mechanism (the claim test rejects the claim,
-   mu_lower exceeds mu, a certified epsilon exceeds the true epsilon), on mechanisms exactly
-   mu-GDP per canary whose canaries interact (``dpaudit.validity.interacting``: shared
-   loudness, regime mixtures, adaptive Gaussian) and on independent Gaussian canaries. Each
-   rate must stay at or below 5% + 3 s.e.
+   mu_lower exceeds mu, a certified epsilon exceeds the true epsilon: with the pair fixed by
+   the claim, one- or two-sided, the one-sided count, a count per claim, Steinke et al.'s
+   grid and one claim-fixed pair), on mechanisms exactly mu-GDP per canary whose canaries
+   interact (``dpaudit.validity.interacting``: shared loudness, regime mixtures, adaptive
+   Gaussian), on independent Gaussian canaries and, for the epsilon statements, on
+   independent randomized response at mu-GDP's epsilon (the null that binds (epsilon, delta)
+   count tests). Each rate must stay at or below 5% + 3 s.e.
 3. **Why not independent order statistics.** A level-5% test that models the top-half
    guesses as independent mu-GDP canaries: its null distribution of correct guesses is
    simulated. The last column gives its rejection rate on the same true claims.
@@ -80,6 +83,25 @@ class IndependentGaussian:
 
     def __repr__(self):
         return f"IndependentGaussian(mu={self.mu})"
+
+
+class RandomizedResponse:
+    """Independent eps0-randomized response: score +1 or -1, the canary's bit with probability
+    e^eps0 / (1 + e^eps0) (eps0-DP: the null that binds (epsilon, delta) count tests)."""
+
+    def __init__(self, eps0: float):
+        self.eps0 = eps0
+
+    def draw(self, m, rng):
+        members = rng.random(m) < 0.5
+        said = np.where(rng.random(m) < 1 / (1 + np.exp(-self.eps0)), members, ~members)
+        return np.where(said, 1.0, -1.0), members
+
+    def true_epsilon(self, delta):
+        return self.eps0
+
+    def __repr__(self):
+        return f"RandomizedResponse(eps={self.eps0:.3f})"
 
 
 def med(xs) -> str:
@@ -163,18 +185,26 @@ def validity_statements(mu_v: float) -> dict:
             return b.epsilon > mech.true_epsilon(DELTA)
         return over
 
-    @_refused
-    def steinke(s_in, s_out, mech):
-        b = epsilon_lower_bound(s_in, s_out, delta=DELTA, method="one_run")
-        return b.applicable and b.epsilon > mech.true_epsilon(DELTA)
+    def steinke(**opts):
+        @_refused
+        def over(s_in, s_out, mech):
+            b = epsilon_lower_bound(s_in, s_out, delta=DELTA, method="one_run", **opts)
+            return b.applicable and b.epsilon > mech.true_epsilon(DELTA)
+        return over
 
     return {
         "claim test rejects": claim,
         "mu_lower > mu": mu_lower,
-        "certified eps > eps (count fixed by the claim)": epsilon(design_mu=mu_v),
+        "certified eps > eps (pair fixed by the claim)": epsilon(design_mu=mu_v),
+        "certified eps > eps (one-sided count fixed by the claim)": epsilon(
+            design_mu=mu_v, two_sided=False),
         "certified eps > eps (count per claim)": epsilon(),
-        "Steinke one_run > eps": steinke,
+        "Steinke one_run > eps (the paper's grid)": steinke(),
+        "Steinke one_run > eps (pair fixed by the claim)": steinke(design_mu=mu_v),
     }
+
+
+EPSILON_STATEMENTS = ("certified eps", "Steinke")  # the (epsilon, delta) claims' statements
 
 
 def main(argv=None) -> None:
@@ -207,7 +237,7 @@ def main(argv=None) -> None:
     mu_v = 1.0
     mechs = [SharedLoudness(mu_v, 0.2), SharedLoudness(mu_v, 0.02),
              *(RegimeMixture(mu_v, x) for x in (0.02, 0.1, 0.3)), AdaptiveGaussian(mu_v),
-             IndependentGaussian(mu_v)]
+             IndependentGaussian(mu_v), RandomizedResponse(gdp_epsilon(mu_v, DELTA))]
     order_test, critical = independent_order_statistics_test(mu_v, a.validity_m, 2000, a.seed)
     statements = validity_statements(mu_v)
     print(f"\n2-3. VALIDITY: TRUE claim mu = {mu_v}-GDP, {a.validity_m:,} canaries, "
@@ -222,12 +252,15 @@ def main(argv=None) -> None:
         kw = {"m": a.validity_m, "reps": a.validity_reps, "seed": a.seed}
         tests = {**{name: functools.partial(t, mech=mech) for name, t in statements.items()},
                  "order": order_test}
+        if isinstance(mech, RandomizedResponse):  # an eps-DP null: only the epsilon claims
+            tests = {n: t for n, t in tests.items() if n.startswith(EPSILON_STATEMENTS)}
         t0 = time.perf_counter()
         res = {name: rejection_rate(mech, t, **kw) for name, t in tests.items()}
         validity.append({"mechanism": repr(mech), **res,
                          "seconds": time.perf_counter() - t0})
-        print(f"| {mech!r} | " + " | ".join(f"{r:.3f} +- {s:.3f}" for r, s in res.values())
-              + " |", flush=True)
+        print(f"| {mech!r} | " + " | ".join(
+            f"{res[n][0]:.3f} +- {res[n][1]:.3f}" if n in res else "-"
+            for n in [*statements, "order"]) + " |", flush=True)
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"power": rows, "validity": validity, "mu": mu, "eps": a.eps}, fh,

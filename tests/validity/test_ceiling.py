@@ -23,7 +23,10 @@ from dpaudit.validity.ceiling import (
     count_test_ceiling,
     critical_values,
     epsilon_count_ceiling,
+    pair_count_pmf,
+    pair_median_count,
     simulated_counts,
+    two_sided_epsilon_count_ceiling,
 )
 from dpaudit.validity.interacting import RegimeMixture
 
@@ -229,5 +232,57 @@ def test_epsilon_ceiling_bounds_the_certified_epsilon():
         b = epsilon_lower_bound(scores[members], scores[~members], delta=1e-5,
                                 method="fdp_one_run_certified", design_mu=mu)
         got.append(b.epsilon / ceiling["epsilon"])
-    # a count test itself: its median stays at the ceiling up to the draws' noise
-    assert np.median(got) <= ceiling["fraction"] + 0.05
+    # a count test itself (one- or two-sided, as the design picks): its median stays at the
+    # larger ceiling up to the draws' noise
+    two = two_sided_epsilon_count_ceiling(mu, m)
+    assert np.median(got) <= max(ceiling["fraction"], two["fraction"]) + 0.05
+
+
+def test_two_sided_count_law_matches_simulation():
+    """V = correct "in" guesses on the k top plus "out" guesses on the k bottom of ideal
+    scores: the exact law (nested quadrature, two binomials convolved) against 4,000 runs."""
+    m, k, runs = 1000, 40, 4000
+    pmf = pair_count_pmf(MU4, m, k, k)
+    assert pmf.sum() == pytest.approx(1.0, abs=1e-9)
+    sims = []
+    for r in range(runs):
+        rng = np.random.default_rng([7, r])
+        members = rng.random(m) < 0.5
+        order = np.argsort(rng.standard_normal(m) + MU4 * members)
+        sims.append(members[order[-k:]].sum() + (~members[order[:k]]).sum())
+    sims = np.array(sims)
+    survival = pmf[::-1].cumsum()[::-1]
+    for c in (60, 65, 70, 75):
+        rate = (sims >= c).mean()
+        assert abs(rate - survival[c]) <= 4 * np.sqrt(survival[c] * (1 - survival[c]) / runs)
+    assert pair_median_count(MU4, m, k, k) == int(np.median(sims)) or abs(
+        pair_median_count(MU4, m, k, k) - np.median(sims)) <= 1
+    # one side only: the one-sided law of count_survival
+    one = pair_count_pmf(MU4, m, k, 0)
+    assert one[::-1].cumsum()[::-1][30] == pytest.approx(float(count_survival(MU4, m, k, 30)),
+                                                         abs=1e-7)
+
+
+def test_two_sided_epsilon_ceiling_null_is_a_binomial_of_2k_guesses():
+    # randomized response at eps': the k top guesses are k "+1" outputs, the k bottom ones k
+    # "-1" outputs, each right with probability q: Binomial(2k, q)
+    eps_p, m, k, runs = 1.5, 2000, 150, 400
+    q = expit(eps_p)
+    counts = []
+    for r in range(runs):
+        rng = np.random.default_rng([6, r])
+        members = rng.random(m) < 0.5
+        said = np.where(rng.random(m) < q, members, ~members)
+        order = np.argsort(np.where(said, 1.0, -1.0) + 1e-9 * rng.random(m))
+        counts.append(members[order[-k:]].sum() + (~members[order[:k]]).sum())
+    assert np.mean(counts) == pytest.approx(2 * k * q, abs=4 * np.sqrt(2 * k * q * (1 - q) /
+                                                                        runs))
+    assert np.var(counts) == pytest.approx(2 * k * q * (1 - q), rel=0.25)
+
+
+def test_two_sided_ceiling_above_the_one_sided_and_its_best_k_inside_the_grid():
+    for m in (1000, 10_000):
+        two = two_sided_epsilon_count_ceiling(MU4, m)
+        one = epsilon_count_ceiling(MU4, m)
+        assert one["fraction"] < two["fraction"] < 1
+        assert min(two["by_k"]["k"]) < two["k"] < max(two["by_k"]["k"])

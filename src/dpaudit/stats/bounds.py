@@ -8,15 +8,17 @@ is allowed, the model an estimate assumes or None). A new method is one module w
   ``selection``, a threshold strategy from ``threshold_selection`` (default
   ``DEFAULT_SELECTION`` = ``Bonferroni()``; ``Split(seed, fraction)``, ``FixedThreshold(value)``,
   ``Naive()`` for demonstrations only). See ``clopper_pearson``.
-* ``"one_run"`` (certified; delta = 0 allowed): grid, inclusion (the design's inclusion
-  probability, default 1/2; an implausible split is refused), seed (ties, virtual labels).
-  See ``one_run`` and ``inclusion``.
+* ``"one_run"`` (certified; delta = 0 allowed): grid (the paper's recipe, the default: a
+  grid of guess pairs under Bonferroni) or design_mu (one pair fixed by the claim, full
+  level), inclusion (the design's inclusion probability, default 1/2; an implausible split is
+  refused), seed (ties, virtual labels). See ``one_run`` and ``inclusion``.
 * ``"density"`` (certified; delta = 0 allowed), ``"density_tv"`` (GDP estimate): bin_rule
   ("eq4.2" | "eq4.1"), n_bins, end_quantiles, edges. See ``density``.
 * ``"gaussian"``: check_level. Parametric fit assuming Gaussian equal-variance scores
   (checked and reported); see ``gaussian_fit``.
-* ``"fdp_one_run"`` (GDP estimate): design_mu (one guess count fixed by the claim; default:
-  a count per claim), guess_fractions, sides (explicit candidates, Bonferroni), inclusion (1/2
+* ``"fdp_one_run"`` (GDP estimate): design_mu (one pair of guess counts fixed by the claim,
+  one- or two-sided, ``two_sided=False`` for "in" guesses only; default: a count per claim),
+  guess_fractions, sides (explicit candidates, Bonferroni), inclusion (1/2
   only; an implausible split is refused), seed (ties). See ``one_run.bounds``.
 * ``"fdp_one_run_certified"`` (certified; delta = 0 allowed): the same guesses and options;
   the infimum of the epsilons whose (epsilon, delta)-DP they do not refute, valid for canaries
@@ -75,7 +77,8 @@ METHOD_REGISTRY: Registry = Registry("bound method", {
     "clopper_pearson": MethodSpec(partial(threshold_bound, "clopper_pearson"), _SELECTION, True),
     "gdp": MethodSpec(partial(threshold_bound, "gdp"), _SELECTION, False, ASSUME_GDP),
     "one_run": MethodSpec(
-        one_run_bound, frozenset({"grid", "inclusion", "seed"}), True, dependent_ok=True
+        one_run_bound, frozenset({"grid", "inclusion", "seed", "design_mu"}), True,
+        dependent_ok=True
     ),
     "density": MethodSpec(density_bound, _BIN_OPTIONS, True),
     "density_tv": MethodSpec(partial(density_bound, tv_only=True), _BIN_OPTIONS, False, ASSUME_GDP),
@@ -84,13 +87,13 @@ METHOD_REGISTRY: Registry = Registry("bound method", {
     ),
     "fdp_one_run": MethodSpec(
         fdp_one_run_bound,
-        frozenset({"design_mu", "guess_fractions", "sides", "inclusion", "seed"}),
+        frozenset({"design_mu", "two_sided", "guess_fractions", "sides", "inclusion", "seed"}),
         False,
         ASSUME_FDP_ONE_RUN,
     ),
     "fdp_one_run_certified": MethodSpec(
         fdp_one_run_certified_bound,
-        frozenset({"design_mu", "guess_fractions", "sides", "inclusion", "seed"}),
+        frozenset({"design_mu", "two_sided", "guess_fractions", "sides", "inclusion", "seed"}),
         True,
         dependent_ok=True,
     ),

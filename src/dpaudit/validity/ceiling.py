@@ -45,11 +45,13 @@ CDF differences.
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import betainc, betaincinv, expit, ndtr, ndtri, roots_legendre
+from scipy.special import betainc, expit, ndtr
 from scipy.stats import binom
 
 from dpaudit._validate import check_count, check_open_unit, check_positive
 from dpaudit.stats.gdp import gdp_epsilon
+from dpaudit.stats.one_run.ideal import median_count, order_statistic_nodes
+from dpaudit.stats.one_run.ideal import pair_count_pmf as _pair_pmf
 from dpaudit.validity.interacting import folded_isf, folded_survival
 
 # Regime probabilities of the null family: small ones (the loud runs fit in the test's 5%),
@@ -57,31 +59,8 @@ from dpaudit.validity.interacting import folded_isf, folded_survival
 DEFAULT_A_GRID = (0.001, 0.005, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7,
                   0.9, 0.99)
 INDEPENDENT = "independent"
-_Z = 8.0  # the normal scores' range of the quadrature (mass 1.2e-15 outside)
 _NODES = 48  # Gauss-Legendre nodes (tests: within 1e-9 of 512 nodes)
 _RTOL = 1e-4  # certified mu' to _RTOL x its upper end
-
-
-def _gl_nodes(n: int) -> tuple[np.ndarray, np.ndarray]:
-    x, w = roots_legendre(n)
-    return (x + 1) / 2, w / 2
-
-
-def _quadrature(k, m: int, nodes: int):
-    """Nodes and weights for E[f(R)], R ~ Beta(k + 1, m - k) = the (k+1)-th largest of m
-    uniforms' tail fraction: R = Q(Phi(z)), Q the Beta quantile, z standard normal, and
-    Gauss-Legendre in z on [-8, 8] (mass 1e-15 outside), split where R = 1/2 (pi(r) has
-    a kink there, the loud band's gap in the scores). Returns the nodes r and 1 - r (each
-    computed directly: accurate near 0 and 1) and the weights, shape k.shape + (nodes,)."""
-    u, w = _gl_nodes(max(nodes // 2, 2))
-    k = np.asarray(k, dtype=np.float64)[..., None]
-    zs = ndtri(betainc(k + 1, m - k, 0.5))  # z where R = 1/2
-    zs = np.where(np.abs(zs) < _Z, zs, 0.0)
-    z = np.concatenate([-_Z + (zs + _Z) * u, zs + (_Z - zs) * u], axis=-1)
-    wz = np.concatenate([(zs + _Z) * w, (_Z - zs) * w], axis=-1) * np.exp(-z * z / 2) / np.sqrt(
-        2 * np.pi)
-    wz = wz / wz.sum(axis=-1, keepdims=True)  # the 1e-15 outside, and rounding
-    return betaincinv(k + 1, m - k, ndtr(z)), betaincinv(m - k, k + 1, ndtr(-z)), wz
 
 
 def _mass(c, x1, x2):
@@ -125,7 +104,7 @@ def count_survival(mu, m: int, k, c, *, lo=0.0, hi=np.inf, nodes: int = _NODES) 
     scores N(mu, 1) / N(0, 1)); ``mu``, ``k``, ``c``, ``lo``, ``hi`` broadcast, 1 <= k < m."""
     mu, k, c, lo, hi = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64)
                                              for v in (mu, k, c, lo, hi)))
-    r, rc, wq = _quadrature(k, m, nodes)
+    r, rc, wq = order_statistic_nodes(k, m, nodes)
     pi = _posteriors(mu[..., None], r, rc, lo[..., None], hi[..., None])
     return _survival(pi, wq, k, c)
 
@@ -162,7 +141,7 @@ class _Nulls:
     def __init__(self, mu, m, k, a_values, nodes):
         mu, k = np.broadcast_arrays(np.asarray(mu, dtype=np.float64),
                                     np.asarray(k, dtype=np.float64))
-        r, rc, self.wq = _quadrature(k, m, nodes)
+        r, rc, self.wq = order_statistic_nodes(k, m, nodes)
         self.k = k
         self.parts = [(w, _posteriors(mu[..., None], r, rc, lo[..., None], hi[..., None]))
                       for w, lo, hi in _components(mu, a_values)]
@@ -342,6 +321,83 @@ def epsilon_count_ceiling(mu: float, m: int, *, level: float = 0.05, delta: floa
             "median_count": best_v}
 
 
+def pair_count_pmf(mu: float, m: int, k_plus: int, k_minus: int, *,
+                   nodes: int = 24) -> np.ndarray:
+    """The exact law of the correct guesses of "in" on the k+ top and "out" on the k- bottom
+    of m ideal canaries of true ``mu`` (``stats.one_run.ideal.pair_count_pmf`` with this
+    module's posteriors of independent mu-GDP canaries)."""
+    return _pair_pmf(lambda r, rc: _posteriors(mu, r, rc, 0.0, np.inf), m, k_plus, k_minus,
+                     nodes=nodes)
+
+
+def pair_median_count(mu: float, m: int, k_plus: int, k_minus: int, *, nodes: int = 24) -> int:
+    """The median of V (``pair_count_pmf``) on ideal scores: c - 1 for the smallest c with
+    P[V >= c] <= 1/2."""
+    return median_count(pair_count_pmf(mu, m, k_plus, k_minus, nodes=nodes))
+
+
+def _rr_epsilon(guesses: int, count: int, level: float) -> float:
+    """The largest eps' with P[Binomial(guesses, e^eps' / (1 + e^eps')) >= count] <= level
+    (randomized response's correct guesses; 0 if not even eps' = 0 is refuted)."""
+    def tail(e):
+        return float(binom.sf(count - 1, guesses, expit(e)))
+
+    if count < 1 or tail(0.0) > level:
+        return 0.0
+    hi = 1.0
+    while tail(hi) <= level and hi < 1e3:
+        hi *= 2.0
+    lo = 0.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if tail(mid) <= level else (lo, mid)
+    return lo
+
+
+def two_sided_epsilon_count_ceiling(mu: float, m: int, *, level: float = 0.05,
+                                    delta: float = 1e-5, k_grid=None,
+                                    nodes: int = 24) -> dict:
+    """The sound ceiling of count tests of (epsilon', delta)-DP claims that guess "in" for the
+    k top and "out" for the k bottom scores (2k guesses), on m ideal canaries of true ``mu``.
+
+    Under independent randomized response at eps' (an eps'-DP, hence (eps', delta)-DP,
+    mechanism) the k top guesses are k of the "+1" outputs and the k bottom ones k of the
+    "-1" outputs, each right with probability q = e^eps' / (1 + e^eps') independently: V ~
+    Binomial(2k, q) exactly (k at most each output's count, m/2 in the median). A valid test's
+    critical count is at least that binomial's (1 - level) quantile, so the median V of ideal
+    scores (exact: ``pair_median_count``) certifies at most the largest eps' with
+    P[Binomial(2k, q') >= median] <= level. The best k of ``k_grid`` (default: 48 counts,
+    log-spaced from 10 to (m - 1) / 2), over the true epsilon, is the ceiling. Beside it
+    ``epsilon_count_ceiling`` is the one-sided one; a two-sided count test valid for
+    interacting canaries (the recursion, Steinke et al.) stays below this.
+
+    Returns a dict: ``fraction``, ``k`` (per side), ``epsilon_certified``, ``median_count``,
+    ``by_k`` and the inputs.
+    """
+    mu = check_positive(mu, "mu")
+    m = check_count(m, "m", 4)
+    level = check_open_unit(level, "level")
+    delta = check_open_unit(delta, "delta")
+    top = (m - 1) // 2  # 2k <= m - 1
+    if k_grid is None:
+        ks = np.unique(np.round(np.geomspace(min(10, top), top, 48)).astype(np.int64))
+    else:
+        ks = np.unique(_check_ks(k_grid, m)).astype(np.int64)
+        ks = ks[ks <= top]
+    eps = gdp_epsilon(mu, delta)
+    meds, certs = [], []
+    for k in ks:
+        v = pair_median_count(mu, m, int(k), int(k), nodes=nodes)
+        meds.append(v)
+        certs.append(_rr_epsilon(2 * int(k), v, level))
+    best = int(np.argmax(certs))
+    return {"mu": mu, "m": m, "level": level, "delta": delta, "epsilon": eps,
+            "fraction": certs[best] / eps, "k": int(ks[best]),
+            "epsilon_certified": certs[best], "median_count": int(meds[best]),
+            "by_k": {"k": ks.tolist(), "median_count": meds,
+                     "fraction": [c / eps for c in certs]}}
+
+
 def simulated_counts(draw, m: int, ks, draws: int, seed: int = 0) -> np.ndarray:
     """V_k at each of ``ks`` over ``draws`` runs of ``draw(m, rng) -> (scores, members)``
     (run r uses ``np.random.default_rng([seed, r])``): shape (draws, len(ks)). The Monte Carlo
@@ -365,5 +421,8 @@ __all__ = [
     "default_k_grid",
     "epsilon_count_ceiling",
     "null_family",
+    "pair_count_pmf",
+    "pair_median_count",
     "simulated_counts",
+    "two_sided_epsilon_count_ceiling",
 ]

@@ -30,6 +30,7 @@ from dpaudit.stats.one_run.recursion import (
 from dpaudit.threat_model import ThreatModel
 from dpaudit.validity.interacting import (
     AdaptiveGaussian,
+    RegimeMixture,
     SharedLoudness,
     gdp_roc,
     rejection_rate,
@@ -210,7 +211,7 @@ THREAT = ThreatModel(noise_multiplier=10.0, max_grad_norm=1.0, sample_rate=1.0, 
 
 
 def test_audit_of_canaries_trained_together_certifies_through_the_one_run_test():
-    s_in, s_out = _gauss(3.0, 4000, seed=6)  # mu 3 against a claimed mu of 1
+    s_in, s_out = _gauss(2.4, 4000, seed=6)  # mu 2.4 against a claimed mu of 1
     out = evaluate_scores({"scalar": (s_in, s_out)}, THREAT, methods=["one_run"],
                           independent=False)
     assert out.per_test_confidence == pytest.approx(per_test_confidence(0.95, 1, 1, 1))
@@ -304,7 +305,7 @@ def test_per_level_inequalities_by_exact_enumeration():
 
 def test_the_audit_fixes_its_guess_counts_from_the_claim():
     from dpaudit.experiment.judging.evaluation import design_mu
-    from dpaudit.stats.one_run.design import Family, claim_guess_count, soonest_guess_count
+    from dpaudit.stats.one_run.design import Family, claim_guess_pair, soonest_guess_pair
 
     assert design_mu(THREAT) == pytest.approx(1.0)  # sqrt(100) / 10, every step
     sub = ThreatModel(noise_multiplier=1.0, max_grad_norm=1.0, sample_rate=0.01, steps=1000,
@@ -316,10 +317,76 @@ def test_the_audit_fixes_its_guess_counts_from_the_claim():
     c = out.one_run_claim["scalar"]
     level = 1.0 - out.per_test_confidence
     m = s_in.size + s_out.size
-    # the claim test's count refutes the claim soonest; the certified epsilon's maximises it
+    # the claim test's pair refutes the claim soonest; the certified epsilon's maximises it
     # when the run is as claimed (mu = 1); neither looks at the scores
-    assert c.test["guesses"] == c.test["k_plus"] == soonest_guess_count(
-        m, level, THREAT.roc_inverse)
+    pair = soonest_guess_pair(m, level, THREAT.roc_inverse)
+    assert (c.test["k_plus"], c.test["k_minus"]) == pair
+    assert c.test["guesses"] == sum(pair)
     row = out.bounds[0].result["details"]
     assert row["design_mu"] == pytest.approx(1.0)
-    assert row["k_plus"] == claim_guess_count(m, level, Family("epsdelta", 1e-5), 1.0)
+    assert (row["k_plus"], row["k_minus"]) == claim_guess_pair(m, level,
+                                                               Family("epsdelta", 1e-5), 1.0)
+
+
+class RandomizedResponseCanaries:
+    """Independent eps0-randomized response: each canary's score says its bit with
+    probability e^eps0 / (1 + e^eps0) (eps0-DP, so (eps0, delta)-DP for every delta: the
+    null that binds (epsilon, delta) count tests, one- and two-sided)."""
+
+    def __init__(self, eps0: float):
+        self.eps0 = eps0
+
+    def draw(self, m, rng):
+        members = rng.random(m) < 0.5
+        said = np.where(rng.random(m) < 1 / (1 + np.exp(-self.eps0)), members, ~members)
+        return np.where(said, 1.0, -1.0), members
+
+    def true_epsilon(self, delta):
+        return self.eps0
+
+
+@pytest.mark.parametrize(
+    "mechanism",
+    [RandomizedResponseCanaries(gdp_epsilon(1.0, 1e-5)), RegimeMixture(1.0, 0.1),
+     SharedLoudness(1.0, 0.02), AdaptiveGaussian(1.0)],
+    ids=["randomized_response", "regime_mixture", "shared_loudness", "adaptive"],
+)
+@pytest.mark.parametrize("method", ["fdp_one_run_certified", "one_run"])
+def test_two_sided_pairs_fixed_by_the_claim_keep_true_claims(mechanism, method):
+    """The certified epsilon with one (k+, k-) pair fixed by the claim (two-sided where the
+    design prefers it: the recursion's paper bound, or Steinke et al.'s theorem) exceeds the
+    true epsilon in at most 5% + 3 s.e. of 200 runs, on every null: independent randomized
+    response at the claim's epsilon and mechanisms whose canaries interact."""
+    def over(a, b):
+        try:
+            eps = epsilon_lower_bound(a, b, delta=1e-5, method=method, design_mu=1.0).epsilon
+        except ValueError:  # a split implausible under 1/2: refused, no statement
+            return False
+        return eps > mechanism.true_epsilon(1e-5)
+
+    rate, se = rejection_rate(mechanism, over, m=2000, reps=200, seed=21)
+    assert rate <= 0.05 + 3 * se
+
+
+def test_the_two_sided_design_is_chosen_without_the_scores_and_reported():
+    s_in, s_out = _gauss(gdp_mu_of(4.0), 10_000, seed=3)
+    b = epsilon_lower_bound(s_in, s_out, delta=1e-5, method="fdp_one_run_certified",
+                            design_mu=gdp_mu_of(4.0))
+    one = epsilon_lower_bound(s_in, s_out, delta=1e-5, method="fdp_one_run_certified",
+                              design_mu=gdp_mu_of(4.0), two_sided=False)
+    assert b.details["k_minus"] == b.details["k_plus"] > 0 and b.details["two_sided"]
+    assert one.details["k_minus"] == 0
+    with pytest.raises(ValueError, match="two_sided"):
+        epsilon_lower_bound(s_in, s_out, delta=1e-5, method="fdp_one_run_certified",
+                            design_mu=1.0, two_sided="yes")
+    steinke = epsilon_lower_bound(s_in, s_out, delta=1e-5, method="one_run",
+                                  design_mu=gdp_mu_of(4.0))
+    paper = epsilon_lower_bound(s_in, s_out, delta=1e-5, method="one_run")
+    assert steinke.details["n_pairs"] == 1 and "claim" in steinke.details["design"]
+    assert paper.details["n_pairs"] > 1 and "paper" in paper.details["design"]
+
+
+def gdp_mu_of(eps):
+    from dpaudit.stats.gdp import gdp_mu
+
+    return gdp_mu(eps, 1e-5)

@@ -7,11 +7,15 @@ import pytest
 from dpaudit.stats import epsilon_lower_bound, gdp_epsilon, gdp_mu
 from dpaudit.stats.one_run.confidence_set import infimum_not_refuted
 from dpaudit.stats.one_run.design import (
+    EXACT_CANDIDATES,
     Family,
     PieceRule,
     claim_guess_count,
+    claim_guess_pair,
+    exact_median,
     expected_correct,
     guess_count_grid,
+    guess_pairs,
     median_correct,
     piece_rule,
     soonest_guess_count,
@@ -67,6 +71,44 @@ def test_claim_guess_count_is_the_best_count_for_the_claims_own_scores():
     assert claim_guess_count(m, 1e-6, fam, mu) >= k
     with pytest.raises(ValueError, match="family"):
         Family("renyi")
+
+
+def test_two_sided_median_matches_simulation():
+    """The bottom "out" guesses count like the top "in" ones (reflection): the pair's median
+    model against simulated ideal scores."""
+    m, mu, k = 4000, 1.0, 200
+    sims = []
+    for seed in range(300):
+        rng = np.random.default_rng(seed)
+        members = rng.random(m) < 0.5
+        order = np.argsort(rng.standard_normal(m) + mu * members)
+        sims.append(members[order[-k:]].sum() + (~members[order[:k]]).sum())
+    assert abs(np.median(sims) - median_correct(k, mu, m, k)) <= 3
+    assert median_correct(k, mu, m, 0) == median_correct(k, mu, m)
+
+
+def test_claim_guess_pair_is_the_best_pair_and_two_sided_wins_from_a_thousand_canaries():
+    """The pair that certifies most at its exact median among the binomial model's best
+    EXACT_CANDIDATES (the model's median can be one count off); two-sided at epsilon 4."""
+    level, fam = 0.05, Family("epsdelta", 1e-5)
+    mu = gdp_mu(4.0, 1e-5)
+    for m in (1000, 10_000):
+        kp, km = guess_pairs(m)
+        got = largest_refuted(kp + km, median_correct(kp, mu, m, km), km == 0, m=m,
+                              level=level, roc_inverse=fam.roc_inverse, cap=fam.cap)
+        top = np.argsort(-got, kind="stable")[:EXACT_CANDIDATES]
+        exact = np.array([exact_median(m, mu, int(kp[i]), int(km[i])) for i in top])
+        value = largest_refuted(kp[top] + km[top], exact, km[top] == 0, m=m, level=level,
+                                roc_inverse=fam.roc_inverse, cap=fam.cap)
+        best = top[int(np.argmax(value))]
+        assert claim_guess_pair(m, level, fam, mu) == (kp[best], km[best])
+        assert km[best] == kp[best] > 0  # two-sided at epsilon 4
+        one = claim_guess_pair(m, level, fam, mu, two_sided=False)
+        assert one[1] == 0 and one == (claim_guess_pair(m, level, fam, mu, False)[0], 0)
+        one_value = largest_refuted(np.array([one[0]]),
+                                    np.array([exact_median(m, mu, one[0], 0)]), True, m=m,
+                                    level=level, roc_inverse=fam.roc_inverse, cap=fam.cap)[0]
+        assert value.max() > one_value
 
 
 def test_soonest_count_minimises_the_weakest_refuted_alternative():
@@ -151,3 +193,12 @@ def test_claim_fixed_count_reaches_two_thirds_of_mu_at_ten_thousand():
         b = epsilon_lower_bound(s_in, s_out, delta=1e-5, method="fdp_one_run", design_mu=mu)
         ratios.append(b.mu_lower / mu)
     assert np.median(ratios) > 0.62
+
+
+def test_two_sided_pairs_leave_a_canary_unguessed_and_small_runs_work():
+    """A two-sided pair guesses at most m - 1 canaries (the exact law needs the gap between
+    the two cut points); the own loop's 24 canaries get a pair too."""
+    kp, km = guess_pairs(24)
+    assert np.all(kp + km <= 23) and (km > 0).any()
+    pair = claim_guess_pair(24, 0.05, Family("gdp"), 1.0)
+    assert sum(pair) <= 23

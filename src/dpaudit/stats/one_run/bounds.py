@@ -7,8 +7,11 @@ infimum of the claims not refuted (``confidence_set``). How many guesses (``desi
 
 * default: no claim is known, each piece of the parameter axis gets its own guess count
   (``design.piece_rule``), every claim tested at the full level;
-* ``design_mu``: the claim is known (an audit passes the accountant's mu): one guess count,
+* ``design_mu``: the claim is known (an audit passes the accountant's mu): one pair of guess
+  counts (k+ "in" on the top scores, k- "out" on the bottom ones; ``design.claim_guess_pair``),
   the one that maximises the median result when the scores are ideal at that mu, full level;
+  one-sided (k, 0) or two-sided (k, k), whichever the design prefers (``two_sided=False``:
+  one-sided only);
 * ``guess_fractions`` / ``sides``: an explicit candidate set (fractions of m on the sides),
   each candidate tested at (1 - confidence) / G (Bonferroni), the best kept.
 
@@ -23,7 +26,7 @@ import numpy as np
 from dpaudit._validate import check_delta
 from dpaudit.stats.gdp import gdp_epsilon
 from dpaudit.stats.one_run.confidence_set import infimum_not_refuted
-from dpaudit.stats.one_run.design import Family, check_design, claim_guess_count, piece_rule
+from dpaudit.stats.one_run.design import Family, check_design, claim_guess_pair, piece_rule
 from dpaudit.stats.one_run.guesses import MIN_GUESSES, GuessTable, guess_table
 from dpaudit.stats.one_run.recursion import largest_refuted
 from dpaudit.stats.result import EpsilonBound
@@ -32,15 +35,19 @@ ASSUME_FDP_ONE_RUN = (
     "GDP-shaped trade-off curve (f-DP one-run, Mahloujifar et al. 2024; epsilon of the mu-GDP "
     "curve at the lower confidence value of mu)"
 )
-DESIGN_OPTIONS = ("design_mu",)
+DESIGN_OPTIONS = ("design_mu", "two_sided")
 
 
 def certified_parameter(
     scores_in, scores_out, family: Family, confidence: float, method: str, **options
 ) -> tuple[float, GuessTable, int | None, dict]:
     """The largest parameter of ``family`` certified refuted by the guesses: (value, table,
-    index of the witness candidate or None, details). Options: ``design_mu`` or the explicit
-    candidates' ``guess_fractions`` / ``sides`` (not both), ``inclusion``, ``seed``."""
+    index of the witness candidate or None, details). Options: ``design_mu`` (with
+    ``two_sided``, default True) or the explicit candidates' ``guess_fractions`` / ``sides``
+    (not both), ``inclusion``, ``seed``."""
+    two_sided = options.pop("two_sided", True)
+    if not isinstance(two_sided, bool):
+        raise ValueError(f"two_sided must be True or False, got {two_sided!r}")
     design_mu, explicit = check_design(method, options.pop("design_mu", None), options)
     level = 1.0 - confidence
     if explicit:
@@ -61,14 +68,14 @@ def certified_parameter(
         return 0.0, base, None, {**base.details,
                                  "note": f"fewer than {2 * MIN_GUESSES} canaries (m={m})"}
     if design_mu is not None:
-        k = claim_guess_count(m, level, family, design_mu)
-        table = base.counts([(k, 0)])
+        pair = claim_guess_pair(m, level, family, design_mu, two_sided)
+        table = base.counts([pair])
         value = float(largest_refuted(
-            table.guesses, table.correct, True, m=m, level=level,
+            table.guesses, table.correct, table.one_sided, m=m, level=level,
             roc_inverse=family.roc_inverse, cap=family.cap,
         )[0])
         details = {**table.details, "design_mu": design_mu, "level": level,
-                   **table.witness(0)}
+                   "two_sided": two_sided, **table.witness(0)}
         return value, table, 0, details
     rule = piece_rule(m, level, family)
     table = base.counts([(int(k), 0) for k in np.unique(rule.ks)])
@@ -109,7 +116,8 @@ def fdp_one_run_bound(
     raises ValueError naming ``inclusion``). ``delta`` in (0, 1) (delta = 0 is refused: every
     mu > 0 has infinite epsilon there); ``confidence`` in (0, 1). Options: ``design_mu``,
     ``guess_fractions``, ``sides``, ``inclusion`` (only 0.5), ``seed`` (the random order of
-    tied scores, default 0). ``details``: the design and the witness guess count.
+    tied scores, default 0), ``two_sided`` (with ``design_mu``: allow "out" guesses too,
+    default True). ``details``: the design and the witness guess count.
     """
     delta = check_delta(delta, why="for fdp_one_run (epsilon of mu-GDP is infinite at "
                         "delta = 0)")
@@ -136,8 +144,8 @@ def fdp_one_run_certified_bound(
 
     Valid for canaries trained together (any interaction), each included independently w.p.
     1/2. ``delta`` in [0, 1), ``confidence`` in (0, 1); options as ``fdp_one_run_bound``
-    (``design_mu``, ``guess_fractions``, ``sides``, ``inclusion``, ``seed``). ``details``: the
-    design and the witness guess count (side, counts, thresholds).
+    (``design_mu``, ``two_sided``, ``guess_fractions``, ``sides``, ``inclusion``, ``seed``).
+    ``details``: the design and the witness guess count (side, counts, thresholds).
     """
     delta = check_delta(delta, zero_ok=True)
     confidence = _confidence(confidence)

@@ -38,8 +38,8 @@ from dpaudit.stats.claim import CurveError, smallest_rejected_sigma
 from dpaudit.stats.one_run.design import (
     Family,
     check_design,
-    claim_guess_count,
-    soonest_guess_count,
+    claim_guess_pair,
+    soonest_guess_pair,
 )
 from dpaudit.stats.one_run.guesses import (
     MIN_GUESSES,
@@ -108,40 +108,44 @@ def _refuted(table: GuessTable, roc_inverse: RocInverse, level: float) -> np.nda
 
 def claim_counts(
     base: GuessTable, level: float, *, design_mu: float | None = None,
-    roc_inverse: RocInverse | None = None,
+    roc_inverse: RocInverse | None = None, two_sided: bool = True,
 ) -> GuessTable:
-    """``base`` (the scores, no candidates yet) with ONE "in" guess count fixed by the claim
-    for a test at ``level`` (``design``): ``claim_guess_count`` for the GDP family at
-    ``design_mu`` (the claim's mu), else ``soonest_guess_count`` of the curve
-    ``roc_inverse``. No candidate with fewer than 2 ``MIN_GUESSES`` canaries."""
+    """``base`` (the scores, no candidates yet) with ONE pair of guess counts (k+ "in", k-
+    "out") fixed by the claim for a test at ``level`` (``design``): ``claim_guess_pair`` for
+    the GDP family at ``design_mu`` (the claim's mu), else ``soonest_guess_pair`` of the
+    curve ``roc_inverse``; ``two_sided=False``: "in" guesses only. No candidate with fewer
+    than 2 ``MIN_GUESSES`` canaries."""
     if base.m < 2 * MIN_GUESSES:
         return base
     if design_mu is not None:
-        k = claim_guess_count(base.m, level, Family("gdp"), float(design_mu))
+        pair = claim_guess_pair(base.m, level, Family("gdp"), float(design_mu), two_sided)
     elif roc_inverse is not None:
-        k = soonest_guess_count(base.m, level, roc_inverse)
+        pair = soonest_guess_pair(base.m, level, roc_inverse, two_sided)
     else:
         raise ValueError("claim_counts needs design_mu or roc_inverse to fix the guess count")
-    return base.counts([(k, 0)])
+    return base.counts([pair])
 
 
 def claim_table(
     scores_in, scores_out, *, confidence: float, design_mu: float | None = None,
     roc_inverse: RocInverse | None = None, method: str = "one_run_claim", **options,
 ) -> GuessTable:
-    """The guesses of a one-run claim test at the full level 1 - ``confidence``: ONE "in"
-    guess count fixed by the claim before the scores are seen (``claim_counts``: the
-    claim's ``design_mu``, else the curve ``roc_inverse``). With ``guess_fractions`` /
-    ``sides`` in ``options`` the explicit candidates instead, each at (1 - confidence) / G.
-    Options also: ``inclusion`` (1/2), ``seed``."""
+    """The guesses of a one-run claim test at the full level 1 - ``confidence``: ONE pair of
+    guess counts fixed by the claim before the scores are seen (``claim_counts``: the
+    claim's ``design_mu``, else the curve ``roc_inverse``; ``two_sided`` in ``options``,
+    default True). With ``guess_fractions`` / ``sides`` in ``options`` the explicit
+    candidates instead, each at (1 - confidence) / G. Options also: ``inclusion`` (1/2),
+    ``seed``."""
     confidence = float(confidence)
     if not (np.isfinite(confidence) and 0.0 < confidence < 1.0):
         raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+    two_sided = options.pop("two_sided", True)
     design_mu, explicit = check_design(method, design_mu, options)
     if explicit:
         return guess_table(scores_in, scores_out, method=method, **options)
     base = guess_table(scores_in, scores_out, method=method, pairs=[], **options)
-    return claim_counts(base, 1.0 - confidence, design_mu=design_mu, roc_inverse=roc_inverse)
+    return claim_counts(base, 1.0 - confidence, design_mu=design_mu, roc_inverse=roc_inverse,
+                        two_sided=two_sided)
 
 
 def claim_test_on_table(

@@ -22,12 +22,18 @@ eps' = log(1 + gamma (e^eps - 1)) at delta' = gamma delta, gamma = 2 min(p, 1 - 
 
 Guesses from scores: "in" for exactly the k+ highest scores, "out" for exactly the k- lowest,
 ties between scores broken in a seeded random order drawn without looking at membership
-(``stats.ties``), so r = k+ + k- is fixed, as the theorem requires. The (k+, k-) pairs form a
-small fixed grid of fractions of m (``guesses.grid_candidates``) and the significance is
-Bonferroni-corrected over the grid.
+(``stats.ties``), so r = k+ + k- is fixed, as the theorem requires. The paper's recipe (the
+default): the (k+, k-) pairs form a small fixed grid of fractions of m
+(``guesses.grid_candidates``) and the significance is Bonferroni-corrected over the grid. With
+``design_mu`` (the claim's mu): ONE pair fixed by the claim before the scores are seen
+(``claim_pair``: the pair of ``design.guess_pairs`` whose median count on ideal scores at that
+mu rejects the largest epsilon), tested at the full level; the theorem holds for any pair
+chosen without the scores, so no correction is needed.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 from scipy.special import bdtr, bdtrc, expit
@@ -47,6 +53,12 @@ from dpaudit.stats.inclusion import (
     check_inclusion,
     require_plausible,
     virtual_labels,
+)
+from dpaudit.stats.one_run.design import (
+    EXACT_CANDIDATES,
+    exact_median,
+    guess_pairs,
+    median_correct,
 )
 from dpaudit.stats.one_run.guesses import grid_candidates, ranked_guesses
 from dpaudit.stats.result import EpsilonBound
@@ -214,6 +226,35 @@ def epsilon_from_guesses(
     return _largest_rejected(m, r, v, delta, significance, tol, inclusion)
 
 
+@functools.lru_cache(maxsize=64)
+def claim_pair(m: int, level: float, delta: float, design_mu: float,
+               inclusion: float = 0.5) -> tuple[int, int]:
+    """The (k+, k-) of ``design.guess_pairs(m)`` whose median correct count on ideal scores at
+    ``design_mu`` (``design.median_correct``) gives the largest epsilon rejected at ``level``
+    by the theorem's p-value (``p_value``, its delta term included). Depends on m, the level,
+    delta, the claim and the design only (cached)."""
+    kp, km = guess_pairs(m)
+    if not kp.size:
+        raise ValueError(f"one_run: m={m} canaries are too few for a guess pair")
+    v = median_correct(kp, design_mu, m, km).astype(np.int64)
+    r = (kp + km).astype(np.int64)
+    ubs = _tail_upper_ends(m, r, v, level, inclusion)  # delta = 0 upper ends, best first
+    scored = []
+    for i in np.argsort(-ubs):
+        if len(scored) >= EXACT_CANDIDATES and ubs[i] <= scored[-1][0]:
+            break
+        eps = _largest_rejected(m, int(r[i]), int(v[i]), delta, level, 1e-4, inclusion)
+        scored = sorted([*scored, (eps, int(i))], reverse=True)[:EXACT_CANDIDATES]
+    # the leading candidates ranked again by their exact median (``design.exact_median``)
+    best, pair = -1.0, (int(kp[0]), int(km[0]))
+    for _, i in scored:
+        ve = exact_median(m, float(design_mu), int(kp[i]), int(km[i]))
+        eps = _largest_rejected(m, int(r[i]), ve, delta, level, 1e-4, inclusion)
+        if eps > best:
+            best, pair = eps, (int(kp[i]), int(km[i]))
+    return pair
+
+
 def one_run_bound(
     scores_in: np.ndarray,
     scores_out: np.ndarray,
@@ -223,6 +264,7 @@ def one_run_bound(
     grid=DEFAULT_GRID,
     inclusion: float = 0.5,
     seed: int = 0,
+    design_mu: float | None = None,
 ) -> EpsilonBound:
     """Steinke-Nasr-Jagielski lower bound, best over a Bonferroni-corrected (k+, k-) grid.
 
@@ -233,6 +275,9 @@ def one_run_bound(
     k+ and k- (pairs with k+ + k- <= m, not both 0). ``seed``: the random order of tied
     scores and, for p != 1/2, the virtual labels (both drawn independently of the scores'
     membership; the bound holds for every seed).
+
+    ``design_mu``: the claim's mu; ONE (k+, k-) pair fixed by it (``claim_pair``) is tested at
+    the full level instead of the grid (``grid`` is then not used).
 
     The bound needs m * delta << 1. When its result is 0 only because of the 2 m delta term
     (the same guesses would reject epsilon = 0 at delta = 0), the result is marked
@@ -249,7 +294,15 @@ def one_run_bound(
     s_in, s_out = np.asarray(scores_in), np.asarray(scores_out)
     split_pv = require_plausible(s_in.size, s_out.size, p, "one_run")
     m = s_in.size + s_out.size
-    pairs = grid_candidates(m, fracs)
+    if design_mu is not None:
+        mu = float(design_mu)
+        if not (np.isfinite(mu) and mu > 0):
+            raise ValueError(f"design_mu must be a finite mu > 0 (the claim's mu), got "
+                             f"{design_mu!r}")
+        delta = check_delta(delta, zero_ok=True)
+        pairs = [claim_pair(m, 1.0 - float(confidence), delta, mu, p)]
+    else:
+        pairs = grid_candidates(m, fracs)
     if not pairs:
         raise ValueError(f"grid {grid!r} gives no (k+, k-) pair with at least one guess for m={m}")
     significance = (1.0 - confidence) / len(pairs)
@@ -295,6 +348,8 @@ def one_run_bound(
     gamma = amplification(p)
     details: dict = {
         "m": m,
+        "design": ("one pair fixed by the claim (design_mu)" if design_mu is not None
+                   else "the paper's grid of pairs (Bonferroni)"),
         "n_pairs": len(pairs),
         "significance_per_pair": significance,
         "m_delta": m * delta,
