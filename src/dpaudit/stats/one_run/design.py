@@ -148,12 +148,14 @@ def claim_guess_pair(m: int, level: float, family: Family, design_mu: float,
     if not kp.size or not (np.isfinite(design_mu) and design_mu > 0):
         return MIN_GUESSES, 0
 
-    def value(v, idx):
+    def value(v, idx, prune=False):
         return largest_refuted(kp[idx] + km[idx], v, km[idx] == 0, m=m, level=level,
-                               roc_inverse=family.roc_inverse, cap=family.cap)
+                               roc_inverse=family.roc_inverse, cap=family.cap, prune=prune)
 
     every = np.arange(kp.size)
-    got = value(median_correct(kp, design_mu, m, km), every)
+    # the model's values refined only where they could lead (``prune``: the others' are
+    # refuted values below the leaders'), then the leaders ranked by their exact median
+    got = value(median_correct(kp, design_mu, m, km), every, prune=True)
     # the binomial model's median can be one count off, and one count moves the certified
     # value by a tooth: the leading candidates are ranked again by their exact median
     top = np.argsort(-got, kind="stable")[:EXACT_CANDIDATES]
@@ -162,7 +164,7 @@ def claim_guess_pair(m: int, level: float, family: Family, design_mu: float,
     return int(kp[best]), int(km[best])
 
 
-EXACT_CANDIDATES = 12  # the model's best pairs re-ranked by their exact median
+EXACT_CANDIDATES = 6  # the model's best pairs re-ranked by their exact median
 
 
 @functools.lru_cache(maxsize=4096)

@@ -239,11 +239,11 @@ def claim_pair(m: int, level: float, delta: float, design_mu: float,
     v = median_correct(kp, design_mu, m, km).astype(np.int64)
     r = (kp + km).astype(np.int64)
     ubs = _tail_upper_ends(m, r, v, level, inclusion)  # delta = 0 upper ends, best first
-    scored = []
+    scored = []  # (eps at the model's median, index), for every pair that could lead
     for i in np.argsort(-ubs):
-        if len(scored) >= EXACT_CANDIDATES and ubs[i] <= scored[-1][0]:
-            break
-        eps = _largest_rejected(m, int(r[i]), int(v[i]), delta, level, 1e-4, inclusion)
+        if scored and ubs[i] <= scored[0][0]:
+            break  # its delta = 0 upper end is below the best: it cannot lead
+        eps = _largest_rejected(m, int(r[i]), int(v[i]), delta, level, 1e-3, inclusion)
         scored = sorted([*scored, (eps, int(i))], reverse=True)[:EXACT_CANDIDATES]
     # the leading candidates ranked again by their exact median (``design.exact_median``)
     best, pair = -1.0, (int(kp[0]), int(km[0]))
