@@ -109,8 +109,9 @@ def test_one_run_live_preset_reduced():
     seeds' minimum less 0.1) and <= 1 (an estimate at 95% confidence above the exact epsilon
     would mean inflated scores). Certified: only the one-run evidence (live canaries are not
     independent, so Clopper-Pearson and the claim test are estimates), never above the exact
-    epsilon; fdp_one_run_certified above Steinke et al.'s one_run, and the one-run claim test
-    keeps the true claim."""
+    epsilon; fdp_one_run_certified at least Steinke et al.'s one_run (both given one pair
+    fixed by the claim since 2026-11-28: 3.64 against 3.37 here; with the paper's grid one_run
+    certified under half of it), and the one-run claim test keeps the true claim."""
     from dpaudit.experiment.judging.evaluation import INDEPENDENCE
 
     eps, steps = 8.0, 25
@@ -135,7 +136,8 @@ def test_one_run_live_preset_reduced():
     v = r["verdict"]
     assert v["status"] == "consistent", v["message"]
     assert v["best_method"] == "fdp_one_run_certified" and v["best_lower_bound"] <= truth
-    assert v["best_lower_bound"] > 2 * rows["one_run"]["epsilon"]
+    assert v["best_lower_bound"] >= rows["one_run"]["epsilon"] > 0
+    assert "claim" in rows["one_run"]["result"]["details"]["design"]  # the claim's mu passed
     c = r["one_run_claim"]["scalar"]
     assert c["certified"] and not c["rejected"]
     assert 0 < c["mu_lower"] < r["theory"]["gaussian_mu"]
