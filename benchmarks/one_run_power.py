@@ -54,6 +54,7 @@ from dpaudit.stats.one_run import (
 )
 from dpaudit.validity.interacting import (
     AdaptiveGaussian,
+    IndependentRandomizedResponse,
     RegimeMixture,
     SharedLoudness,
     rejection_rate,
@@ -83,25 +84,6 @@ class IndependentGaussian:
 
     def __repr__(self):
         return f"IndependentGaussian(mu={self.mu})"
-
-
-class RandomizedResponse:
-    """Independent eps0-randomized response: score +1 or -1, the canary's bit with probability
-    e^eps0 / (1 + e^eps0) (eps0-DP: the null that binds (epsilon, delta) count tests)."""
-
-    def __init__(self, eps0: float):
-        self.eps0 = eps0
-
-    def draw(self, m, rng):
-        members = rng.random(m) < 0.5
-        said = np.where(rng.random(m) < 1 / (1 + np.exp(-self.eps0)), members, ~members)
-        return np.where(said, 1.0, -1.0), members
-
-    def true_epsilon(self, delta):
-        return self.eps0
-
-    def __repr__(self):
-        return f"RandomizedResponse(eps={self.eps0:.3f})"
 
 
 def med(xs) -> str:
@@ -237,7 +219,7 @@ def main(argv=None) -> None:
     mu_v = 1.0
     mechs = [SharedLoudness(mu_v, 0.2), SharedLoudness(mu_v, 0.02),
              *(RegimeMixture(mu_v, x) for x in (0.02, 0.1, 0.3)), AdaptiveGaussian(mu_v),
-             IndependentGaussian(mu_v), RandomizedResponse(gdp_epsilon(mu_v, DELTA))]
+             IndependentGaussian(mu_v), IndependentRandomizedResponse(gdp_epsilon(mu_v, DELTA))]
     order_test, critical = independent_order_statistics_test(mu_v, a.validity_m, 2000, a.seed)
     statements = validity_statements(mu_v)
     print(f"\n2-3. VALIDITY: TRUE claim mu = {mu_v}-GDP, {a.validity_m:,} canaries, "
@@ -252,7 +234,7 @@ def main(argv=None) -> None:
         kw = {"m": a.validity_m, "reps": a.validity_reps, "seed": a.seed}
         tests = {**{name: functools.partial(t, mech=mech) for name, t in statements.items()},
                  "order": order_test}
-        if isinstance(mech, RandomizedResponse):  # an eps-DP null: only the epsilon claims
+        if isinstance(mech, IndependentRandomizedResponse):  # eps-DP: the epsilon claims only
             tests = {n: t for n, t in tests.items() if n.startswith(EPSILON_STATEMENTS)}
         t0 = time.perf_counter()
         res = {name: rejection_rate(mech, t, **kw) for name, t in tests.items()}

@@ -302,20 +302,9 @@ def epsilon_count_ceiling(mu: float, m: int, *, level: float = 0.05, delta: floa
     med = _median_count(mu, m, ks.astype(float), nodes)
     best_eps, best_k, best_v = 0.0, int(ks[0]), 0
     for k, v in zip(ks, med, strict=True):
-        def tail(e, k=int(k), v=float(v)):
-            return float(binom.sf(v - 1, k, expit(e)))  # P[Bin(k, q) >= v]
-
-        if v < 1 or tail(0.0) > level:
-            continue
-        hi = 1.0
-        while tail(hi) <= level and hi < 1e3:
-            hi *= 2.0
-        lo = 0.0
-        for _ in range(60):
-            mid = 0.5 * (lo + hi)
-            lo, hi = (mid, hi) if tail(mid) <= level else (lo, mid)
-        if lo > best_eps:
-            best_eps, best_k, best_v = lo, int(k), int(v)
+        e = _rr_epsilon(int(k), int(v), level)
+        if e > best_eps:
+            best_eps, best_k, best_v = e, int(k), int(v)
     return {"mu": mu, "m": m, "level": level, "delta": delta, "epsilon": eps,
             "fraction": best_eps / eps, "k": best_k, "epsilon_certified": best_eps,
             "median_count": best_v}

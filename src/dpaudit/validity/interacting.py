@@ -248,6 +248,28 @@ class RegimeMixture:
         return float(gdp_epsilon(self.mu, delta))
 
 
+class IndependentRandomizedResponse:
+    """Independent eps0-randomized response: each canary's score is +1 or -1, its bit with
+    probability e^eps0 / (1 + e^eps0). Not interacting, and not mu-GDP: eps0-DP, hence
+    (eps0, delta)-DP for every delta, the null that binds (epsilon, delta) count tests (the k
+    top guesses are right Binomial(k, q) times, k top and k bottom ones Binomial(2k, q))."""
+
+    def __init__(self, eps0: float):
+        self.eps0 = float(check_positive(eps0, "eps0"))
+
+    def __repr__(self) -> str:
+        return f"IndependentRandomizedResponse(eps={self.eps0:.4g})"
+
+    def draw(self, m: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        members = rng.random(m) < 0.5
+        said = np.where(rng.random(m) < expit(self.eps0), members, ~members)
+        return np.where(said, 1.0, -1.0), members
+
+    def true_epsilon(self, delta: float) -> float:
+        """eps0 at every delta."""
+        return self.eps0
+
+
 def rejection_rate(mechanism, test, *, m: int, reps: int, seed: int = 0) -> tuple[float, float]:
     """Fraction of ``reps`` runs whose (scores_in, scores_out) ``test`` rejects, and its
     standard error; run r draws from ``np.random.default_rng([seed, r])``."""
@@ -261,6 +283,7 @@ def rejection_rate(mechanism, test, *, m: int, reps: int, seed: int = 0) -> tupl
 
 __all__ = [
     "AdaptiveGaussian",
+    "IndependentRandomizedResponse",
     "RegimeMixture",
     "SharedLoudness",
     "folded_isf",

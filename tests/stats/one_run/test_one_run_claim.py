@@ -30,6 +30,7 @@ from dpaudit.stats.one_run.recursion import (
 from dpaudit.threat_model import ThreatModel
 from dpaudit.validity.interacting import (
     AdaptiveGaussian,
+    IndependentRandomizedResponse,
     RegimeMixture,
     SharedLoudness,
     gdp_roc,
@@ -328,26 +329,9 @@ def test_the_audit_fixes_its_guess_counts_from_the_claim():
                                                                Family("epsdelta", 1e-5), 1.0)
 
 
-class RandomizedResponseCanaries:
-    """Independent eps0-randomized response: each canary's score says its bit with
-    probability e^eps0 / (1 + e^eps0) (eps0-DP, so (eps0, delta)-DP for every delta: the
-    null that binds (epsilon, delta) count tests, one- and two-sided)."""
-
-    def __init__(self, eps0: float):
-        self.eps0 = eps0
-
-    def draw(self, m, rng):
-        members = rng.random(m) < 0.5
-        said = np.where(rng.random(m) < 1 / (1 + np.exp(-self.eps0)), members, ~members)
-        return np.where(said, 1.0, -1.0), members
-
-    def true_epsilon(self, delta):
-        return self.eps0
-
-
 @pytest.mark.parametrize(
     "mechanism",
-    [RandomizedResponseCanaries(gdp_epsilon(1.0, 1e-5)), RegimeMixture(1.0, 0.1),
+    [IndependentRandomizedResponse(gdp_epsilon(1.0, 1e-5)), RegimeMixture(1.0, 0.1),
      SharedLoudness(1.0, 0.02), AdaptiveGaussian(1.0)],
     ids=["randomized_response", "regime_mixture", "shared_loudness", "adaptive"],
 )
