@@ -262,7 +262,7 @@ def test_clipped_rows_match_the_clipped_matrix():
     """``ClippedRows`` (per-parameter row views and their clip factors) answers products,
     norms, splits and scaling as the (K, d) clipped matrix would, flat or per-layer."""
     from dpaudit.capture.insertion import ClippedRows
-    from dpaudit.gradients.persample import clip_rows, per_part_factors
+    from dpaudit.gradients.persample import clip_factors, clip_rows
 
     g = torch.Generator().manual_seed(3)
     per_param = [torch.randn(6, 4, 3, generator=g), torch.randn(6, 5, generator=g)]
@@ -270,9 +270,8 @@ def test_clipped_rows_match_the_clipped_matrix():
     for bound in (1.0, [0.5, 0.7]):
         dense, _ = clip_rows(per_param, per_param, bound)
         parts = [x.reshape(6, -1) for x in per_param]
-        part_norms = torch.stack([x.norm(dim=1) for x in parts], 1)
-        norms = part_norms.norm(dim=1)
-        factors = per_part_factors(part_norms, norms, per_param, per_param, bound)
+        part_norms, _, factors = clip_factors(per_param, per_param, bound)
+        torch.testing.assert_close(part_norms, torch.stack([x.norm(dim=1) for x in parts], 1))
         rows = ClippedRows(parts, factors, part_norms, torch.float32)
         assert rows.shape == dense.shape and len(rows) == 6
         torch.testing.assert_close(rows.to_dense(), dense)

@@ -66,9 +66,9 @@ from dpaudit.capture.patching import InstancePatch
 from dpaudit.capture.support import clip_bounds
 from dpaudit.gradients.persample import (
     clip_dtype,
+    clip_factors,
     clip_rows,
     in_per_sample_pass,
-    per_part_factors,
     summed_loss_output_grad,
 )
 
@@ -488,31 +488,21 @@ class BatchFold:
         # _exclusively_held sees at the next step (the buffer itself is only ever ours)
         self._result = (out.view(out.shape), norms, False)
 
-    def _factors(self, per_param, selected, k):
-        """(dtype, (k, J) part norms, (k,) norms, each selected tensor's (k, 1) clip factor)
-        by the optimizer's own rule now (flat, per-layer, adaptive's C_t)."""
-        dtype = clip_dtype(selected[0].dtype)
-        part_norms = torch.stack(
-            [torch.linalg.vector_norm(g.reshape(k, -1), dim=1, dtype=dtype) for g in per_param],
-            1,
-        )
-        norms = part_norms.norm(2, dim=1)
-        factors = per_part_factors(part_norms, norms, per_param, selected,
-                                   clip_bounds(self.optimizer))
-        return dtype, part_norms, norms, factors
-
     def _clip_lazy(self, per_param, selected, k):
         """The clipped rows as ``ClippedRows`` over the canary rows' own views (no K x d
         buffer; module doc, step 4): the norms and factors, nothing written."""
-        dtype, part_norms, norms, factors = self._factors(per_param, selected, k)
+        part_norms, norms, factors = clip_factors(per_param, selected,
+                                                  clip_bounds(self.optimizer))
         index = {id(g): i for i, g in enumerate(per_param)}
         mine = part_norms[:, [index[id(g)] for g in selected]]
+        dtype = clip_dtype(selected[0].dtype)
         return ClippedRows([g.reshape(k, -1) for g in selected], factors, mine, dtype), norms
 
     def _clip_view(self, per_param, selected, k):
         """Clipped rows at the view's coordinates only: norms over every parameter, then the
         K x |view| gathered entries scaled (no K x d temporary)."""
-        dtype, _, norms, factors = self._factors(per_param, selected, k)
+        _, norms, factors = clip_factors(per_param, selected, clip_bounds(self.optimizer))
+        dtype = clip_dtype(selected[0].dtype)
         locals_, back = self._view_blocks
         parts = [
             g.reshape(k, -1).index_select(1, local).to(dtype) * f

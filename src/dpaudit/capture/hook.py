@@ -504,7 +504,8 @@ class AuditHook:
         self._pending_inclusion = None
         self._inputs.check_forward(t)
         released = self._score_view.released()
-        frame = self.max_grad_norm / clip_bound(opt)  # adaptive clipping: C_0 / C_t, else 1
+        bound = clip_bound(opt)  # this step's C (adaptive clipping's C_t)
+        frame = self.max_grad_norm / bound  # adaptive clipping: C_0 / C_t, else 1
         if self._fixed_canary_grads is not None:
             ref, canary_grads = None, self._fixed_canary_grads
         else:
@@ -538,7 +539,7 @@ class AuditHook:
             reference_grads=ref,
         )
         self._accumulator.step(canary_grads, released, ctx)
-        self._white_box.on_release(opt, t, sigma * clip_bound(opt), divisor,
+        self._white_box.on_release(opt, t, sigma * bound, divisor,
                                    self._inclusions[-1])
         if self.trace is not None:
             context = {

@@ -200,11 +200,7 @@ def clip_rows(
     """
     n = per_param[0].shape[0]
     dtype = clip_dtype(per_param[0].dtype)
-    part_norms = torch.stack(
-        [torch.linalg.vector_norm(g.reshape(n, -1), dim=1, dtype=dtype) for g in per_param], 1
-    )
-    norms = part_norms.norm(2, dim=1)
-    factors = per_part_factors(part_norms, norms, per_param, selected, max_grad_norm)
+    _, norms, factors = clip_factors(per_param, selected, max_grad_norm)
     widths = [math.prod(g.shape[1:]) for g in selected]
     if out is None:
         out = selected[0].new_empty((n, sum(widths)), dtype=dtype)
@@ -220,22 +216,30 @@ def clip_rows(
     return out, norms
 
 
-def per_part_factors(part_norms, norms, per_param, selected, max_grad_norm) -> list:
-    """The (n, 1) clip factor of each ``selected`` tensor: one flat factor from ``norms``, or
-    under per-layer bounds (a sequence aligned with ``per_param``) each part's own from
-    ``part_norms`` ((n, len(per_param)))."""
+def clip_factors(per_param, selected, max_grad_norm) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """Opacus' clip factors of n per-sample gradients given per parameter as (n, *shape):
+    ((n, len(per_param)) part norms, (n,) norms over every parameter, the (n, 1) factor of each
+    ``selected`` tensor), all in ``clip_dtype``. One flat factor from the norms for a float C;
+    under per-layer bounds (a sequence aligned with ``per_param``, ``selected`` among its
+    tensors, matched by identity) each part's own from its own norm."""
+    n = per_param[0].shape[0]
+    dtype = clip_dtype(per_param[0].dtype)
+    part_norms = torch.stack(
+        [torch.linalg.vector_norm(g.reshape(n, -1), dim=1, dtype=dtype) for g in per_param], 1
+    )
+    norms = part_norms.norm(2, dim=1)
     if not isinstance(max_grad_norm, Sequence):
         flat = clip_factor(norms, float(max_grad_norm)).unsqueeze(1)
-        return [flat] * len(selected)
+        return part_norms, norms, [flat] * len(selected)
     if len(max_grad_norm) != len(per_param):
         raise ValueError(f"max_grad_norm: {len(max_grad_norm)} per-layer bounds for "
                          f"{len(per_param)} parameters")
     index = {id(g): i for i, g in enumerate(per_param)}
-    missing = [i for i, g in enumerate(selected) if id(g) not in index]
-    if missing:
+    if any(id(g) not in index for g in selected):
         raise ValueError("per-layer clipping: the selected tensors must be among per_param")
-    return [clip_factor(part_norms[:, index[id(g)]], float(max_grad_norm[index[id(g)]]))
-            .unsqueeze(1) for g in selected]
+    return part_norms, norms, [
+        clip_factor(part_norms[:, index[id(g)]], float(max_grad_norm[index[id(g)]]))
+        .unsqueeze(1) for g in selected]
 
 
 def _opacus_backend_ok(model: nn.Module) -> bool:
