@@ -89,13 +89,17 @@ def _posteriors(mu, r, rc, lo, hi):
 
 def _survival(pi, wq, k, c):
     """E[P[Binomial(k, pi(R)) >= c]] over the quadrature (last axis); P[Bin(k, p) >= c] is
-    the regularized incomplete beta I_p(c, k - c + 1) for 1 <= c <= k."""
-    k = np.asarray(k, dtype=np.float64)[..., None]
-    c = np.asarray(c, dtype=np.float64)[..., None]
+    the regularized incomplete beta I_p(c, k - c + 1) for 1 <= c <= k, exactly 1 below and
+    exactly 0 above."""
+    k0 = np.asarray(k, dtype=np.float64)
+    c0 = np.asarray(c, dtype=np.float64)
+    k, c = k0[..., None], c0[..., None]
     cc = np.clip(c, 1, k)
     sf = betainc(cc, k - cc + 1, pi)
-    sf = np.where(c <= 0, 1.0, np.where(c > k, 0.0, sf))
-    return np.clip((sf * wq).sum(axis=-1), 0.0, 1.0)
+    mixed = np.clip((sf * wq).sum(axis=-1), 0.0, 1.0)
+    # exact by construction, not by the quadrature weights' sum (whose last bit depends on
+    # numpy's SIMD summation order): P[V >= c] is 1 for c <= 0 and 0 for c > k
+    return np.where(c0 <= 0, 1.0, np.where(c0 > k0, 0.0, mixed))
 
 
 def count_survival(mu, m: int, k, c, *, lo=0.0, hi=np.inf, nodes: int = _NODES) -> np.ndarray:
