@@ -84,10 +84,15 @@ def test_probe_noise_is_the_noise_at_dead_coordinates():
     assert not noise_floor_test(sq, dims, run.hook.noise_stds(), level=0.05).rejected
 
 
-def test_batch_sizes_unknown_under_batch_memory_manager():
-    run, _ = _run(physical_batch=16)
-    sizes = run.hook.batch_sizes()
-    assert len(sizes) == run.hook.steps and None in sizes
+def test_batch_sizes_under_batch_memory_manager_are_the_logical_batches():
+    # the same seeds draw the same Poisson batches whether BatchMemoryManager splits them or
+    # not: each step's size is the logical batch, summed over its physical batches (and the
+    # clipping probes' own calls of clip_and_accumulate are not counted)
+    rows = []
+    whole, _ = _run(rows=rows)
+    split, _ = _run(physical_batch=16)
+    assert whole.hook.batch_sizes() == rows
+    assert split.hook.batch_sizes() == rows and max(rows) > 16
 
 
 def test_noise_probes_are_checked():

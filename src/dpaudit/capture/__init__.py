@@ -15,9 +15,11 @@ moving only inside the private step; ``noise_probe``, the noise ignoring the dat
 ``support`` lists the supported Opacus set-ups and refuses the others; ``patching`` is the one
 save/restore helper for the attributes (and, for batch samplers, the classes) dpaudit patches;
 ``coordinates`` maps a user's parameters to the flat coordinates Dirac canaries take and finds
-the ones no data touch.
+the ones no data touch; ``canary_block`` gives any model a block of coordinates no data can
+reach, and ``independence`` checks at every step that the data's clipped sum stays zero there.
 """
 
+from dpaudit.capture.canary_block import CanaryBlock, add_canary_block
 from dpaudit.capture.canary_kinds import GradientCanaries, InputCanaries
 from dpaudit.capture.coordinates import (
     dead_coordinates,
@@ -30,9 +32,11 @@ from dpaudit.capture.trace import Trace, load_trace
 
 __all__ = [
     "AuditHook",
+    "CanaryBlock",
     "GradientCanaries",
     "InputCanaries",
     "Trace",
+    "add_canary_block",
     "dead_coordinates",
     "flat_coordinate",
     "infer_sample_rate",

@@ -77,6 +77,7 @@ from dpaudit.attacks.mixture import MixtureLR
 from dpaudit.attacks.scalar import ScalarProduct
 from dpaudit.capture.accumulate import ScoreAccumulator
 from dpaudit.capture.canary_kinds import Canaries, InputCanaries, as_canary_list
+from dpaudit.capture.independence import IndependenceWatch
 from dpaudit.capture.input_grads import INPUT_PASSES, InputGradients, all_finite, check_reference
 from dpaudit.capture.insertion import (
     DiracRows,
@@ -143,7 +144,9 @@ class AuditHook:
     ``hook = AuditHook(optimizer, model, canaries, scores=(ScalarProduct(),))`` then
     ``hook.attach()`` (or ``with hook:``) around the unchanged training loop; afterwards
     ``hook.scores()`` gives each score's (K,) accumulated values. ``params`` selects parameter
-    or module names (default: all trainable) for everything recorded and scored.
+    or module names (default: every trainable parameter the DP optimizer updates; trainable
+    ones it does not update, ``outside_optimizer``, are watched by the integrity check) for
+    everything the canaries insert and scores read.
     ``reference=(inputs, targets[, loss_fn])`` or an ``InputCanaries`` (which may carry
     ``args`` / ``kwargs``) provides reference points whose clipped gradients at theta_t are
     passed to scores with ``requires_reference_grads``.
@@ -240,15 +243,37 @@ class AuditHook:
     def _select_parameters(self, params, coordinates) -> None:
         """The parameters the canaries live in (all optimized by the DP optimizer) and the
         coordinate view the hook records."""
-        self.param_names = resolve_parameter_names(self.model, params)
         named = dict(unwrap_model(self.model).named_parameters())
-        self._params = [named[n] for n in self.param_names]
         optimized = {id(p) for p in self.optimizer.params}
-        missing = [
-            n for n, p in zip(self.param_names, self._params, strict=True) if id(p) not in optimized
-        ]
-        if missing:
-            raise ValueError(f"params: not optimized by the DP optimizer: {missing}")
+        trainable = resolve_parameter_names(self.model, None)
+        # trainable parameters the DP optimizer does not update (a head trained by a second
+        # optimizer, say): no canary can live there, but the integrity check watches them, so
+        # that their moving is the finding, not a refusal to attach
+        self.outside_optimizer = [n for n in trainable if id(named[n]) not in optimized]
+        if params is None:
+            chosen = [n for n in trainable if id(named[n]) in optimized]
+            if not chosen:
+                raise ValueError("params: none of the model's trainable parameters is updated "
+                                 "by the DP optimizer (is this the model make_private wrapped?)")
+            self.param_names = chosen
+        else:
+            self.param_names = resolve_parameter_names(self.model, params)
+            missing = [n for n in self.param_names if id(named[n]) not in optimized]
+            if missing:
+                raise ValueError(
+                    f"params: {missing} are not updated by the DP optimizer, so no canary can "
+                    "be inserted or scored there; leave them out of params (the integrity "
+                    "check watches every parameter of the model whatever params says, and "
+                    "reports one that moves outside the private step)")
+        self._params = [named[n] for n in self.param_names]
+        # the whole model's trainable flattening (what trainable_dim / dead_coordinates number)
+        # -> this selection's, -1 off it: canaries numbered over the whole model are mapped
+        self._from_model = None
+        if params is None and self.outside_optimizer:
+            keep = np.concatenate([np.full(named[n].numel(), n in self.param_names)
+                                   for n in trainable])
+            self._from_model = np.where(keep, np.cumsum(keep) - 1, -1)
+            self._from_model_names = [(n, named[n].numel()) for n in trainable]
         full_dim = sum(p.numel() for p in self._params)
         self.view = CoordinateView(self._params, check_coordinates(coordinates, full_dim))
         self.full_dim = self.view.full_dim
@@ -257,13 +282,49 @@ class AuditHook:
 
     def _set_canaries(self, canaries) -> None:
         """The canary sets, checked against the view and the clip norm."""
-        self.canaries = as_canary_list(canaries)
+        self.canaries = [self._in_selection(c) for c in as_canary_list(canaries)]
         self.num_canaries = sum(len(c) for c in self.canaries)
         where = f"parameters {self.param_names}" + (
             ", in view coordinates" if self.coordinates is not None else ""
         )
         check_gradient_canaries(self.canaries, self.dim, self.max_grad_norm, where)
         self._insertion = GradientInsertion(self.canaries, self.view)
+        self._independence = IndependenceWatch(self._insertion, self.param_names,
+                                               [tuple(p.shape) for p in self._params])
+
+    def _in_selection(self, c):
+        """Gradient canaries numbered over the whole model's trainable parameters (e.g. by
+        ``dead_coordinates`` and ``trainable_dim(model)``) when some of those are outside the
+        DP optimizer: the same canaries in the selection's coordinates; one that touches a
+        parameter the DP optimizer does not update is refused, naming it."""
+        from dpaudit.capture import GradientCanaries
+
+        lookup = self._from_model
+        if (lookup is None or self.coordinates is not None or not isinstance(c, GradientCanaries)
+                or c.dim != lookup.size or c.dim == self.full_dim):
+            return c
+        if c.is_sparse:
+            idx = lookup[c.indices.cpu().numpy()]
+            bad = (idx < 0) & (c.values.cpu().numpy() != 0)
+            cols = c.indices.cpu().numpy()[bad]
+        else:
+            dense = c.vectors
+            off = torch.from_numpy(lookup < 0)
+            cols = torch.nonzero(dense[:, off].ne(0).any(0)).reshape(-1).numpy()
+            cols = np.flatnonzero(lookup < 0)[cols]
+        if cols.size:
+            ends = np.cumsum([k for _, k in self._from_model_names])
+            touched = sorted({self._from_model_names[int(np.searchsorted(ends, i, "right"))][0]
+                              for i in cols.tolist()})
+            raise ValueError(
+                f"canaries: gradient canaries touch {touched}, which the DP optimizer does not "
+                "update (no noise is added there, so no canary can be inserted); put them on "
+                f"parameters it updates: {self.param_names}")
+        kw = {"policy": list(c.policies), "inclusion_prob": c.inclusion_prob, "seed": c.seed}
+        if c.is_sparse:
+            return GradientCanaries.sparse(torch.from_numpy(idx).to(c.indices.dtype), c.values,
+                                           self.full_dim, **kw)
+        return GradientCanaries(c.vectors[:, torch.from_numpy(lookup >= 0)], **kw)
 
     def _set_scores(self, scores, keep_per_step, reference, sample_rate) -> None:
         """The scores' accumulator, their reference points, the process group and q."""
@@ -383,9 +444,15 @@ class AuditHook:
             for p in reversed(applied):
                 p.restore()
             raise
+        try:
+            self._inputs.attach()
+        except Exception:
+            self._white_box.detach()
+            for p in reversed(applied):
+                p.restore()
+            raise
         self._patches = patches
         self._add_noise_patch = patches[1]
-        self._inputs.attach()
         opt._dpaudit_hook = self
         self._attached = True
         self._quiet = _silence_backward_hook_warning()
@@ -405,8 +472,8 @@ class AuditHook:
         for p in reversed(self._patches):
             p.restore()
         self._patches = []
+        self._inputs.detach()  # last in, first out: the fold's patches cover the recorder's
         self._white_box.detach()
-        self._inputs.detach()
         del opt._dpaudit_hook
         self._attached = False
         _restore_warning_filter(getattr(self, "_quiet", None))
@@ -426,6 +493,7 @@ class AuditHook:
         self.view.to(self._device)
         self._score_view.to(self._device)
         self._insertion.start(self._device, self._dtype)
+        self._independence.start(self._device)
         self._score_vectors = self._insertion.score_vectors(self.routed, self.dirac_rows)
         self._fixed_canary_grads = self._canary_grads([]) if not self._inputs.active else None
         # the scores read input canaries' rows only through products and norms: the folded
@@ -455,6 +523,8 @@ class AuditHook:
             self._start()
         opt = self.optimizer
         self._white_box.before_noise(opt, self._steps)
+        # the data's clipped sum on the gradient canaries' support, before they are added
+        self._independence.observe(self._steps, clip_bound(opt))
         if self._insertion.active:
             row = self._insertion.draw()  # drawn on every rank: the same draws everywhere
             self._pending_inclusion = row
@@ -598,7 +668,8 @@ class AuditHook:
         return np.stack(self._inclusions, axis=1)
 
     def white_box_records(self, *, sampling: dict | None = None,
-                          accountant_history=None) -> WhiteBoxRecords:
+                          accountant_history=None, accountant: str | None = None
+                          ) -> WhiteBoxRecords:
         """The typed white-box records of the steps so far (``capture.records``), for
         ``experiment.judging.white_box``.
 
@@ -607,6 +678,9 @@ class AuditHook:
                 known: the Poisson sampling tests need them; by default the hook's sample
                 rate and the size of the training loader's data set (when one was given).
             accountant_history: the accountant's ``history`` (the bookkeeping check).
+            accountant: the name of the accountant whose epsilon the user reads (``rdp``,
+                ``prv`` or ``gdp``: ``PrivacyEngine.accountant.mechanism()``), with which the
+                training's epsilon is recomputed from what was measured.
         """
         self._require_steps()
         known = {"q": float(self.sample_rate), "loader": "poisson"}
@@ -614,7 +688,8 @@ class AuditHook:
             known["n"] = int(self.dataset_size)
         sampling = {**known, **{k: v for k, v in (sampling or {}).items() if v is not None}}
         return self._white_box.records(sampling=sampling, accountant_history=accountant_history,
-                                       distributed=self.distributed)
+                                       distributed=self.distributed, accountant=accountant,
+                                       independence=self._independence.record())
 
     def released_squared_norms(self) -> np.ndarray:
         """(J, T): squared norm of each optimizer tensor's released sum (the released

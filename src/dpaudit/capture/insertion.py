@@ -364,6 +364,27 @@ class GradientInsertion:
                 out.append(None)
         return out
 
+    def support_positions(self) -> list[torch.Tensor | None]:
+        """Per canary set, its sparse canaries' (K_set, nnz) positions in S (None for input
+        and dense gradient canaries); after ``start``."""
+        return list(self._pos)
+
+    @torch.no_grad()
+    def data_on_support(self) -> torch.Tensor | None:
+        """(|S|,) the optimizer's clipped sum ``p.summed_grad`` on the union S of the sparse
+        canaries' supports, read before any canary is inserted (the data's own contribution
+        there: exactly zero at every step for canaries independent of the data), in float64
+        on the model's device; None without sparse canaries. O(|S|), no host sync."""
+        if self._support is None:
+            return None
+        out = torch.zeros(self._s_full.numel(), device=self._device, dtype=torch.float64)
+        for i, (p, a, _) in enumerate(self.view.slices()):
+            lo, hi = self._s_ranges[i]
+            sg = p.summed_grad
+            if hi > lo and sg is not None:  # take indexes the tensor as 1-D, like put_
+                out[lo:hi] = sg.take(self._s_full[lo:hi] - a).to(torch.float64)
+        return out
+
     # ------------------------------------------------------------------ per step
     def draw(self) -> np.ndarray:
         """One (K,) bool row of inclusions for this step (input canaries: False)."""

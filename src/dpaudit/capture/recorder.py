@@ -3,6 +3,9 @@
 ``WhiteBoxRecorder`` is called by ``AuditHook`` at four moments of every real optimizer step
 and keeps, per step, a ``records.StepRecord``:
 
+* ``clip_and_accumulate`` (wrapped: it runs once per physical batch, so under
+  BatchMemoryManager several times a step): the rows clipped, summed into the step's logical
+  batch size;
 * ``before_noise`` (in the wrapped ``add_noise``, before anything is added): the batch's size
   and the clipping probes (``clip_check.ClippingCheck``, the optimizer's own clipping run on
   single examples and leave-one-out sub-batches);
@@ -38,6 +41,7 @@ from dpaudit.capture.gradient_canaries import GradientCanaries
 from dpaudit.capture.integrity import ModelIntegrity
 from dpaudit.capture.noise_probe import NoiseProbe
 from dpaudit.capture.noise_record import NoiseRecorder
+from dpaudit.capture.patching import InstancePatch
 from dpaudit.capture.records import AdaptiveRecord, StepRecord, WhiteBoxRecords
 from dpaudit.capture.sampling_record import SamplingRecorder
 from dpaudit.capture.support import clip_bound, gradient_noise_multiplier, is_adaptive
@@ -92,6 +96,8 @@ class WhiteBoxRecorder:
                        if record_noise else None)
         self._steps: list[StepRecord] = []
         self._pending_batch: int | None = None
+        self._rows: int | None = 0  # rows clipped since the last step (None: unknown)
+        self._rows_patch: InstancePatch | None = None
         self._pending_noised: float | None = None
         self._distributed = bool(distributed)
         if post_step is not None and not check_integrity:
@@ -160,16 +166,24 @@ class WhiteBoxRecorder:
             self._probes.to(device)
 
     def attach(self) -> None:
-        """Start recording the loader's batches and watching the model around the private steps."""
-        if self._sampling is not None:
-            self._sampling.attach()
-        if self._integrity is not None:
-            try:
-                self._integrity.attach()
-            except Exception:
-                if self._sampling is not None:
-                    self._sampling.detach()
-                raise
+        """Start counting the rows each step clips, recording the loader's batches and
+        watching the model around the private steps."""
+        self._rows = 0
+        self._rows_patch = InstancePatch(self.optimizer, "clip_and_accumulate",
+                                         self._count_rows, "AuditHook").apply()
+        try:
+            if self._sampling is not None:
+                self._sampling.attach()
+            if self._integrity is not None:
+                try:
+                    self._integrity.attach()
+                except Exception:
+                    if self._sampling is not None:
+                        self._sampling.detach()
+                    raise
+        except Exception:
+            self._rows_patch.restore()
+            raise
 
     def detach(self) -> None:
         """Undo ``attach`` (last in, first out)."""
@@ -177,6 +191,16 @@ class WhiteBoxRecorder:
             self._integrity.detach()
         if self._sampling is not None:
             self._sampling.detach()
+        if self._rows_patch is not None:
+            self._rows_patch.restore()
+            self._rows_patch = None
+
+    def _count_rows(self) -> None:
+        """The optimizer's ``clip_and_accumulate``, counting the rows it clips (every physical
+        batch of a logical one: BatchMemoryManager's steps that skip the noise included)."""
+        rows = _clipped_rows(self.optimizer)
+        self._rows = None if rows is None or self._rows is None else self._rows + rows
+        self._rows_patch.original()
 
     def nbytes(self) -> dict[str, int]:
         """Bytes held by the records of the other doors: the loader's batches (O(n + T)) and
@@ -192,12 +216,13 @@ class WhiteBoxRecorder:
     # ------------------------------------------------------------------ the three moments
     def before_noise(self, opt: DPOptimizer, step: int) -> None:
         """Before anything is added to the clipped sum: the batch size, the clipping probes."""
-        self._pending_batch = _batch_rows(opt)
+        self._pending_batch = self._rows if self._rows_patch is not None else None
         if self._adaptive is not None:  # the true count, the examples counted, the bound
             self._pending_count = (clip_bound(opt), int(opt.unclipped_num),
                                    int(opt.sample_size))
         if self._clip is not None:
-            self._clip.run(opt, step)
+            self._clip.run(opt, step)  # its probes call clip_and_accumulate: not counted
+        self._rows = 0
 
     def probe_noise(self, opt: DPOptimizer, step: int, add_noise) -> None:
         """Right before the real ``add_noise``: the noise probe at its seeded steps."""
@@ -253,8 +278,10 @@ class WhiteBoxRecorder:
         return None if self._clip is None else self._clip.summary()
 
     def records(self, *, sampling: dict | None = None, accountant_history=None,
-                distributed: bool = False) -> WhiteBoxRecords:
-        """The typed records of the steps so far (``WhiteBoxRecords``)."""
+                distributed: bool = False, accountant: str | None = None,
+                independence=None) -> WhiteBoxRecords:
+        """The typed records of the steps so far (``WhiteBoxRecords``; ``accountant``: the
+        name of the user's accountant, ``independence``: the hook's ``IndependenceRecord``)."""
         steps = tuple(self._steps)
         noise = None
         if self._noise is not None:
@@ -282,7 +309,8 @@ class WhiteBoxRecorder:
             by_example=by_example, by_example_reason=None if by_example else reason,
             integrity=None if self._integrity is None else self._integrity.record(),
             noise_source=None if self._probe is None else self._probe.record(),
-            adaptive=self._adaptive_record(),
+            adaptive=self._adaptive_record(), independence=independence,
+            accountant=accountant,
         )
 
     def _adaptive_record(self) -> AdaptiveRecord | None:
@@ -302,10 +330,10 @@ class WhiteBoxRecorder:
         )
 
 
-def _batch_rows(opt: DPOptimizer) -> int | None:
-    """Examples in this step's batch (None when unknown: no per-sample gradients, or a
-    logical batch spread over several physical ones by BatchMemoryManager)."""
+def _clipped_rows(opt: DPOptimizer) -> int | None:
+    """Rows of the per-sample gradients ``clip_and_accumulate`` is about to clip (None when
+    there are none: ghost clipping)."""
     gs = getattr(opt.params[0], "grad_sample", None)
-    if gs is None or getattr(opt, "_is_last_step_skipped", False):
+    if gs is None:
         return None
     return int(sum(g.shape[0] for g in gs) if isinstance(gs, list) else gs.shape[0])

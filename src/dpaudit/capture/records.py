@@ -4,7 +4,8 @@
 of the noise the optimizer really added (``capture.noise_record``); ``NoiseRun`` what that
 sketch accumulated over the run; ``ExampleSampling`` which examples each batch used,
 ``IntegrityRecord`` whether the model moved only inside the private step, ``NoiseSourceRecord``
-whether the noise ignored the data; ``WhiteBoxRecords`` a training's records with what the hook
+whether the noise ignored the data, ``IndependenceRecord`` whether the gradient canaries stayed
+out of the data's reach; ``WhiteBoxRecords`` a training's records with what the hook
 cannot know by itself (the data set's size and rate, the accountant's history). The hook builds
 them (``AuditHook.white_box_records``); ``run_audit``, the CLI and the own loop's
 ``audit_report`` all judge them with ``experiment.judging.white_box``. Plain numpy, no torch.
@@ -83,8 +84,9 @@ class StepRecord:
         step: its index among the real optimizer steps.
         noise_std: the claimed noise std sigma C at that step (the optimizer's own).
         divisor: what the released gradient was divided by (released sum = gradient x it).
-        batch_size: examples in the step's batch (None when unknown: BatchMemoryManager,
-            ghost clipping).
+        batch_size: examples in the step's batch, the logical batch under
+            BatchMemoryManager (the rows clipped since the previous step; None when unknown:
+            ghost clipping keeps no per-sample gradients).
         released_sq: (J,) squared norms of each tensor's released sum.
         probe_noise: (n,) the released sum at the noise probes minus the canaries inserted
             there, or None.
@@ -253,13 +255,41 @@ class NoiseSourceRecord:
 
 
 @dataclass(frozen=True)
+class IndependenceRecord:
+    """Whether the sparse gradient canaries stayed out of the data's reach
+    (``capture.independence``): the data's clipped sum on their support, read before each
+    insertion, must be exactly zero at every step.
+
+    Attributes:
+        steps: the steps watched.
+        sets: per canary set of the hook, a dict: ``set`` (its index), ``watched`` (False for
+            input and dense gradient canaries), ``canaries``; when watched also
+            ``coordinates`` (its support's size), ``live_canaries`` / ``live_coordinates``
+            (reached by the data at some step), ``first_step`` (-1: never), ``largest`` (the
+            largest |data's clipped sum| seen there, in units of the step's C),
+            ``first_live`` (up to 8 reached coordinates: ``coordinate``, ``parameter``,
+            ``position``, ``step``, ``largest``) and ``live_rows`` (the reached canaries'
+            indices in the set).
+    """
+
+    steps: int
+    sets: list[dict]
+
+    def of_set(self, index: int) -> dict | None:
+        """The entry of canary set ``index`` (None when there is none)."""
+        return next((s for s in self.sets if s["set"] == index), None)
+
+
+@dataclass(frozen=True)
 class WhiteBoxRecords:
     """A training's white-box records: its steps, the run-level noise sketch, the clipping
     probes' summary, and what the caller adds (``sampling``: {"n", "q", "loader"};
     ``accountant_history``: the accountant's (sigma, q, steps) entries); ``by_example`` the
     loader's batches (or ``by_example_reason``, why not), ``integrity`` and ``noise_source``
-    the other doors' records (None: not recorded). ``names`` / ``dims``: the optimizer's
-    tensors, in the order of every (J,) array."""
+    the other doors' records (None: not recorded), ``independence`` whether the sparse
+    gradient canaries stayed out of the data's reach, ``accountant`` the name of the
+    accountant whose epsilon the user reads (``rdp`` / ``prv`` / ``gdp``; None: unknown).
+    ``names`` / ``dims``: the optimizer's tensors, in the order of every (J,) array."""
 
     names: list[str]
     dims: list[int]
@@ -274,6 +304,8 @@ class WhiteBoxRecords:
     integrity: IntegrityRecord | None = None
     noise_source: NoiseSourceRecord | None = None
     adaptive: AdaptiveRecord | None = None
+    independence: IndependenceRecord | None = None
+    accountant: str | None = None
 
     @property
     def num_steps(self) -> int:
