@@ -120,3 +120,46 @@ def ceiling_sentence(ceiling: dict) -> str:
             f"{need:,} canaries on each side")
 
 
+
+
+def clt_mu(noise_multiplier: float, sample_rate: float, steps: int) -> float:
+    """The CLT's GDP parameter of T Poisson-subsampled Gaussian steps (Bu et al. 2020):
+    q sqrt(T (e^{1/sigma^2} - 1)) (sqrt(T) / sigma at q = 1); an approximation."""
+    if sample_rate >= 1.0:
+        return float(np.sqrt(steps) / noise_multiplier)
+    with np.errstate(over="ignore"):
+        return float(sample_rate * np.sqrt(steps * np.expm1(1.0 / noise_multiplier**2)))
+
+
+def expected_count_bound(mu: float, per_side: int, confidence: float, delta: float) -> float:
+    """The Clopper-Pearson epsilon of ``per_side`` member and non-member scores N(mu, 1) /
+    N(0, 1) at their EXPECTED counts (no simulation: deterministic, O(log n)), with the
+    default threshold candidates and their Bonferroni levels (``stats.threshold_selection``).
+    A forecast of what an audit with that many canaries reaches, not a bound."""
+    from scipy.special import ndtr, ndtri
+
+    from dpaudit.stats.clopper_pearson import eps_from_rates
+    from dpaudit.stats.threshold_selection import cp_upper, default_ranks
+
+    m = int(per_side)
+    ranks = default_ranks(m)
+    a = (1.0 - confidence) / (4 * len(ranks))
+    t = -ndtri((ranks + 0.5) / m)  # the non-members' (k+1)-th largest, in expectation
+    fn = np.clip(np.round(m * ndtr(t - mu)), 0, m)
+    eps = eps_from_rates(cp_upper(ranks, m, a), cp_upper(fn, m, a), delta)
+    return float(np.max(eps))
+
+
+def poisson_canaries_forecast(noise_multiplier: float, sample_rate: float, steps: int,
+                              confidence: float, delta: float) -> dict:
+    """What canaries inserted like a training example (Poisson at the data's rate, norm C, the
+    same noise) would certify for the training data, by the CLT's mu and
+    ``expected_count_bound``: the epsilon at 10^3 / 10^4 / 10^5 canaries per side and the
+    smallest power of ten per side (up to 10^9) that certifies a positive epsilon (None
+    beyond). A forecast under the CLT model, never a bound."""
+    mu = clt_mu(noise_multiplier, sample_rate, steps)
+    at = {str(10**e): expected_count_bound(mu, 10**e, confidence, delta) for e in (3, 4, 5)}
+    needed = next((10**e for e in range(2, 10)
+                   if expected_count_bound(mu, 10**e, confidence, delta) > 0), None)
+    return {"mu": mu, "epsilon_at_per_side": at, "per_side_for_positive": needed,
+            "kind": "forecast (ideal attack, CLT model of the subsampled Gaussian)"}

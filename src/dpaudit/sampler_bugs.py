@@ -19,6 +19,12 @@ bug keeps it, so only the records of which examples each step used can tell:
 * ``duplicated_examples``: on a fraction f of the steps the batch is drawn at rate q / 2 and
   every drawn example is put in twice (the same mean size; one example, two rows).
 
+One more planter is not a bug of the zoo (``bugs.BUG_ZOO``), whose bugs are all refuted at
+the PRIVACY BUG level: ``inflated_rate`` draws Poisson batches at q (1 + f) while the
+accountant accounts q (a sampler given a rate a few percent off). At f = 0.05 no test of one
+training refutes it; the training's epsilon as measured (``experiment.judging.premises``)
+rises above the claim instead. Plant it with ``patch_sampler(loader, "inflated_rate", f)``.
+
 The permutations and seeds are drawn from the sampler's own stream (its ``generator``, or
 torch's global one, as the correct sampler draws), so a run is reproducible from its seed.
 """
@@ -139,7 +145,17 @@ def _duplicated(fraction: float):
     return batches
 
 
+def _inflated(factor: float):
+    def batches(sampler):
+        rate = min(1.0, sampler.sample_rate * (1.0 + factor))
+        for _ in range(len(sampler)):
+            yield _poisson(sampler, rate)
+
+    return batches
+
+
 SAMPLER_PLANTERS: dict[str, Callable[[float], Callable]] = {
+    "inflated_rate": _inflated,
     "replayed_batches": _replayed,
     "shuffled_binomial_batches": _shuffled_binomial,
     "shuffled_batches": _shuffled_fixed,

@@ -47,7 +47,7 @@ def test_one_run_audit_report(tmp_path):
     assert set(wb["checks"]) == {
         "noise_floor", "noise_scale", "noise_marginal", "noise_alignment", "noise_freshness",
         "poisson_sampling", "clipping", "bookkeeping", "normalisation", "sampling_by_example",
-        "sampling_duplicates", "model_integrity", "noise_ignores_data",
+        "sampling_duplicates", "model_integrity", "noise_ignores_data", "loader_fed_training",
     }
     assert not any(c["rejected"] for c in wb["checks"].values())
     assert all(b["confidence"] == pytest.approx(1 - 0.05 / 10) for b in res["bounds"])

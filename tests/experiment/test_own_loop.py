@@ -14,7 +14,7 @@ from own_loop_models import BUG_CLASSES, FAMILIES, own_loop_audit
 ALL_CHECKS = {"noise_floor", "noise_scale", "noise_marginal", "noise_alignment",
               "noise_freshness", "poisson_sampling", "clipping", "bookkeeping", "normalisation",
               "sampling_by_example", "sampling_duplicates", "model_integrity",
-              "noise_ignores_data"}
+              "noise_ignores_data", "loader_fed_training"}
 CLASSES = list(BUG_CLASSES)
 
 
@@ -22,14 +22,15 @@ CLASSES = list(BUG_CLASSES)
 def test_correct_optimizer_every_check_runs_and_none_refutes(family):
     res = own_loop_audit(family)
     wb = res["white_box"]
-    # every check runs: under BatchMemoryManager the batch sizes are the loader's logical
-    # batches, which the hook records
+    # every check runs: under BatchMemoryManager too the batch sizes are the rows each
+    # (logical) step clipped, which the hook counts over the physical batches
     assert set(wb["checks"]) == ALL_CHECKS
     assert not any(c["rejected"] for c in wb["checks"].values())
     assert res["verdict"]["status"] != "privacy_bug", res["verdict"]["message"]
     assert wb["not_checked"] == []
     where = wb["checks"]["poisson_sampling"]["checked"][0]
-    assert ("loader's batches" in where) == (family == "batch_memory_manager"), where
+    assert "realised batch sizes" in where, where
+    assert not wb["checks"]["loader_fed_training"]["warning"]
 
 
 def _assert_flagged(family: str, cls: str) -> None:

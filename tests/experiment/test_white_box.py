@@ -77,7 +77,7 @@ def test_correct_optimizer_passes_every_check():
     assert set(checks) == {
         "noise_floor", "noise_scale", "noise_marginal", "noise_alignment", "noise_freshness",
         "poisson_sampling", "clipping", "bookkeeping", "normalisation", "sampling_by_example",
-        "sampling_duplicates", "model_integrity", "noise_ignores_data",
+        "sampling_duplicates", "model_integrity", "noise_ignores_data", "loader_fed_training",
     }
     assert not any(c["rejected"] for c in checks.values())
     assert res["verdict"]["status"] != "privacy_bug"

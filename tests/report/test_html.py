@@ -48,10 +48,18 @@ def test_the_audit_page_is_self_contained_and_holds_results_numbers(default_audi
     cells = [html.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", section)]
     expected = _bound_cells(result)
     assert cells == [c for row in expected for c in row]  # the console's cells, in order
-    order = [page.index(f'id="{i}"') for i in ("verdict", "threat", "claim", "bounds",
+    order = [page.index(f'id="{i}"') for i in ("bracket", "verdict", "training_data",
+                                               "premises", "threat", "claim", "bounds",
                                                "white_box", "plots", "canaries", "timing",
                                                "provenance")]
-    assert order == sorted(order)  # the console's order, after the banner
+    assert order == sorted(order)  # the bracket, then the console's order after the banner
+    # the page opens with the user's epsilon on a line: the claim between the certified
+    # lower side (none: every-step canaries) and the measured upper side
+    td = v["training_data"]
+    bracket = page[page.index('<figure id="bracket">'):page.index("</figure>")]
+    assert "<svg" in bracket and f"claimed {td['epsilon_claimed']:.3g}" in bracket
+    assert f"verified &lt;= {td['epsilon_upper']:.3g}" in bracket
+    assert "no certified lower side" in bracket
 
 
 def _browser():
@@ -110,9 +118,10 @@ def test_pages_in_a_real_browser(tmp_path, default_audit):
                             (own, None)):
             result = json.loads((out / "results.json").read_text())
             seen = _check_in_browser(browser, out / "report.html")
-            assert seen["banner"].startswith(
-                {"consistent": "CONSISTENT", "privacy_bug": "PRIVACY BUG",
-                 "estimate_above_claim": "ESTIMATE ABOVE CLAIM"}[result["verdict"]["status"]])
+            assert seen["banner"].startswith("your epsilon (PRV): claimed")
+            assert ("canaries: " + {"consistent": "CONSISTENT", "privacy_bug": "PRIVACY BUG",
+                                    "estimate_above_claim": "ESTIMATE ABOVE CLAIM"}[
+                result["verdict"]["status"]]) in seen["banner"]
             assert status is None or result["verdict"]["status"] == status
             assert seen["cells"] == _bound_cells(result)
         sweep = tmp_path / "sweep"

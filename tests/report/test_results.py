@@ -53,6 +53,16 @@ def test_the_old_release_file_is_read_with_its_numbers():
         float(raw["verdict"]["sigma_upper"]))
 
 
+def test_a_schema_4_file_is_read_without_the_training_datas_block():
+    raw = json.loads((OLD.parent / "results_schema4_short.json").read_text())
+    assert raw["schema_version"] == 4 and "training_data" not in raw["verdict"]
+    res = AuditResult.from_dict(raw)
+    assert res.verdict.training_data is None
+    assert res.verdict.message == raw["verdict"]["message"]
+    again = res.to_dict()
+    assert again["schema_version"] == SCHEMA_VERSION and again["verdict"]["training_data"] is None
+
+
 def test_todays_default_audit_reads_back_from_python_and_the_file(tmp_path):
     from dpaudit.experiment import run_audit
 
@@ -66,6 +76,13 @@ def test_todays_default_audit_reads_back_from_python_and_the_file(tmp_path):
     assert all(isinstance(b.epsilon, float) and math.isnan(b.epsilon) for b in not_applicable)
     assert _same(to_jsonable(result), saved)  # what Python got (NaN written as "nan")
     assert typed.status in STATUSES and typed.verdict.privacy_bug is False
+    # schema 5: the training data's epsilon, stable keys, in Python and in the file alike
+    td = saved["verdict"]["training_data"]
+    assert {"epsilon_claimed", "epsilon_upper", "epsilon_lower", "premises",
+            "sentence"} <= set(td)
+    assert all({"name", "status"} <= set(p) for p in td["premises"])
+    assert saved["verdict"]["message"].startswith(td["sentence"])
+    assert typed.verdict.training_data["epsilon_claimed"] == td["epsilon_claimed"]
 
 
 def test_bad_files_are_refused_naming_what_is_wrong():

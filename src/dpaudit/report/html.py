@@ -49,8 +49,10 @@ def audit_page(result: Mapping, blocks: Sequence[Mapping], banner: str,
         title: the page's heading.
     """
     status = str((result.get("verdict") or {}).get("status", ""))
+    bracket = bracket_svg((result.get("verdict") or {}).get("training_data"))
     parts = [
         f"<h1>{_e(title)}</h1>",
+        *([bracket] if bracket else []),
         f'<div class="banner" id="verdict" data-status="{_e(status)}" '
         f'style="background:{verdict_colour(status)}">{_e(banner)}</div>',
     ]
@@ -76,6 +78,59 @@ def audit_page(result: Mapping, blocks: Sequence[Mapping], banner: str,
                      + _e(json.dumps(settings, indent=2, default=str)) + "</pre></details>"
                      "</section>")
     return page(title, "\n".join(parts))
+
+
+def bracket_svg(training: Mapping | None, width: int = 720) -> str:
+    """The user's epsilon on a line, between the certified lower side and the measured upper
+    side (an inline SVG figure; empty when there is no claimed epsilon to draw).
+
+    The claim (Opacus' accountant) is a diamond, the measured upper side a bar that closes
+    the bracket from above (solid when verified, dashed when not), the certified lower side
+    one that closes it from below (at 0, dashed, when there is none)."""
+    if not training or training.get("epsilon_claimed") is None:
+        return ""
+    claimed = float(training["epsilon_claimed"])
+    upper, lower = training.get("epsilon_upper"), training.get("epsilon_lower")
+    top = max(v for v in (claimed, upper, lower) if v is not None) * 1.25 or 1.0
+    x0, x1, y = 40, width - 40, 70
+
+    def x(v: float) -> float:
+        return x0 + (x1 - x0) * min(max(v / top, 0.0), 1.0)
+
+    verified = training.get("upper_status") == "verified"
+    low_x = x(lower) if lower is not None else x(0.0)
+    high_x = x(upper) if upper is not None else x1
+    items = [
+        f'<line x1="{x0}" y1="{y}" x2="{x1}" y2="{y}" stroke="#555" stroke-width="1.5"/>',
+        f'<rect x="{low_x:.1f}" y="{y - 14}" width="{max(high_x - low_x, 1):.1f}" height="28" '
+        'fill="#2a7ab9" fill-opacity="0.15"/>',
+    ]
+    for v in (0.0, top / 2, top):
+        items.append(f'<text x="{x(v):.1f}" y="{y + 32}" font-size="11" text-anchor="middle" '
+                     f'fill="#555">{v:.3g}</text>')
+
+    def bar(at: float, label: str, solid: bool, anchor: str, colour: str) -> str:
+        dash = "" if solid else ' stroke-dasharray="4 3"'
+        return (f'<line x1="{at:.1f}" y1="{y - 20}" x2="{at:.1f}" y2="{y + 20}" '
+                f'stroke="{colour}" stroke-width="3"{dash}/><text x="{at:.1f}" y="{y - 26}" '
+                f'font-size="12" text-anchor="{anchor}" fill="{colour}">{_e(label)}</text>')
+
+    items.append(bar(low_x, f"certified >= {lower:.3g}" if lower is not None else
+                     "no certified lower side", lower is not None, "start", "#1a7f37"))
+    if upper is not None:
+        items.append(bar(high_x, ("verified" if verified else "measured") + f" <= {upper:.3g}",
+                         verified, "end" if high_x > x1 - 80 else "middle", "#b42318"))
+    cx = x(claimed)
+    items.append(f'<path d="M {cx:.1f} {y - 8} L {cx + 8:.1f} {y} L {cx:.1f} {y + 8} '
+                 f'L {cx - 8:.1f} {y} Z" fill="#111"/><text x="{cx:.1f}" y="{y + 50}" '
+                 f'font-size="12" text-anchor="middle">claimed {claimed:.3g} '
+                 f'({_e(str(training.get("accountant", "")).upper())})</text>')
+    caption = (f"your training's epsilon ({str(training.get('accountant', '')).upper()}, "
+               f"delta {float(training.get('delta', 0)):.2g}): the diamond is the claim, the "
+               "bracket runs from the certified lower side to the measured upper side")
+    return (f'<figure id="bracket"><svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
+            f'height="130" role="img" aria-label="{_e(caption)}">{"".join(items)}</svg>'
+            f"<figcaption>{_e(caption)}</figcaption></figure>")
 
 
 def page(title: str, body: str) -> str:

@@ -17,7 +17,9 @@ from pathlib import Path
 # 4: the PRIVACY BUG verdict's own failure probability: verdict.refutation_level, .warnings,
 # .white_box_warned; claim rows' refuted / refutation_level; white-box checks are CheckResults
 # (kind, level, warning_level, warning); refutation_per_statement
-SCHEMA_VERSION = 4
+# 5: the training data's epsilon from both sides: verdict.training_data (epsilon_claimed,
+# epsilon_upper, epsilon_lower, premises, sentence); white_box.canary_independence
+SCHEMA_VERSION = 5
 _PACKAGES = ("dpaudit", "torch", "opacus", "numpy", "scipy", "hydra-core")
 
 

@@ -128,7 +128,11 @@ class Verdict(_Record):
     ``sigma_upper``. ``message`` says it in one paragraph. A PRIVACY BUG needs a refutation at
     ``refutation_level`` (its failure probability, far below the bounds' 1 - ``confidence``);
     evidence at the bounds' level only is listed in ``warnings`` (and the white-box checks
-    behind it in ``white_box_warned``)."""
+    behind it in ``white_box_warned``). ``training_data`` (schema 5) answers the user's
+    question in their numbers: the training's epsilon claimed (``epsilon_claimed``), as
+    measured at most (``epsilon_upper``) and certified at least (``epsilon_lower``), null
+    where not measured, with every ``premises`` entry (name, measured value or interval,
+    status) and the ``sentence`` that opens ``message`` (docs/results.md)."""
 
     status: str
     privacy_bug: bool
@@ -158,6 +162,7 @@ class Verdict(_Record):
     refutation_level: float | None = None  # schema 4; None: read from an older file
     warnings: list = field(default_factory=list)
     white_box_warned: list = field(default_factory=list)
+    training_data: dict | None = None  # schema 5; None: not measured, or an older file
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -166,7 +171,7 @@ class Verdict(_Record):
             d = {k: v for k, v in d.items() if k != "upper_bound"}
         known, extra = _typed(cls, d, "the verdict")
         optional = ("extra", "training_data_note", "refutation_level", "warnings",
-                    "white_box_warned")
+                    "white_box_warned", "training_data")
         required = tuple(f.name for f in fields(cls) if f.name not in optional)
         _require(known, required, "the verdict")
         if known["status"] not in STATUSES:

@@ -9,6 +9,12 @@ DP-SGD code breaks around them, from the hook's records (``capture.records``):
   overlaps at every lag. When it refutes, the accountant's premise (Poisson sampling) is false;
   the sampling that ran is named, and for shuffled fixed-size batches a sound lower bound on the
   true epsilon (``stats.shuffle_bound``, Chua et al. 2024) is reported beside the claim;
+* ``loader_fed_training`` (deterministic, a warning when it fails: a premise unseen, not a
+  refutation): the loader given to the hook fed the training: its batches are the steps'
+  batches (each step's rows are a run of consecutive recorded batches, in order). When it
+  did not (0 batches recorded, fewer batches than steps, sizes that disagree), its batches say
+  nothing about the training's: the tests by example are not run on them, and the report
+  names the loader;
 * ``sampling_duplicates`` (deterministic): no example is drawn twice into one batch (one
   example is one row, the unit the accountant counts);
 * ``model_integrity`` (deterministic): every parameter changed only inside the private step
@@ -36,11 +42,58 @@ CHUA = ("Chua et al. 2024, 'How Private are DP-SGD Implementations?': one pair o
         "batch sum exceeds C' counted over the passes; a closed form, no statistics")
 
 
+def loader_mismatch(records: WhiteBoxRecords) -> dict | None:
+    """How the loader given to the hook failed to feed the training (None when its batches
+    are the steps' batches, or no loader was given): the realised rows of each step must be a
+    run of consecutive recorded batches, in order (several under manual accumulation, extra
+    ones at the end from prefetching or a loop that stops early)."""
+    by = records.by_example
+    steps = records.num_steps
+    if by is None or steps == 0:
+        return None
+    base = {"loader": by.source, "batches": by.batches, "steps": steps}
+    if by.batches == 0:
+        return {**base, "why": f"0 batches were recorded from it over {steps} optimizer steps"}
+    realised = records.batch_sizes
+    if by.ranks == 1 and all(b is not None for b in realised):
+        ends = np.cumsum(np.asarray(realised, dtype=np.int64))
+        cuts = set(np.cumsum(by.sizes.astype(np.int64)).tolist())
+        off = [t for t, e in enumerate(ends.tolist()) if e not in cuts]
+        if off:
+            t = off[0]
+            return {**base, "step": t, "rows": int(realised[t]),
+                    "loader_sizes": by.sizes[max(0, t - 1): t + 2].astype(int).tolist(),
+                    "why": f"step {t} trained on {int(realised[t])} rows, which no run of the "
+                    "loader's consecutive batches gives (its batches are not the steps')"}
+        return None
+    if by.batches < steps:
+        return {**base, "why": f"{by.batches} batches were recorded from it for {steps} "
+                "optimizer steps"}
+    return None
+
+
+def loader_check(records: WhiteBoxRecords) -> CheckResult:
+    """``loader_fed_training`` (module doc): a warning when the loader did not feed the
+    training, never a refutation by itself."""
+    miss = loader_mismatch(records)
+    by = records.by_example
+    return deterministic(
+        "loader_fed_training", False,
+        "the loader given to the hook fed the training: each step's rows are a run of its "
+        "consecutive batches, in order",
+        witness=miss or {}, warn=miss is not None,
+        checked=[f"{by.batches} batches of {by.source} against {records.num_steps} steps' "
+                 "rows"],
+    )
+
+
 def by_example_runs(records: WhiteBoxRecords) -> bool:
-    """Whether the sampling by example can be tested: a loader's batches and a claimed rate."""
+    """Whether the sampling by example can be tested: a loader that fed the training, its
+    batches and a claimed rate."""
     by = records.by_example
     q = (records.sampling or {}).get("q")
-    return bool(by is not None and by.batches >= 2 and q and 0.0 < float(q) < 1.0)
+    return bool(by is not None and by.batches >= 2 and q and 0.0 < float(q) < 1.0
+                and loader_mismatch(records) is None)
 
 
 def sampling_check(records: WhiteBoxRecords, level: float, delta: float | None) -> CheckResult:
@@ -172,9 +225,12 @@ def noise_source_check(records: WhiteBoxRecords) -> CheckResult:
 def door_checks(records: WhiteBoxRecords, level: float, delta: float | None) -> dict:
     """Every check of the other doors the records allow, by name."""
     out: dict[str, CheckResult] = {}
+    if records.by_example is not None:
+        out["loader_fed_training"] = loader_check(records)
     if by_example_runs(records):
         out["sampling_by_example"] = sampling_check(records, level, delta)
-    if records.by_example is not None and records.by_example.batches:
+    if (records.by_example is not None and records.by_example.batches
+            and loader_mismatch(records) is None):
         out["sampling_duplicates"] = duplicates_check(records)
     if records.integrity is not None and records.integrity.steps >= 2:
         out["model_integrity"] = integrity_check(records)
@@ -188,11 +244,15 @@ def door_not_checked(records: WhiteBoxRecords) -> list[str]:
     """What the other doors' checks could not examine, with the reason."""
     out = []
     by = records.by_example
+    miss = loader_mismatch(records)
     if by is None:
         out.append(f"sampling by example: {records.by_example_reason or 'not recorded'}")
+    elif miss is not None:
+        out.append(f"sampling by example: the loader given to the hook ({by.source}) did not "
+                   f"feed the training: {miss['why']} (the rows each step clipped are tested "
+                   "by poisson_sampling instead)")
     elif by.batches < 2:
-        out.append(f"sampling by example: {by.batches} batch(es) recorded from {by.source} "
-                   "(the loader given is not the one the training iterated?)")
+        out.append(f"sampling by example: {by.batches} batch recorded from {by.source}")
     elif not by_example_runs(records):
         out.append("sampling by example: the claimed sample rate is unknown or 1")
     rec = records.integrity
@@ -227,6 +287,9 @@ def describe_door(check: CheckResult, p_text) -> str | None:
                 f"{w.get('expected_sd', 0):.3g} for Poisson sampling{lag}; "
                 f"{p_text(check.p_value)}): the accountant's premise, Poisson sampling at q, "
                 f"is false; sampling seen: {w.get('sampling_seen')}")
+    if check.name == "loader_fed_training":
+        return (f"loader: the loader given to the hook ({w.get('loader')}) did not feed the "
+                f"training: {w.get('why')}; which examples each step used is unknown")
     if check.name == "sampling_duplicates":
         return (f"sampling duplicates: example {w.get('example')} is {w.get('times')} times in "
                 f"batch {w.get('batch')} ({w.get('batches')} batches with repeated examples)")

@@ -36,6 +36,7 @@ import numpy as np
 
 from dpaudit.capture.records import WhiteBoxRecords
 from dpaudit.experiment.judging.levels import REFUTATION_LEVEL, split_levels
+from dpaudit.experiment.judging.premises import training_data_block
 from dpaudit.experiment.judging.verdict import verdict
 from dpaudit.experiment.judging.white_box import count_tests, not_checked, white_box_evidence
 from dpaudit.report.results import AuditResult, BoundRow, ClaimRow, Verdict
@@ -135,6 +136,31 @@ def training_note(threat: ThreatModel, training_epsilon: float | None) -> str:
 # what epsilon_at_sigma_upper is (threat.estimated_epsilon)
 EPS_AT_SIGMA_UPPER_KIND = "estimate (DP-SGD family: same q, T, C; PRV accountant)"
 SIGMA_UPPER_FLOOR = 0.5  # effective noise multiplier below which sigma_upper is not resolved
+
+
+def independence_broken(records: WhiteBoxRecords | None, canary_set: int | None) -> dict | None:
+    """The ``IndependenceRecord`` entry of the audited canary set when the data reached its
+    canaries' coordinates at some step (None when they stayed out of reach, or nothing was
+    watched). ``canary_set``: the hook's set index; None takes every watched set."""
+    rec = None if records is None else records.independence
+    if rec is None:
+        return None
+    sets = [s for s in rec.sets if s.get("watched")
+            and (canary_set is None or s["set"] == canary_set)]
+    live = [s for s in sets if s["live_canaries"] > 0]
+    return min(live, key=lambda s: s["first_step"]) if live else None
+
+
+def independence_sentence(entry: dict) -> str:
+    """The verdict's words for canaries the data reached."""
+    first = entry["first_live"][0] if entry["first_live"] else {}
+    where = (f"{first.get('parameter')}{list(first.get('position', []))}"
+             if first else "their coordinates")
+    return (f"canary independence: the data's clipped gradient reached {entry['live_canaries']} "
+            f"of {entry['canaries']} gradient canaries ({entry['live_coordinates']} "
+            f"coordinates; first {where} at step {entry['first_step']}): the statements that "
+            "assume independent canaries are withdrawn (reported as estimates; the one-run "
+            "methods certify)")
 
 
 def claim_evidence(
@@ -390,8 +416,10 @@ def evaluate_scores(
     white_box_reason: str | None = None,
     per_step: dict | None = None,
     refutation_level: float = REFUTATION_LEVEL,
+    canary_set: int | None = None,
 ) -> Evidence:
-    """Attack summaries, claim evidence, bounds, theory, white-box checks and the verdict.
+    """Attack summaries, claim evidence, bounds, theory, white-box checks, the training data's
+    epsilon (``premises``) and the verdict.
 
     Args:
         split: attack name -> (member scores, non-member scores).
@@ -409,8 +437,13 @@ def evaluate_scores(
             scores, for the per-step histogram PLD estimate (``pld_estimates``).
         refutation_level: the PRIVACY BUG verdict's failure probability, split over the
             statements that can refute the claim (``levels``); in (0, 1 - confidence].
+        canary_set: the index of the audited canary set in the hook (its independence record
+            is read); None: every watched set.
     """
     check_split(split)
+    broken = independence_broken(white_box, canary_set) if independent else None
+    if broken is not None:  # the premise failed: what assumed it is withdrawn
+        independent = False
     methods = list(methods)
     n_white = count_tests(white_box)
     levels = split_levels(confidence, refutation_level, attacks=len(split), methods=len(methods),
@@ -436,22 +469,32 @@ def evaluate_scores(
     theory["histogram_pld"] = pld_estimates(per_step, threat.delta)
     checks = white_box_evidence(white_box, level=refute_each, warning_level=levels.warn_each,
                                 delta=threat.delta)
+    training_data = training_data_block(
+        white_box, checks, training_accountants, threat=threat, bounds=bounds,
+        confidence=confidence, delta=threat.delta, reason=white_box_reason)
+    white = {
+        "checks": {k: c.to_dict() for k, c in checks.items()},
+        "statistical_tests": n_white,
+        "not_checked": not_checked(white_box, independent, white_box_reason),
+    }
+    if white_box is not None and white_box.independence is not None:
+        white["canary_independence"] = {"steps": white_box.independence.steps,
+                                        "sets": white_box.independence.sets,
+                                        "withdrawn": broken is not None}
     return Evidence(
         attacks=attack_summaries(split),
         claim=claims,
         one_run_claim=one_run_claims,
         bounds=tuple(bounds),
         theory=theory,
-        white_box={
-            "checks": {k: c.to_dict() for k, c in checks.items()},
-            "statistical_tests": n_white,
-            "not_checked": not_checked(white_box, independent, white_box_reason),
-        },
+        white_box=white,
         per_test_confidence=per,
         refutation_per_statement=refute_each,
         independent_canaries=independent,
         verdict=verdict(
             bounds, claims, threat, confidence, theory.get("training_data"), checks,
             one_run_claims, refutation_level=levels.refutation_level,
+            training_data=training_data,
+            premise_warnings=[] if broken is None else [independence_sentence(broken)],
         ),
     )

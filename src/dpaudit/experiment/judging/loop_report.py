@@ -67,6 +67,11 @@ def threat_model_from_hook(
                         steps=int(hook.steps), delta=float(delta))
 
 
+def canaries_index(hook, canaries: int | None) -> int:
+    """The index of the audited canary set (``canaries``, or the hook's only one)."""
+    return 0 if canaries is None else int(canaries)
+
+
 LOADER_TOO_LATE = (
     "the training loader was given to audit_report, after training: its batches were not "
     "recorded as they were drawn (give it to AuditHook(data_loader=...))"
@@ -100,6 +105,7 @@ def loop_records(hook, privacy_engine=None, dataset_size: int | None = None,
             f"{k} {v}" for k, v in known.items()))
     dataset_size = next(iter(known.values()), None)
     history = None if privacy_engine is None else privacy_engine.accountant.history
+    accountant = None if privacy_engine is None else privacy_engine.accountant.mechanism()
     sizes = [b for b in hook.batch_sizes() if b is not None]
     if dataset_size is not None and sizes and dataset_size < max(sizes):
         raise ValueError(f"dataset_size must be at least the largest batch ({max(sizes)}), got "
@@ -107,7 +113,7 @@ def loop_records(hook, privacy_engine=None, dataset_size: int | None = None,
     records = hook.white_box_records(
         sampling={"n": None if dataset_size is None else int(dataset_size),
                   "q": float(hook.sample_rate), "loader": "poisson"},
-        accountant_history=history,
+        accountant_history=history, accountant=accountant,
     )
     if records.by_example is None and hook.dataset_size is None and data_loader is not None:
         records = replace(records, by_example_reason=LOADER_TOO_LATE)
@@ -226,6 +232,7 @@ def audit_report(
         white_box=records,
         white_box_reason=reason,
         refutation_level=refutation_level,
+        canary_set=None if hook is None else canaries_index(hook, canaries),
     )
     n_in, n_out = int(member.sum()), int((~member).sum())
     result = evidence.result(

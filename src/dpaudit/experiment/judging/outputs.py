@@ -96,8 +96,9 @@ def report_blocks(result: dict) -> list[dict]:
         for b in result["bounds"]
     ]
     per = result.get("per_test_confidence")
-    blocks = [
-        {"id": "threat", "lines": [
+    blocks = training_blocks(v.get("training_data"))
+    blocks += [
+        {"id": "threat", "gap": bool(blocks), "lines": [
             f"threat model: {v['threat_model']}",
             f"claim: {v['accountant']}, epsilon {v['claimed_epsilon']:.3f}"
             + (f" (RDP {th['accountants']['rdp']['epsilon']:.3f}, "
@@ -148,6 +149,59 @@ def report_blocks(result: dict) -> list[dict]:
     blocks += [{"id": "note", "gap": True, "lines": [n]} for n in notes]
     blocks.append({"id": "verdict", "gap": True, "lines": [v["message"]]})
     return blocks
+
+
+def _premise_value(p: dict) -> str:
+    """A premise's measured value (and interval) in words, for the table."""
+    if p.get("status") == "not observed":
+        return "-"
+    name = p["name"]
+    conf = f"{p.get('confidence', 0):.0%}"
+    if name == "noise_multiplier":
+        lo, hi = p.get("sigma_interval") or p["interval"]
+        scale = p.get("configured") or 1.0
+        unit = "sigma" if p.get("sigma_interval") else "x configured"
+        return (f"{unit} in [{lo:.4g}, {hi:.4g}] ({conf}; {p['draws']:,} draws); at least "
+                f"{scale * p['least_favourable']:.4g} ({p['bound_confidence']:.1%}) used")
+    if name == "sample_rate":
+        lo, hi = p["interval"]
+        return (f"q in [{lo:.4g}, {hi:.4g}] ({conf}; configured {p['configured']:.4g}); at "
+                f"most {p['least_favourable']:.4g} ({p['bound_confidence']:.1%}) used")
+    if name == "clipping":
+        return (f"largest {p['ratio']:.6g} C ({p['probes']} probes on {p['steps_probed']} of "
+                f"{p['steps']} steps)")
+    if name == "steps":
+        acc = p.get("accountant_steps")
+        return f"{p['measured']} taken" + ("" if acc is None else f", {acc} accounted")
+    return ", ".join(p.get("checks") or []) or "-"
+
+
+def training_blocks(training: dict | None) -> list[dict]:
+    """The user's question first: the training's epsilon from both sides and the premises
+    it rests on, as report blocks (none when nothing was measured)."""
+    if not training:
+        return []
+    rows = [{"premise": p["name"], "status": p["status"], "measured": _premise_value(p),
+             "note": p.get("reason") or p.get("assumes") or ""}
+            for p in training.get("premises", [])]
+    lines = [training["sentence"]]
+    lower = training.get("lower") or {}
+    if lower.get("note"):
+        lines.append(f"lower side: {lower['note']}")
+    fc = lower.get("forecast")
+    if fc:
+        at = ", ".join(f"{int(k):,} per side {v:.3g}" for k, v in
+                       fc["epsilon_at_per_side"].items())
+        lines.append(f"canaries inserted like an example would certify about: {at} "
+                     f"({fc['kind']})")
+    if training.get("conditional_on"):
+        lines.append("the upper side assumes the structure the checks test but cannot prove: "
+                     + "; ".join(training["conditional_on"]))
+    return [{"id": "training_data",
+             "title": "your training's epsilon (the training data's threat model):",
+             "lines": lines[:1]},
+            {"id": "premises", "title": "the accountant's premises, measured:", "table": rows,
+             "lines": lines[1:]}]
 
 
 def _rejected_word(claim: dict) -> str:
@@ -206,7 +260,7 @@ def white_box_blocks(white_box: dict | None, training: dict | None = None) -> li
 
 
 # columns the console cuts to a width (the HTML page and results.json keep the full text)
-CONSOLE_WIDTHS = {"assumes": 48, "checked": 60}
+CONSOLE_WIDTHS = {"assumes": 48, "checked": 60, "note": 48, "measured": 72}
 
 
 def _short(text, width: int = 48):
@@ -265,7 +319,7 @@ def _verdict_line(v: dict) -> str:
     sigma, configured = v.get("sigma_upper"), v.get("noise_multiplier")
     noise = ""
     if isinstance(sigma, (int, float)) and np.isfinite(sigma) and configured is not None:
-        noise = f"effective sigma <= {sigma:.3g} (configured {configured:g})"
+        noise = f"canaries' effective sigma <= {sigma:.3g} (configured {configured:g})"
     decided = []
     fired = v.get("white_box_fired") or []
     if fired:
@@ -283,7 +337,19 @@ def _verdict_line(v: dict) -> str:
     level = v.get("refutation_level")
     head = (f"{word} (failure probability {level:.2g})" if v["status"] == "privacy_bug"
             and level is not None else f"{word} at {v['confidence']:.0%}")
-    return f"{head}: " + (f"{lead} | {nums}" if lead else nums)
+    line = f"{head}: " + (f"{lead} | {nums}" if lead else nums)
+    td = v.get("training_data")
+    if td:
+        up, low = td.get("epsilon_upper"), td.get("epsilon_lower")
+        words = {"verified": "verified <=", "not verified": "measured <= (not verified)",
+                 "refuted": "measured <= (premise refuted)"}.get(td["upper_status"])
+        yours = (f"your epsilon ({td['accountant'].upper()}): claimed "
+                 f"{_fmt(td['epsilon_claimed'])}, "
+                 + (f"{words} {_fmt(up)}" if up is not None and words else "upper not measured")
+                 + (f", certified >= {_fmt(low)}" if low is not None else
+                    ", no certified lower side"))
+        line = f"{yours} | canaries: {line}"
+    return line
 
 
 def _figure_title(result: dict, threat: ThreatModel, split: dict) -> str:

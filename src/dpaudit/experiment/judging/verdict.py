@@ -41,8 +41,16 @@ def verdict(
     one_run_claims: dict[str, ClaimRow] | None = None,
     *,
     refutation_level: float = REFUTATION_LEVEL,
+    training_data: dict | None = None,
+    premise_warnings: list[str] | None = None,
 ) -> Verdict:
     """Three states (module doc), naming the threat model and the accountant compared with.
+
+    ``training_data``: the training data's epsilon, measured (``premises``): its sentence
+    opens the message, in the user's numbers, and the canaries' threat-model verdict follows;
+    the measured noise multiplier replaces the canary-derived bound in the message (which
+    keeps its own name). ``premise_warnings``: premises of the audit itself that failed
+    (canaries the data reached), each a warning.
 
     ``white_box``: name -> ``CheckResult`` (``experiment.judging.white_box``); one that
     refutes the claim at its share of ``refutation_level`` is certified evidence and makes the
@@ -78,6 +86,7 @@ def verdict(
         status = CONSISTENT
     level_words = f"PRIVACY BUG level {refutation_level:.2g}"
     warnings_ = [describe(white_box[k]) for k in white_warned]
+    warnings_ += list(premise_warnings or [])
     warnings_ += [
         f"the {a} attack's claim test rejects the claimed curve at {confidence:.0%} but not "
         f"at the {level_words}" for a in rejected_only
@@ -91,11 +100,14 @@ def verdict(
         )
     where = f"{threat.describe()}; claim: {threat.accountant_name}, epsilon {claimed:.3f}"
     noise = (
-        f"effective noise multiplier <= {sigma_ub:.4g} (configured {threat.noise_multiplier:g}"
-        f"{'' if sigma_certified else ', estimate'})"
+        f"the canaries' claim test: effective noise multiplier <= {sigma_ub:.4g} (configured "
+        f"{threat.noise_multiplier:g}{'' if sigma_certified else ', estimate'})"
         if np.isfinite(sigma_ub)
-        else "no upper bound on the effective noise"
+        else "the canaries' claim test gives no upper bound on the effective noise"
     )
+    measured = measured_noise_words(training_data)
+    if measured:
+        noise = f"{measured}; {noise}"
     if status == PRIVACY_BUG:
         reasons = [describe(white_box[k]) for k in white_fired]
         if refuted_by:
@@ -132,6 +144,8 @@ def verdict(
         )
     if warnings_ and status != PRIVACY_BUG:
         message += " WARNING (evidence short of a PRIVACY BUG): " + "; ".join(warnings_) + "."
+    if training_data and training_data.get("sentence"):
+        message = f"{training_data['sentence']} Canaries: {message}"
     return Verdict(
         status=status,
         privacy_bug=status == PRIVACY_BUG,
@@ -161,4 +175,21 @@ def verdict(
         sigma_upper_certified=sigma_certified,
         noise_multiplier=threat.noise_multiplier,
         training_data_note=(training or {}).get("note", ""),
+        training_data=training_data,
     )
+
+
+def measured_noise_words(training_data: dict | None) -> str:
+    """The measured noise multiplier's interval, in words (empty when not measured)."""
+    premises = {p["name"]: p for p in (training_data or {}).get("premises", [])}
+    noise = premises.get("noise_multiplier")
+    if not noise or "interval" not in noise:
+        return ""
+    conf = f"{noise['confidence']:.0%}"
+    if noise.get("sigma_interval"):
+        a, b = noise["sigma_interval"]
+        return (f"measured noise multiplier in [{a:.4g}, {b:.4g}] (configured "
+                f"{noise['configured']:g}; {noise['draws']:,} noise draws, {conf})")
+    a, b = noise["interval"]
+    return (f"measured noise in [{a:.4g}, {b:.4g}] x the configured one ({noise['draws']:,} "
+            f"noise draws, {conf})")

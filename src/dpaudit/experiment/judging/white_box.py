@@ -57,6 +57,7 @@ from dpaudit.experiment.judging.doors import (
     describe_door,
     door_checks,
     door_not_checked,
+    loader_mismatch,
 )
 from dpaudit.report.files import p_text
 from dpaudit.stats.checks import CheckResult, deterministic
@@ -84,11 +85,12 @@ def _noise_steps(records: WhiteBoxRecords):
 
 def batch_sizes(records: WhiteBoxRecords) -> tuple[list[int] | None, str]:
     """The batch sizes the Poisson sampling test reads, and where they come from: each step's
-    clipped rows, or the loader's (logical, union over the ranks) batches where those are
-    unknown (BatchMemoryManager, ghost clipping) or rank-local (DPDDP); None when neither."""
+    clipped rows (the logical batch under BatchMemoryManager), or the loader's (union over
+    the ranks) batches where those are unknown (ghost clipping) or rank-local (DPDDP) and the
+    loader fed the training; None when neither."""
     steps = records.batch_sizes
     by = records.by_example
-    loader = by is not None and by.batches >= 2
+    loader = by is not None and by.batches >= 2 and loader_mismatch(records) is None
     if all(b is not None for b in steps) and not (loader and by.ranks > 1):
         return steps, "realised batch sizes"
     if loader:
@@ -344,9 +346,9 @@ def not_checked(records: WhiteBoxRecords | None, independent: bool,
     if "poisson_sampling" not in run:
         sizes, _ = batch_sizes(records)
         if sizes is None:
-            out.append("Poisson sampling: the batch sizes are unknown (BatchMemoryManager "
-                       "or ghost clipping keep no per-step batch; AuditHook(data_loader=...) "
-                       "records the loader's)")
+            out.append("Poisson sampling: the batch sizes are unknown (ghost clipping keeps "
+                       "no per-sample gradients to count; AuditHook(data_loader=...) records "
+                       "the loader's)")
         elif not sampling.get("n"):
             out.append("Poisson sampling: the dataset size is unknown (AuditHook(data_loader="
                        "...) or audit_report(..., dataset_size=len(train_set)))")

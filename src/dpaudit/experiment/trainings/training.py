@@ -267,6 +267,7 @@ def train_audited(
             sampling={"n": len(train_set), "q": sample_rate,
                       "loader": "shuffled" if shuffled else "poisson"},
             accountant_history=engine.accountant.history,
+            accountant=engine.accountant.mechanism(),
         ) if white_box else None,
         per_step=hook.per_step() if white_box else None,
     )

@@ -1,0 +1,381 @@
+"""The user's epsilon, answered from what was measured (DESIGN 4.5, "the user's epsilon").
+
+A user asks whether the epsilon Opacus reports for their training data is real. The
+accountant composes a few numbers (the noise multiplier of each step, the sampling rate, the
+clip bound, the steps) under a structure (Poisson sampling, one row per example, noise drawn
+independently of the data, only the private step moves the model). The white-box records
+measure the numbers and test the structure, so the question has two answers:
+
+* the **upper side**: the user's own accountant (RDP / PRV / GDP) recomputed at the least
+  favourable values of the measured premises' exact intervals (the noise's scale from the
+  noise the optimizer added, the rate from the examples the batches held, the largest
+  clipped contribution the probes saw, the steps training took): "the training's epsilon as
+  measured is at most X". Its confidence covers the measured numbers (the two intervals split
+  it); it is conditional on the structure the doors' checks test but cannot prove, which is
+  named, never called a proof. A premise that was not observed makes it "not verified" (with
+  the reason), a refuted one "refuted" (the PRIVACY BUG it already is);
+* the **lower side**: the certified epsilon of canaries that realise the training data's
+  threat model (inserted like an example: Poisson at the data's rate, norm C, the same noise).
+  Canaries of another threat model (every-step gradient canaries) give none for the data, and
+  the report forecasts how many such canaries it would take.
+
+``training_data_block`` returns the plain-JSON block results.json keeps under
+``verdict.training_data``; ``training_sentence`` is the verdict's first sentence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dpaudit.accounting import ACCOUNTANTS, history_epsilon
+from dpaudit.capture.records import WhiteBoxRecords
+from dpaudit.forecast import poisson_canaries_forecast
+from dpaudit.stats.checks import CheckResult
+from dpaudit.stats.premises import rate_interval, rate_upper, scale_interval, scale_lower
+
+MEASURED, TESTED, WARNING, REFUTED, NOT_OBSERVED = (
+    "measured", "tested", "warning", "refuted", "not observed")
+VERIFIED, NOT_VERIFIED, UPPER_REFUTED, NOT_MEASURED = (
+    "verified", "not verified", "refuted", "not measured")
+DEFAULT_ACCOUNTANT = "prv"  # what the CLI's trainings use, and Opacus' default
+
+# the structure the accountant assumes and the checks that test it (name, words, checks)
+STRUCTURE = (
+    ("poisson_sampling", "each example enters each step independently with probability q "
+     "(Poisson sampling)", ("poisson_sampling", "sampling_by_example", "loader_fed_training")),
+    ("one_row_per_example", "one example is one row of one batch",
+     ("sampling_duplicates",)),
+    ("noise_law", "the noise is Gaussian, independent across coordinates, tensors and steps",
+     ("noise_marginal", "noise_alignment", "noise_freshness")),
+    ("noise_independent_of_data", "the noise is drawn independently of the data",
+     ("noise_ignores_data",)),
+    ("only_private_step_moves_model", "only the private step moves the published model",
+     ("model_integrity",)),
+    ("release_is_the_noised_sum", "the release is the noised clipped sum over a constant "
+     "divisor", ("normalisation",)),
+)
+
+
+def _status(checks: dict[str, CheckResult], names) -> tuple[str, list[str]]:
+    """The status of a premise from the checks that test it: refuted, warning, tested, or
+    not observed when none of them ran; and the checks that ran."""
+    ran = [n for n in names if n in checks]
+    if any(checks[n].rejected for n in ran):
+        return REFUTED, ran
+    if any(checks[n].warning for n in ran):
+        return WARNING, ran
+    return (TESTED if ran else NOT_OBSERVED), ran
+
+
+def noise_premise(records: WhiteBoxRecords, checks: dict, confidence: float,
+                  bound_confidence: float) -> dict:
+    """The noise's scale r (true std over the claimed std of its step): its exact interval over
+    every step and tensor at ``confidence``, per tensor too (``stats.premises``), and its
+    one-sided lower bound at ``bound_confidence`` (``least_favourable``, what the upper side
+    uses)."""
+    out = {"name": "noise_multiplier", "what": "the noise's std over the claimed sigma C of "
+           "each step (1: as claimed)"}
+    steps = [s for s in records.steps if s.noise is not None]
+    if records.noise is None or not steps:
+        why = ("the noise the optimizer added was not recorded (AuditHook(record_noise=False))"
+               if records.noise is None else "no step claims noise")
+        return {**out, "status": NOT_OBSERVED, "reason": why}
+    dims = np.asarray(records.noise.dims, dtype=np.float64)
+    sq = np.stack([s.noise.sq for s in steps], axis=1)  # (J, T)
+    rounding = np.array([s.noise.rounding for s in steps])
+    total = float(sq.sum())
+    dof = float(dims.sum() * len(steps))
+    err = float(np.sqrt(dims.sum() * np.sum(rounding**2)))
+    lo, hi = scale_interval(total, dof, confidence, err)
+    least = scale_lower(total, dof, bound_confidence, err)
+    tensors = []
+    for j, name in enumerate(records.noise.names):
+        e = float(np.sqrt(dims[j] * np.sum(rounding**2)))
+        tlo, thi = scale_interval(float(sq[j].sum()), dims[j] * len(steps), confidence, e)
+        tensors.append({"tensor": name, "ratio": float(np.sqrt(sq[j].sum()
+                                                             / (dims[j] * len(steps)))),
+                        "interval": [tlo, thi], "coordinates": int(dims[j] * len(steps))})
+    status, ran = _status(checks, ("noise_scale",))
+    noised = [i for i, s in enumerate(records.steps) if s.noise is not None]
+    multipliers = records.claimed_multipliers[noised]
+    configured = float(multipliers[0]) if np.allclose(multipliers, multipliers[0]) else None
+    return {**out, "status": MEASURED if status in (TESTED, NOT_OBSERVED) else status,
+            "ratio": float(np.sqrt(total / dof)), "interval": [lo, hi],
+            "configured": configured,
+            "sigma_interval": None if configured is None else [configured * lo,
+                                                               configured * hi],
+            "least_favourable": least, "bound_confidence": float(bound_confidence),
+            "draws": int(dof), "steps": len(steps), "tensors": tensors,
+            "confidence": float(confidence),
+            "checks": ran, "assumes": "one noise scale for every tensor and step (each is "
+            "tested by noise_scale; the per-tensor intervals are reported)"}
+
+
+def _sizes(records: WhiteBoxRecords) -> tuple[np.ndarray | None, str]:
+    """The examples each step's batch held, and where they were read; None when unknown."""
+    steps = records.batch_sizes
+    by = records.by_example
+    if all(b is not None for b in steps) and not (by is not None and by.ranks > 1):
+        return np.asarray(steps, dtype=np.int64), "the rows each step clipped"
+    if by is not None and by.batches >= records.num_steps:
+        return by.sizes[: records.num_steps].astype(np.int64), f"the batches of {by.source}"
+    return None, ""
+
+
+def rate_premise(records: WhiteBoxRecords, checks: dict, confidence: float,
+                 bound_confidence: float) -> dict:
+    """The sampling rate q: the exact interval of the examples the batches held over n T
+    draws at ``confidence`` (``stats.premises``), and its one-sided upper bound at
+    ``bound_confidence`` (``least_favourable``, what the upper side uses)."""
+    s = records.sampling or {}
+    out = {"name": "sample_rate", "what": "the probability that an example enters a step",
+           "configured": s.get("q")}
+    sizes, where = _sizes(records)
+    n = s.get("n")
+    if sizes is None:
+        return {**out, "status": NOT_OBSERVED, "reason": "the batch sizes are unknown (ghost "
+                "clipping under DPDDP without the loader given to the hook)"}
+    if not n:
+        return {**out, "status": NOT_OBSERVED, "reason": "the data set's size is unknown "
+                "(AuditHook(data_loader=...) or audit_report(..., dataset_size=...))"}
+    k, trials = int(sizes.sum()), int(n) * int(sizes.size)
+    lo, hi = rate_interval(k, trials, confidence)
+    status, ran = _status(checks, ("poisson_sampling", "sampling_by_example"))
+    return {**out, "status": MEASURED if status in (TESTED, NOT_OBSERVED) else status,
+            "measured": k / trials, "interval": [lo, hi], "examples": k, "draws": trials,
+            "least_favourable": rate_upper(k, trials, bound_confidence),
+            "bound_confidence": float(bound_confidence), "confidence": float(confidence),
+            "source": where, "checks": ran}
+
+
+def clipping_premise(records: WhiteBoxRecords, checks: dict) -> dict:
+    """The largest clipped contribution the probes saw, as a ratio to C (1: as claimed)."""
+    out = {"name": "clipping", "what": "the largest change of the clipped sum by one example, "
+           "over C (1: as claimed)"}
+    c = records.clipping
+    if c is None or not c.get("probes"):
+        why = ("not probed (AuditHook(check_clipping=False))" if c is None
+               else c.get("unchecked") or "no example was probed")
+        return {**out, "status": NOT_OBSERVED, "reason": why, "ratio": 1.0}
+    ratio = max(r for r in (c.get("max_ratio_single"), c.get("max_ratio_leave_one_out"))
+                if r is not None)
+    status, ran = _status(checks, ("clipping",))
+    return {**out, "status": MEASURED if status in (TESTED, NOT_OBSERVED) else status,
+            "ratio": float(ratio), "probes": int(c["probes"]),
+            "steps_probed": int(c.get("steps_checked", 0)), "steps": records.num_steps,
+            "checks": ran, "assumes": "the examples not probed clip as the probed ones do"}
+
+
+def steps_premise(records: WhiteBoxRecords, checks: dict) -> dict:
+    """The steps training took against those the accountant counted."""
+    hist = records.accountant_history
+    counted = None if hist is None else int(sum(int(h[2]) for h in hist))
+    status, ran = _status(checks, ("bookkeeping",))
+    if hist is None:
+        return {"name": "steps", "what": "the optimizer steps training took",
+                "measured": records.num_steps, "accountant_steps": None,
+                "status": NOT_OBSERVED, "reason": "the accountant's history was not given "
+                "(audit_report(..., privacy_engine=engine))"}
+    return {"name": "steps", "what": "the optimizer steps training took",
+            "measured": records.num_steps, "accountant_steps": counted,
+            "status": MEASURED if status in (TESTED, NOT_OBSERVED) else status, "checks": ran}
+
+
+def structure_premises(checks: dict, records: WhiteBoxRecords) -> list[dict]:
+    """The structure the accountant assumes, each with the checks that test it."""
+    out = []
+    for name, words, tests in STRUCTURE:
+        status, ran = _status(checks, tests)
+        entry = {"name": name, "what": words, "status": status, "checks": ran}
+        if name == "poisson_sampling" and "sampling_by_example" not in ran:
+            entry["status"] = REFUTED if status == REFUTED else NOT_OBSERVED
+            entry["reason"] = ("which examples each step used was not recorded: "
+                               + (records.by_example_reason or "the loader given did not "
+                                  "feed the training"))
+        elif status == NOT_OBSERVED:
+            entry["reason"] = "not checked in this audit (the report's 'not checked' says why)"
+        out.append(entry)
+    return out
+
+
+def _history(records: WhiteBoxRecords, noise_factor: float, rate: float) -> list:
+    """The steps as executed, as an accountant history: each step's claimed multiplier times
+    ``noise_factor``, at ``rate``, consecutive equal entries merged."""
+    hist: list[list] = []
+    for s in records.claimed_multipliers * noise_factor:
+        if hist and np.isclose(hist[-1][0], s, rtol=1e-12, atol=0.0):
+            hist[-1][2] += 1
+        else:
+            hist.append([float(s), float(rate), 1])
+    return [tuple(h) for h in hist]
+
+
+def _accountant(records: WhiteBoxRecords) -> str:
+    name = records.accountant or DEFAULT_ACCOUNTANT
+    return name if name in ACCOUNTANTS else DEFAULT_ACCOUNTANT
+
+
+def claimed_epsilon(records: WhiteBoxRecords | None, training: dict | None,
+                    accountant: str, delta: float) -> tuple[float | None, str]:
+    """Opacus' epsilon for the training data (its accountant on its history), or, without
+    the engine, the same accountant on the optimizer's settings as recorded."""
+    row = (training or {}).get(accountant)
+    eps = row.get("epsilon") if isinstance(row, dict) else getattr(row, "epsilon", None)
+    if eps is not None and np.isfinite(eps):
+        return float(eps), f"Opacus' {accountant.upper()} accountant on its history"
+    if records is None or not (records.sampling or {}).get("q"):
+        return None, "unknown"
+    hist = _history(records, 1.0, float(records.sampling["q"]))
+    res = history_epsilon(hist, delta, accountant)
+    if not np.isfinite(res.epsilon):
+        return None, res.note
+    return float(res.epsilon), (f"the {accountant.upper()} accountant on the optimizer's "
+                                "settings as recorded (no PrivacyEngine given)")
+
+
+def upper_side(records: WhiteBoxRecords, noise: dict, rate: dict, clip: dict,
+               accountant: str, delta: float) -> tuple[float | None, str | None]:
+    """The accountant at the least favourable measured values: the noise's lower end (over
+    the clipping ratio: a contribution r C is the claim at sigma / r), the rate's upper end,
+    the steps as taken. None (with the reason) when the noise or the rate was not measured."""
+    if noise["status"] == NOT_OBSERVED:
+        return None, "the noise's scale was not measured: " + noise["reason"]
+    if rate["status"] == NOT_OBSERVED:
+        return None, "the sampling rate was not measured: " + rate["reason"]
+    factor = noise["least_favourable"] / max(1.0, float(clip.get("ratio") or 1.0))
+    if factor <= 0:
+        return None, "the noise's lower end is 0"
+    res = history_epsilon(_history(records, factor, min(1.0, rate["least_favourable"])),
+                          delta, accountant)
+    if not np.isfinite(res.epsilon):
+        return None, f"the {accountant.upper()} accountant could not compute it: {res.note}"
+    return float(res.epsilon), None
+
+
+def lower_side(threat, bounds, confidence: float, training_rate: float | None) -> dict:
+    """The certified lower side on the training data's epsilon: the canaries' best certified
+    bound when they realise the training data's threat model; else none, why, and a forecast
+    of what canaries inserted like an example would certify."""
+    same = (training_rate is not None and threat is not None
+            and abs(threat.sample_rate - training_rate) <= 1e-12 * max(1.0, training_rate)
+            and threat.sensitivity == 1.0)
+    if same:
+        cert = [b for b in bounds if b.kind == "certified" and b.valid
+                and np.isfinite(b.epsilon)]
+        best = max(cert, key=lambda b: b.epsilon, default=None)
+        return {"epsilon": best.epsilon if best else 0.0,
+                "by": None if best is None else f"{best.attack}/{best.method}",
+                "note": "the canaries are inserted like a training example (Poisson at the "
+                "data's rate, norm C, the same noise): their certified bound is one on the "
+                "training data's epsilon"}
+    out = {"epsilon": None}
+    if threat is None or training_rate is None:
+        out["note"] = "no canaries realise the training data's threat model"
+        return out
+    out["note"] = (f"the canaries realise another threat model ({threat.describe()}), not the "
+                   f"training data's (Poisson at q = {training_rate:.4g}, norm C): their "
+                   "evidence bounds that claim, not the training data's epsilon")
+    forecast = poisson_canaries_forecast(threat.noise_multiplier, training_rate, threat.steps,
+                                         confidence, threat.delta)
+    out["forecast"] = forecast
+    return out
+
+
+def training_data_block(records: WhiteBoxRecords | None, checks: dict[str, CheckResult],
+                        training: dict | None, *, threat=None, bounds=(),
+                        confidence: float = 0.95, delta: float = 1e-5,
+                        reason: str | None = None) -> dict | None:
+    """``verdict.training_data``: the training's epsilon claimed, bracketed from above by the
+    measured premises and from below by canaries of the data's threat model (module doc).
+
+    Args:
+        records: the training's white-box records (None: none kept, ``reason`` says why).
+        checks: the white-box checks run on them, by name.
+        training: Opacus' epsilons for the training data by accountant (to_dict form), when
+            the engine was given.
+        threat: the audited canaries' ``ThreatModel`` (its ``training_sample_rate`` is the
+            data's rate).
+        bounds: the audit's ``BoundRow`` s (the lower side's certified bound).
+        confidence: the upper side's confidence (split over the noise and the rate).
+        delta: the delta of every epsilon.
+    """
+    if records is None and not training:
+        return None
+    accountant = _accountant(records) if records is not None else (
+        records_accountant(training))
+    claimed, source = claimed_epsilon(records, training, accountant, delta)
+    rate_q = None if threat is None else threat.training_sample_rate
+    block = {"accountant": accountant, "delta": float(delta), "confidence": float(confidence),
+             "epsilon_claimed": claimed, "epsilon_claimed_source": source,
+             "epsilon_upper": None, "epsilon_lower": None}
+    lower = lower_side(threat, bounds, confidence, rate_q)
+    block["epsilon_lower"] = lower.get("epsilon")
+    block["lower"] = lower
+    if records is None or not records.steps:
+        block.update(upper_status=NOT_MEASURED, upper_reasons=[
+            reason or "no per-step records were kept"], premises=[])
+        block["sentence"] = training_sentence(block)
+        return block
+    each = 1.0 - (1.0 - confidence) / 2.0  # the noise's and the rate's bounds share it
+    noise = noise_premise(records, checks, confidence, each)
+    rate = rate_premise(records, checks, confidence, each)
+    clip = clipping_premise(records, checks)
+    steps = steps_premise(records, checks)
+    premises = [noise, rate, clip, steps, *structure_premises(checks, records)]
+    upper, why = upper_side(records, noise, rate, clip, accountant, delta)
+    refuted = [p["name"] for p in premises if p["status"] == REFUTED]
+    unseen = [f"{p['name']}: {p['reason']}" for p in premises if p["status"] == NOT_OBSERVED]
+    if refuted:
+        status, reasons = UPPER_REFUTED, [f"refuted: {', '.join(refuted)}"]
+    elif upper is None:
+        status, reasons = NOT_MEASURED, [why]
+    elif unseen:
+        status, reasons = NOT_VERIFIED, unseen
+    else:
+        status, reasons = VERIFIED, []
+    block.update(epsilon_upper=upper, upper_status=status, upper_reasons=reasons,
+                 premises=premises,
+                 conditional_on=[p["what"] for p in premises if p["name"] in
+                                 {n for n, _, _ in STRUCTURE}])
+    block["sentence"] = training_sentence(block)
+    return block
+
+
+def records_accountant(training: dict | None) -> str:
+    """The accountant named first among Opacus' epsilons (PRV when present)."""
+    names = list(training or {})
+    return DEFAULT_ACCOUNTANT if DEFAULT_ACCOUNTANT in names or not names else names[0]
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def training_sentence(block: dict) -> str:
+    """The verdict's first sentence: the training's epsilon in the user's numbers."""
+    acc = block["accountant"].upper()
+    head = (f"Your training's epsilon ({acc}, delta {block['delta']:.2g}): claimed "
+            f"{_num(block['epsilon_claimed'])}")
+    status = block["upper_status"]
+    conf = f"{block['confidence']:.0%}"
+    if block["epsilon_upper"] is not None:
+        words = {VERIFIED: f"verified at most {_num(block['epsilon_upper'])} ({conf}, from "
+                 "the measured noise, rate, clipping and steps; conditional on the structure "
+                 "the checks test)",
+                 NOT_VERIFIED: f"as measured at most {_num(block['epsilon_upper'])} ({conf}), "
+                 "not verified: " + "; ".join(block["upper_reasons"]),
+                 UPPER_REFUTED: f"as measured at most {_num(block['epsilon_upper'])} ({conf}) "
+                 "but " + "; ".join(block["upper_reasons"])}[status]
+    else:
+        words = "no measured upper side: " + "; ".join(block["upper_reasons"])
+    low = block["epsilon_lower"]
+    lower = block.get("lower") or {}
+    if low is not None:
+        lw = f"certified at least {low:.3g} ({lower.get('by') or 'no certified row'})"
+    else:
+        fc = lower.get("forecast") or {}
+        need = fc.get("per_side_for_positive")
+        lw = ("no certified lower side (the canaries realise another threat model"
+              + (f"; about {need:,} canaries per side inserted like an example would certify "
+                 "a positive epsilon, a forecast" if need else "") + ")")
+    return f"{head}; {words}; {lw}."

@@ -1,0 +1,153 @@
+"""The user's epsilon, answered: every premise of the accountant measured, none assumed in
+silence (``experiment.judging.premises``), on the own loop of the issue (a ReLU CNN on digits,
+AdamW, StepLR, the PRV accountant, ``make_private_with_epsilon``, BatchMemoryManager) and on
+the CLI's default audit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from own_loop_models import own_loop_audit
+from premise_loops import premise_loop
+
+from dpaudit.accounting import history_epsilon
+from dpaudit.experiment.judging.doors import loader_mismatch
+
+
+def _premises(res: dict) -> dict:
+    return {p["name"]: p for p in res["verdict"]["training_data"]["premises"]}
+
+
+def test_the_verdict_opens_with_the_users_epsilon_from_both_sides():
+    res = own_loop_audit("linear", seed=3)
+    td = res["verdict"]["training_data"]
+    assert res["verdict"]["message"].startswith(td["sentence"])
+    assert td["sentence"].startswith("Your training's epsilon (PRV, delta 1e-05): claimed")
+    assert td["accountant"] == "prv" and td["upper_status"] == "verified"
+    claimed = td["epsilon_claimed"]
+    assert claimed == pytest.approx(res["theory"]["training_data"]["opacus_epsilon"])
+    p = _premises(res)
+    # the upper side is the accountant at the least favourable ends: recomputed here
+    noise, rate, clip = p["noise_multiplier"], p["sample_rate"], p["clipping"]
+    sigma = noise["configured"] * noise["least_favourable"] / max(1.0, clip["ratio"])
+    again = history_epsilon([(sigma, rate["least_favourable"], 30)], 1e-5, "prv").epsilon
+    assert td["epsilon_upper"] == pytest.approx(again, rel=1e-9)
+    assert claimed < td["epsilon_upper"] < 1.25 * claimed  # 30 steps: q within a few %
+    assert rate["interval"][0] < rate["configured"] < rate["interval"][1]
+    assert noise["least_favourable"] < noise["interval"][1]
+    assert p["steps"]["measured"] == p["steps"]["accountant_steps"] == 30
+    # the lower side: every-step canaries realise another threat model, and say so
+    assert td["epsilon_lower"] is None and "another threat model" in td["lower"]["note"]
+    assert td["lower"]["forecast"]["epsilon_at_per_side"]
+
+
+def test_an_unrecorded_premise_is_said_not_assumed():
+    """Without the noise recorded there is no measured upper side, and the sentence says why;
+    without the loader, the Poisson structure is not observed and the upper side is "not
+    verified", naming it."""
+    from capture_support import digits_flat, dirac_coords, logreg, private_run
+
+    from dpaudit import audit_report
+    from dpaudit.capture import AuditHook, GradientCanaries
+
+    data, _ = digits_flat(pad=8, n_train=400)
+    coords = dirac_coords(list(range(64, 72)), 72)
+
+    def run(**kw):
+        def hook_fn(opt, model):
+            policy = ["every_step" if i % 2 else "never" for i in range(len(coords))]
+            return AuditHook(opt, model, [GradientCanaries.dirac(coords, norm=1.0, dim=730,
+                                                                 policy=policy)], **kw)
+        r = private_run(data, logreg(72), hook_fn, epochs=2)
+        return audit_report(r.hook, privacy_engine=r.engine, independent_canaries=True,
+                            dataset_size=400)
+
+    td = run(record_noise=False)["verdict"]["training_data"]
+    assert td["epsilon_upper"] is None and td["upper_status"] == "not measured"
+    assert "record_noise=False" in td["sentence"]
+    td = run()["verdict"]["training_data"]  # no loader given to the hook
+    assert td["upper_status"] == "not verified" and td["epsilon_upper"] is not None
+    assert any(r.startswith("poisson_sampling: which examples") for r in td["upper_reasons"])
+
+
+def test_a_loader_that_did_not_feed_the_training_is_named():
+    res = premise_loop("plain_loader", 0, steps=16)
+    v = res["verdict"]
+    loader = res["white_box"]["checks"]["loader_fed_training"]
+    assert loader["warning"] and not loader["rejected"]
+    assert "0 batches were recorded" in loader["witness"]["why"]
+    assert any("did not feed the training" in w for w in v["warnings"])
+    assert "sampling_by_example" not in res["white_box"]["checks"]
+    td = v["training_data"]
+    assert td["upper_status"] == "not verified"
+    assert any("poisson_sampling" in r for r in td["upper_reasons"])
+
+
+def test_canaries_that_come_alive_are_withdrawn_and_named():
+    res = premise_loop("alive_canaries", 0, steps=40)
+    assert res["white_box"]["canary_independence"]["withdrawn"]
+    assert res["independent_canaries"] is False
+    assert any(w.startswith("canary independence") for w in res["verdict"]["warnings"])
+
+
+def test_loader_mismatch_reads_the_steps_rows_against_the_loaders_batches():
+    res = own_loop_audit("linear", seed=5)  # a correct loop: its loader fed every step
+    assert not res["white_box"]["checks"]["loader_fed_training"]["warning"]
+
+
+class _By:
+    def __init__(self, sizes, ranks=1):
+        self.sizes, self.batches, self.ranks, self.source = (
+            np.asarray(sizes), len(sizes), ranks, "a loader")
+
+
+class _Records:
+    def __init__(self, steps, sizes, ranks=1):
+        self.batch_sizes, self.num_steps = steps, len(steps)
+        self.by_example = _By(sizes, ranks)
+
+
+@pytest.mark.parametrize(("steps", "sizes", "fed"), [
+    ([3, 4, 5], [3, 4, 5], True),
+    ([3, 4, 5], [3, 4, 5, 6, 7], True),  # prefetched batches after the last step
+    ([7, 5], [3, 4, 5], True),  # two backward passes before the first step (accumulation)
+    ([3, 4, 5], [3, 5, 4], False),
+    ([3, 4], [], False),
+    ([None, None, None], [3, 4], False),  # sizes unknown (ghost): fewer batches than steps
+    ([None, None], [3, 4], True),
+])
+def test_loader_mismatch_cases(steps, sizes, fed):
+    assert (loader_mismatch(_Records(steps, sizes)) is None) is fed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(5))
+def test_every_premise_break_is_flagged_in_the_users_loop(seed):
+    """The issue's goals over 5 seeds: the correct BatchMemoryManager loop stays consistent;
+    a plain loader under BatchMemoryManager is a PRIVACY BUG (its fixed-size logical batches
+    refute Poisson sampling), with the DP loader given to the hook (named as not feeding the
+    training) or none; a head trained by a second optimizer is a PRIVACY BUG by the model's
+    integrity; canaries that come alive are named and their statements withdrawn; a sampling
+    rate 5% above the claim raises the measured upper side above the correct run's; a halved
+    noise puts it far above the claim."""
+    correct = premise_loop("correct", seed)
+    assert correct["verdict"]["status"] == "consistent", correct["verdict"]["message"]
+    tc = correct["verdict"]["training_data"]
+    assert tc["upper_status"] == "verified" and tc["epsilon_upper"] <= 1.1 * tc["epsilon_claimed"]
+    for case in ("plain_loader", "plain_loader_no_hook_loader"):
+        res = premise_loop(case, seed)
+        assert res["verdict"]["status"] == "privacy_bug", res["verdict"]["message"]
+        assert "poisson_sampling" in res["verdict"]["white_box_fired"]
+        if case == "plain_loader":
+            assert res["white_box"]["checks"]["loader_fed_training"]["warning"]
+    second = premise_loop("second_optimizer", seed)
+    assert second["verdict"]["white_box_fired"] == ["model_integrity"]
+    alive = premise_loop("alive_canaries", seed)
+    assert alive["white_box"]["canary_independence"]["withdrawn"]
+    inflated = premise_loop("inflated_rate", seed)
+    ti = inflated["verdict"]["training_data"]
+    assert ti["epsilon_upper"] > tc["epsilon_upper"] and ti["epsilon_upper"] > ti["epsilon_claimed"]
+    halved = premise_loop("halved_noise", seed)
+    th = halved["verdict"]["training_data"]
+    assert halved["verdict"]["status"] == "privacy_bug"
+    assert th["epsilon_upper"] > 3 * th["epsilon_claimed"]
