@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from dpaudit._validate import quoted
+from dpaudit._validate import did_you_mean, quoted, require_choice
 from dpaudit.names import CANARY_POLICIES
 
 POLICIES = CANARY_POLICIES
@@ -25,8 +25,7 @@ def policy_sample_rate(policy: str, inclusion_prob: float | None) -> float:
     """Per-step probability that a canary of ``policy`` enters the noisy sum: 1 for
     ``"every_step"``, q_c = ``inclusion_prob`` for ``"bernoulli"``, 0 for ``"never"`` (the one
     rule; the threat model's canary sample rate is this for its members)."""
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    require_choice("policy", policy, POLICIES)
     if policy == "bernoulli":
         if inclusion_prob is None:
             raise ValueError("policy 'bernoulli' needs inclusion_prob (q_c)")
@@ -116,7 +115,8 @@ class GradientCanaries:
         bad = sorted({p for p in pols if p not in POLICIES})
         if bad:
             raise ValueError(
-                f"GradientCanaries: policy must be among {POLICIES}, got {quoted(bad)}")
+                f"GradientCanaries: policy must be among {POLICIES}, got {quoted(bad)}"
+                f"{did_you_mean(bad[0], POLICIES)}")
         self.policies: tuple[str, ...] = pols
         if "bernoulli" in pols:
             q = inclusion_prob
