@@ -61,6 +61,22 @@ def _all_finite(rows: torch.Tensor) -> bool:
     )
 
 
+NO_COORDINATES = (
+    "GradientCanaries.dirac: coords is empty. From dead_coordinates(model, data) this means "
+    "the model has no coordinates its data can never reach (no input feature is zero in every "
+    "example, or the first layer does not read the input itself: e.g. a tanh MLP on dense "
+    "data). What to do next: (1) input canaries, InputCanaries(x, y) with a coin-flip "
+    "membership, need no dead coordinates; (2) Dirac canaries on coordinates the data use, "
+    "e.g. GradientCanaries.dirac(range(k), norm, dim), are valid canaries but not independent "
+    "experiments: give audit_report independent_canaries=False (the default; only the "
+    "one-run bound certifies); (3) dead_coordinates(model, data, kind='at_theta0') gives "
+    "coordinates dead only at the initial parameters, which training can revive (then the "
+    "canaries are not independent for the whole training). docs/python_api.md, \"Canaries for "
+    "your model\"."
+)
+"""What ``GradientCanaries.dirac`` says when it is given no coordinates: why, and what to do."""
+
+
 class GradientCanaries:
     """K fixed gradient vectors in R^d inserted into the clipped sum before noise by policy.
 
@@ -270,7 +286,7 @@ class GradientCanaries:
         sparsely (K indices and values; ``vectors`` densifies on demand)."""
         coords = [int(c) for c in coords]
         if not coords:
-            raise ValueError("GradientCanaries.dirac: coords must be non-empty")
+            raise ValueError(NO_COORDINATES)
         outside = [c for c in coords if c < 0 or c >= dim]
         if outside:
             raise ValueError(
