@@ -230,6 +230,31 @@ def _check_audit_settings(cfg: DictConfig) -> None:
     AuditSettings.from_mappings(**{k: v for k, v in task.items() if not k.startswith("_")})
 
 
+def check_command(overrides: list[str]) -> None:
+    """Compose the config of ``dpaudit OVERRIDES`` and run every check the CLI runs before the
+    task starts (unknown, unread or bad settings), without running it: a parse-only path (the
+    documentation's commands are tested with it). Raises Hydra's error for what it refuses
+    itself (``hydra_error_line`` condenses its text), ValueError for dpaudit's checks.
+
+    Args:
+        overrides: the command's arguments after ``dpaudit`` (no ``-m`` sweep: one value
+            each; ``hydra/...`` and ``hydra.*`` overrides are Hydra's, passed through).
+    """
+    from hydra import compose, initialize_config_module
+    from omegaconf import open_dict
+
+    with initialize_config_module(config_module="dpaudit.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides),
+                      return_hydra_config=True)
+    hc = cfg.hydra
+    with open_dict(cfg):
+        del cfg["hydra"]
+    _check_overrides(cfg, hc)
+    if cfg.get("plugins"):
+        load_plugins(OmegaConf.to_container(cfg.plugins, resolve=True))
+    _check_audit_settings(cfg)
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def _hydra_main(cfg: DictConfig):
     if _HELD is not None:
