@@ -14,8 +14,9 @@ other doors: ``sampling_record``, which examples each step used; ``integrity``, 
 moving only inside the private step; ``noise_probe``, the noise ignoring the data);
 ``support`` lists the supported Opacus set-ups and refuses the others; ``patching`` is the one
 save/restore helper for the attributes (and, for batch samplers, the classes) dpaudit patches;
-``coordinates`` maps a user's parameters to the flat coordinates Dirac canaries take and finds
-the ones no data touch.
+``coordinates`` maps a user's parameters (the hook's ``params`` selection) to the flat
+coordinates Dirac canaries take and finds the ones no data touch, of the kind asked for:
+dead by the model's structure at every step (``structural`` proves them) or only at theta_0.
 """
 
 from dpaudit.capture.canary_kinds import GradientCanaries, InputCanaries

@@ -71,7 +71,9 @@ class Realisation:
     ``shares_a_run``: several canaries may share one run's membership bit in a multi-run audit
     (they cannot see each other); ``on_dead_coordinates``: every canary sits on coordinates no
     data gradient touches, so each is an independent one-canary experiment although they train
-    together (None before the canaries are built)."""
+    together (None before the canaries are built; the built-in gradient design checks it at
+    theta_0 and counts in its info how many are structurally dead, i.e. at every step:
+    ``capture.structural``)."""
 
     kind: str
     member_rate: float | None = None
