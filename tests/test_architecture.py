@@ -14,14 +14,17 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "dpaudit"
 
-# Lowest first. Leaves import nothing from dpaudit; stats and covariance only leaves; the lab, the
+# Lowest first. Leaves import nothing from dpaudit; the source papers, the open registries and
+# the per-sample gradients only the leaves' input checks (their unknown names get "did you
+# mean"); stats and covariance only those; the lab, the
 # attacks and the canaries use them; capture uses attacks and covariance; report writes what they
 # produce; forecast says what a threat model lets an audit certify before it trains; the bug zoo
 # patches Opacus' optimizer with capture's patching (its sampling bugs, Opacus' sampler, in
 # sampler_bugs below it); experiment composes; tasks and the config
 # schema sit on top of it; cli only parses the config and calls a task.
 LAYERS = (
-    ("_jsonable", "_validate", "seeds", "names", "papers", "registry", "gradients"),
+    ("_jsonable", "_validate", "seeds", "names"),
+    ("papers", "registry", "gradients"),
     ("stats", "covariance"),
     ("accounting", "meanlab", "attacks", "canaries", "data", "models"),
     ("threat_model", "capture", "validity", "report"),

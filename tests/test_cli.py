@@ -145,6 +145,15 @@ def test_help_and_config_errors_import_neither_torch_nor_opacus(tmp_path, args, 
     assert line == f"LOADED {code} []", (line, proc.stderr[-2000:])
 
 
+def test_a_misspelt_key_on_the_command_line_gets_did_you_mean(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "dpaudit", f"hydra.run.dir={tmp_path}",
+                           "dp.noise_multipler=2"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[0] == (
+        "dpaudit: error: Could not override 'dp.noise_multipler': Key 'noise_multipler' not in "
+        "'DPSettings' (did you mean 'noise_multiplier'?)")
+
+
 def test_python_m_dpaudit_is_the_cli(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "dpaudit", "--help"], capture_output=True,
                           text=True, timeout=300, cwd=tmp_path)
@@ -245,7 +254,11 @@ def test_privacy_bug_sets_the_exit_status(tmp_path):
 # by Hydra's parser, by a missing package or by the file system. Every one: exit status 2,
 # one "dpaudit: error:" line (and at most one hint line), no traceback.
 MISTAKES = [
-    (["dp.noise_multipler=2"], "noise_multipler"),             # misspelt key
+    (["dp.noise_multipler=2"], "(did you mean 'noise_multiplier'?)"),  # misspelt key
+    (["noise_multiplier=2"], "(did you mean 'dp.noise_multiplier'?)"),  # outside its group
+    (["+dp.noise_multipler=2"], "(did you mean 'noise_multiplier'?)"),  # added with +
+    (["model=mpl"], "(did you mean 'mlp'?)"),                  # misspelt group option
+    (["dp.clipping=per_layr"], "(did you mean 'per_layer'?)"),  # misspelt value
     (["dp.noise_multiplier=abc"], "noise_multiplier"),         # wrong type
     (["dp.noise_multiplier=-1"], "noise_multiplier"),          # out of range
     (["attack.scores=covariance"], "attack.scores=[covariance]"),  # a list without brackets
@@ -253,6 +266,7 @@ MISTAKES = [
     (["data=nonexistent"], "nonexistent"),                     # unknown group option
     (["experiment=nonexistent"], "nonexistent"),               # unknown preset
     (["canary.kind=banana"], "canary.kind"),
+    (["canary.kind=gradeint"], "(did you mean 'gradient'?)"),
     (["dp.batch_size=0"], "batch_size"),
     (["audit.confidence=1.5"], "confidence"),
     (["dp.delta=2"], "dp.delta"),
@@ -320,6 +334,21 @@ def test_every_mistake_is_one_line_and_exit_status_2(tmp_path):
     ("In 'config': Could not find 'data/x'\n\nAvailable options in 'data':\n\tdigits\n\tsynthetic"
      "\nConfig search path:\n\tprovider=hydra, path=pkg://hydra.conf\n",
      "In 'config': Could not find 'data/x' (options: digits, synthetic)"),
+    ("Could not override 'dp.noise_multipler'.\nTo append to your config use +dp.noise_multipler"
+     "=2\nKey 'noise_multipler' not in 'DPSettings'\n    full_key: dp.noise_multipler\n",
+     "Could not override 'dp.noise_multipler': Key 'noise_multipler' not in 'DPSettings' (did "
+     "you mean 'noise_multiplier'?)"),
+    ("Could not override 'width'.\nKey 'width' not in 'DpauditConfig'\n    full_key: width\n",
+     "Could not override 'width': Key 'width' not in 'DpauditConfig' (did you mean "
+     "'model.width'?)"),
+    ("Could not override 'hydra.run.dri'.\nKey 'dri' not in 'RunDir'\n    full_key: "
+     "hydra.run.dri\n", "Could not override 'hydra.run.dri': Key 'dri' not in 'RunDir' (did you "
+     "mean 'dir'?)"),
+    ("Could not override 'data.options.x'.\nKey 'x' is not in struct\n    full_key: "
+     "data.options.x\n", "Could not override 'data.options.x': Key 'x' is not in struct"),
+    ("In 'config': Could not find 'model/mpl'\n\nAvailable options in 'model':\n\tcnn\n\tlogreg"
+     "\n\tmlp\nConfig search path:\n", "In 'config': Could not find 'model/mpl' (did you mean "
+     "'mlp'?) (options: cnn, logreg, mlp)"),
     ("Traceback (most recent call last):\n  File \"x.py\", line 1\nPermissionError: [Errno 13] "
      "Permission denied: '/x'\n", "PermissionError: [Errno 13] Permission denied: '/x': choose a "
      "writable output directory with hydra.run.dir=DIR"),

@@ -149,3 +149,13 @@ def test_a_score_builder_reading_the_old_settings_still_works_with_a_warning():
         SCORES.unregister("old_style")
     assert seen == {"refs": 128, "C": 0.5, "sigma": 3.0}
     assert "old_style" in res["attacks"]
+
+
+def test_an_unknown_registry_name_gets_did_you_mean():
+    from dpaudit.models import MODELS
+
+    with pytest.raises(ValueError, match=r"got 'mpl' \(did you mean 'mlp'\?\)"):
+        MODELS.get_or_fail("mpl", "model.name")
+    with pytest.raises(ValueError, match=r"no model 'wide_logreg' is registered \(did you "
+                       r"mean 'logreg'\?\)$"):
+        MODELS.unregister("wide_logreg")

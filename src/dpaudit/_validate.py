@@ -1,8 +1,13 @@
 """Input checks shared across the package (statistics, estimators, canaries, the lab): clear
-errors naming the parameter. A leaf: imports nothing from dpaudit."""
+errors naming the parameter. A leaf: imports nothing from dpaudit.
+
+An unknown name (a misspelt key, a value outside a closed set, a registry name) is refused in
+one way everywhere: ``require_choice`` / ``require_known``, whose message names the parameter,
+what was given, the closest valid names (``did_you_mean``) and the allowed ones."""
 
 from __future__ import annotations
 
+import difflib
 import numbers
 
 import numpy as np
@@ -125,9 +130,10 @@ def require_unit(key: str, v, closed_right: bool = False) -> None:
                          f"got {v!r}")
 
 
-def refuse(key: str, expected: str, got) -> None:
-    """Raise the ValueError every config check raises: ``key must be <expected>, got <got>``."""
-    raise ValueError(f"{key} must be {expected}, got {got!r}")
+def refuse(key: str, expected: str, got, hint: str = "") -> None:
+    """Raise the ValueError every config check raises: ``key must be <expected>, got <got>``
+    (then ``hint``, e.g. ``did_you_mean``'s suggestion)."""
+    raise ValueError(f"{key} must be {expected}, got {got!r}{hint}")
 
 
 def require_nonnegative(key: str, v) -> None:
@@ -136,10 +142,43 @@ def require_nonnegative(key: str, v) -> None:
         refuse(key, "a non-negative finite number", v)
 
 
+def did_you_mean(name, known, n: int = 3) -> str:
+    """`` (did you mean 'a' or 'b'?)`` naming the (at most ``n``) entries of ``known`` closest
+    to ``name`` (``difflib.get_close_matches``, cutoff 0.6), or "" when none is close or
+    ``name`` is not a string. The suffix every unknown-name error ends its "got ..." with."""
+    if not isinstance(name, str):
+        return ""
+    words = [str(k) for k in known]
+    close = difflib.get_close_matches(name, words, n=n, cutoff=0.6)
+    if not close:  # a case slip ("Scalar") is as close as it gets
+        close = [w for w in words if w.lower() == name.lower()][:n]
+    if not close:
+        return ""
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)"
+
+
 def require_choice(key: str, v, options) -> None:
-    """Refuse ``key`` unless it is one of ``options``."""
-    if v not in options:
-        refuse(key, f"one of {tuple(options)}", v)
+    """Refuse ``key`` unless it is one of ``options``: ``key must be one of (...), got 'v'
+    (did you mean ...?)``."""
+    try:
+        ok = v in options
+    except TypeError:  # an unhashable value against a set or a dict's keys
+        ok = False
+    if not ok:
+        refuse(key, f"one of {tuple(options)}", v, hint=did_you_mean(v, options))
+
+
+def require_known(what: str, names, known, allowed: str | None = None) -> None:
+    """Refuse the entries of ``names`` that are not in ``known`` (misspelt keys, unknown
+    options): ``unknown <what> 'x' (did you mean 'y'?), 'z'; allowed: ...``. ``allowed``
+    replaces the listing of ``known`` (e.g. when it is long or needs words)."""
+    known = list(known)
+    unknown = [n for n in names if n not in known]
+    if not unknown:
+        return
+    each = ", ".join(f"{n!r}{did_you_mean(n, known)}" for n in unknown)
+    listing = allowed if allowed is not None else ", ".join(map(str, sorted(map(str, known))))
+    raise ValueError(f"unknown {what} {each}; allowed: {listing}")
 
 
 def require_integer(key: str, v, low: int, high: int) -> None:

@@ -43,6 +43,7 @@ from opacus.optimizers.optimizer import (
     _mark_as_processed,
 )
 
+from dpaudit._validate import require_choice
 from dpaudit.capture.patching import InstancePatch
 from dpaudit.gradients.persample import clip_factor
 
@@ -708,8 +709,7 @@ def check_bug(bug: str, factor: float | None) -> BugSpec | None:
     """The ``BugSpec`` of ``bug`` (None for "none") after checking ``factor`` (its severity;
     None: the bug's catastrophic severity); a ValueError names ``bug`` or ``bug_factor`` and
     what was expected."""
-    if bug not in BUGS:
-        raise ValueError(f"bug must be one of {BUGS}, got {bug!r}")
+    require_choice("bug", bug, BUGS)
     if bug == "none":
         return None
     spec = BUG_ZOO[bug]

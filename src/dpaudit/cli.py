@@ -38,6 +38,7 @@ from hydra.utils import call
 from omegaconf import DictConfig, OmegaConf
 
 import dpaudit.conf  # noqa: F401  (registers the config schema and the --help text)
+from dpaudit._validate import did_you_mean
 from dpaudit.conf import DpauditConfig, task_references
 from dpaudit.experiment.settings import AuditSettings
 from dpaudit.registry import load_plugins
@@ -114,9 +115,10 @@ def _check_overrides(cfg: DictConfig, hc) -> None:
     if unknown:  # only a `+key=value` can add a key the schema does not know
         added = [o for o in hc.overrides.task if o.lstrip("+").split("=", 1)[0] in unknown]
         raise ValueError(
-            f"unknown setting {unknown[0]!r} ({added[0] if added else 'in the config'}): the "
-            f"top-level settings are {', '.join(sorted(_TOP_LEVEL))}; `+` adds nothing that "
-            "dpaudit reads (use `dpaudit --help` for every key)")
+            f"unknown setting {unknown[0]!r}{did_you_mean(unknown[0], _TOP_LEVEL)} "
+            f"({added[0] if added else 'in the config'}): the top-level settings are "
+            f"{', '.join(sorted(_TOP_LEVEL))}; `+` adds nothing that dpaudit reads (use "
+            "`dpaudit --help` for every key)")
     task = OmegaConf.to_container(cfg.task, resolve=False) if cfg.task is not None else {}
     unused = unused_overrides(task, list(hc.overrides.task))
     if unused:
@@ -228,6 +230,31 @@ def _check_audit_settings(cfg: DictConfig) -> None:
     AuditSettings.from_mappings(**{k: v for k, v in task.items() if not k.startswith("_")})
 
 
+def check_command(overrides: list[str]) -> None:
+    """Compose the config of ``dpaudit OVERRIDES`` and run every check the CLI runs before the
+    task starts (unknown, unread or bad settings), without running it: a parse-only path (the
+    documentation's commands are tested with it). Raises Hydra's error for what it refuses
+    itself (``hydra_error_line`` condenses its text), ValueError for dpaudit's checks.
+
+    Args:
+        overrides: the command's arguments after ``dpaudit`` (no ``-m`` sweep: one value
+            each; ``hydra/...`` and ``hydra.*`` overrides are Hydra's, passed through).
+    """
+    from hydra import compose, initialize_config_module
+    from omegaconf import open_dict
+
+    with initialize_config_module(config_module="dpaudit.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides),
+                      return_hydra_config=True)
+    hc = cfg.hydra
+    with open_dict(cfg):
+        del cfg["hydra"]
+    _check_overrides(cfg, hc)
+    if cfg.get("plugins"):
+        load_plugins(OmegaConf.to_container(cfg.plugins, resolve=True))
+    _check_audit_settings(cfg)
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def _hydra_main(cfg: DictConfig):
     if _HELD is not None:
@@ -307,16 +334,48 @@ def hydra_error_line(text: str) -> str:
     msg = re.sub(r"^[\w.-]+: error: ", "", main[0]).rstrip(".")
     for extra in main[1:3]:
         if extra.startswith("Available options in"):
+            missing = re.search(r"Could not find '[^']*/([^'/]+)'", msg)
+            msg += did_you_mean(missing.group(1), options) if missing else ""
             msg += f" (options: {', '.join(options)})"
             break
         if extra.startswith(("Key ", "Value ", "Invalid value", "Could not", "mismatched",
                              "extraneous", "no viable")):
             msg += f": {extra}"
+            misspelt = re.match(r"Key '([^']+)' not in '", extra)
+            full_key = re.search(r"^\s*full_key: (\S+)", text, flags=re.M)
+            if misspelt and full_key:
+                msg += did_you_mean(misspelt.group(1), schema_keys(full_key.group(1)))
             break
     if "is not a ListConfig" in msg and "override " in msg:
         key, _, value = msg.split("override ", 1)[1].split(":", 1)[0].partition("=")
         msg += f" ({key} takes a list: {key}=[{value}])"
     return msg.removeprefix("dpaudit: error: ").removeprefix("error: ")
+
+
+def schema_keys(full_key: str) -> list[str]:
+    """The keys the config schema allows beside ``full_key`` (``dp.noise_multipler``: the
+    ``dp`` group's fields; ``hydra.run.dri``: Hydra's ``run`` node's; a top-level key: the
+    top-level settings and every ``group.key``, so ``noise_multiplier=2`` finds
+    ``dp.noise_multiplier``), [] where the schema does not say (an open mapping such as
+    ``data.options``)."""
+    parent = full_key.rpartition(".")[0]
+    root, _, rest = parent.partition(".")
+    try:
+        if root == "hydra":
+            from hydra.conf import HydraConf
+
+            node, path = OmegaConf.structured(HydraConf), rest
+        else:
+            node, path = OmegaConf.structured(DpauditConfig), parent
+        sub = OmegaConf.select(node, path) if path else node
+    except Exception:  # a path the schema cannot follow: no suggestion, the message stands
+        return []
+    if not isinstance(sub, DictConfig):
+        return []
+    keys = [str(k) for k in sub]
+    if not parent:
+        keys += [f"{k}.{f}" for k in keys if isinstance(sub.get(k), DictConfig) for f in sub[k]]
+    return keys
 
 
 class _HeldStderr:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from dpaudit._validate import did_you_mean
+
 PAPERS = {  # file number -> (authors, title)
     "000": ("Azize & Basu", "How Much Does Each Datapoint Leak Your Privacy?"),
     "001": ("Azize", "Some Targets Are Harder to Identify than Others"),
@@ -25,7 +27,8 @@ _REF = re.compile(r"\b[Ss]eed (\d{3})(?:/(\d{3}))?('s)?(?: \(([^)]*)\))?")
 def cite(seed: str) -> str:
     """Authors and title of the source paper numbered ``seed`` ("001")."""
     if seed not in PAPERS:
-        raise ValueError(f"no source paper {seed!r}; known: {sorted(PAPERS)}")
+        raise ValueError(f"no source paper {seed!r}{did_you_mean(seed, PAPERS)}; known: "
+                         f"{sorted(PAPERS)}")
     authors, title = PAPERS[seed]
     return f'{authors}, "{title}"'
 

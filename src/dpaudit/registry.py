@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from dpaudit._validate import did_you_mean, require_choice
+
 
 class Registry(dict):
     """A ``dict`` of name -> entry, in registration order, that says what it holds.
@@ -58,13 +60,13 @@ class Registry(dict):
         if name in self.builtin:
             raise ValueError(f"{self.what} {name!r} is built in and cannot be unregistered")
         if name not in self:
-            raise ValueError(f"no {self.what} {name!r} is registered")
+            raise ValueError(f"no {self.what} {name!r} is registered"
+                             f"{did_you_mean(name, self)}")
         del self[name]
 
     def get_or_fail(self, name: str, param: str) -> Any:
         """The entry of ``name``, or a ValueError naming ``param`` and the registered names."""
-        if name not in self:
-            raise ValueError(f"{param} must be one of {tuple(self)}, got {name!r}")
+        require_choice(param, name, tuple(self))
         return self[name]
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from scipy.special import ndtr, ndtri
 
 from dpaudit import names
-from dpaudit._validate import check_delta
+from dpaudit._validate import check_delta, require_choice
 from dpaudit.accounting import (
     AccountantEpsilon,
     ProfileRocInverse,
@@ -78,8 +78,7 @@ class ThreatModel:
         if int(self.steps) != self.steps or self.steps < 1:
             raise ValueError(f"steps must be a positive integer, got {self.steps!r}")
         check_delta(self.delta)
-        if self.canary_kind not in CANARY_KINDS:
-            raise ValueError(f"canary_kind must be one of {CANARY_KINDS}, got {self.canary_kind!r}")
+        require_choice("canary_kind", self.canary_kind, CANARY_KINDS)
         if self.canary_norm is not None:
             r = float(self.canary_norm)
             if not np.isfinite(r) or r <= 0:

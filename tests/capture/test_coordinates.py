@@ -1,6 +1,8 @@
-"""Own-loop coordinate helpers: (name, index) <-> flat coordinate, and the coordinates no data
-touch, checked against a one-example-at-a-time autograd reference on the own-loop model
-families; an audit from them leaves training bit for bit unchanged off the canaries."""
+"""Own-loop coordinate helpers: (name, index) <-> flat coordinate, the dimension and numbering
+of the hook's ``params`` selection, and the coordinates no data touch, of both kinds: at
+theta_0 checked against a one-example-at-a-time autograd reference, structural against the
+closed form of the blanked inputs, on the own-loop model families; an audit from them leaves
+training bit for bit unchanged off the canaries."""
 
 import numpy as np
 import pytest
@@ -83,26 +85,33 @@ def test_out_of_range_dirac_coordinates_quote_a_few_and_count_the_rest():
     assert "6399" not in msg and len(msg) < 300
 
 
+def blank_coordinates(family: str, model: nn.Module) -> list[int]:
+    """The closed form of the structurally dead coordinates of ``blanked(family)``: the unused
+    ids' embedding rows, or the first layer's weights on the blank inputs (every kernel offset
+    of a blank channel), or none when the first layer is frozen."""
+    inputs = FAMILIES[family].inputs
+    if family == "frozen_first_layer":
+        return []
+    name, w = next((n, p) for n, p in model.named_parameters() if p.dim() >= 2)
+    if inputs == "tokens":
+        return sorted(flat_coordinate(model, name, (t, j))
+                      for t in range(VOCAB - UNUSED_TOKENS, VOCAB) for j in range(w.shape[1]))
+    blank = range(8) if inputs == "features" else [0]
+    return sorted(flat_coordinate(model, name, (o, i, *k)) for o in range(w.shape[0])
+                  for i in blank for k in np.ndindex(*w.shape[2:]))
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_dead_coordinates_equal_the_reference_and_hold_the_structural_zeros(family):
+def test_dead_coordinates_of_both_kinds_equal_their_references(family):
     torch.manual_seed(0)
     model = FAMILIES_MODELS[family]()
     ds = blanked(family)
-    found = dead_coordinates(model, DataLoader(ds, batch_size=32), batch_size=40)
-    np.testing.assert_array_equal(found, reference_dead(model, ds))
-    inputs = FAMILIES[family].inputs
-    if inputs == "tokens":  # the unused ids' embedding rows
-        name = next(n for n, _ in model.named_parameters() if n.endswith("weight"))
-        width = dict(model.named_parameters())[name].shape[1]
-        rows = [flat_coordinate(model, name, (t, j)) for t in range(VOCAB - UNUSED_TOKENS, VOCAB)
-                for j in range(width)]
-        assert set(rows) <= set(found.tolist())
-    elif family != "frozen_first_layer":  # the first layer's weights on the blank inputs
-        name, w = next((n, p) for n, p in model.named_parameters() if p.dim() >= 2)
-        blank = [flat_coordinate(model, name, (o, i, *([0] * (w.dim() - 2))))
-                 for o in range(w.shape[0]) for i in (range(8) if inputs == "features" else [0])]
-        assert set(blank) <= set(found.tolist())
-    assert len(found) > 0
+    at_theta0 = dead_coordinates(model, DataLoader(ds, batch_size=32), batch_size=40,
+                                 kind="at_theta0")
+    np.testing.assert_array_equal(at_theta0, reference_dead(model, ds))
+    structural = dead_coordinates(model, DataLoader(ds, batch_size=32), batch_size=40)
+    assert structural.tolist() == blank_coordinates(family, model)
+    assert set(structural.tolist()) <= set(at_theta0.tolist()) and len(at_theta0) > 0
 
 
 def _train(family: str, ds: TensorDataset, canaries: GradientCanaries | None, steps: int = 12):
@@ -140,7 +149,8 @@ def test_an_audit_on_the_dead_coordinates_leaves_training_unchanged_off_them(fam
     those move (the canary's own signal)."""
     torch.manual_seed(0)
     ds = blanked(family)
-    dead = dead_coordinates(FAMILIES_MODELS[family](), ds)[:16]
+    kind = "at_theta0" if family == "frozen_first_layer" else "structural"  # it has none
+    dead = dead_coordinates(FAMILIES_MODELS[family](), ds, kind=kind)[:16]
     member = np.arange(len(dead)) % 2 == 0
     dim = trainable_dim(FAMILIES_MODELS[family]())
     canaries = GradientCanaries.dirac(dead.tolist(), norm=1.0, dim=dim,
@@ -150,3 +160,77 @@ def test_an_audit_on_the_dead_coordinates_leaves_training_unchanged_off_them(fam
     off[dead[member]] = False
     assert torch.equal(plain[torch.from_numpy(off)], audited[torch.from_numpy(off)])
     assert bool((plain[dead[member]] != audited[dead[member]]).all())
+
+
+def test_params_selection_is_numbered_as_the_hook_numbers_it():
+    """trainable_dim, flat_coordinate, parameter_at and dead_coordinates take the hook's
+    params (module or parameter names) and number coordinates inside that selection."""
+    torch.manual_seed(0)
+    ds = blanked("linear")  # features 0-7 blank; model: 0 Linear(64, 48), 2 Linear(48, 4)
+    model = FAMILIES_MODELS["linear"]()
+    engine = PrivacyEngine()
+    private, opt, _ = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(ds, batch_size=BATCH), noise_multiplier=1.0, max_grad_norm=1.0)
+    for params, dim in ((None, 64 * 48 + 48 + 48 * 4 + 4), ("2", 48 * 4 + 4),
+                        (["0.weight"], 64 * 48), (["_module.2.bias", "0"], 64 * 48 + 48 + 4)):
+        hook = AuditHook(opt, private, GradientCanaries.dirac([0], 1.0, dim), params=params)
+        assert trainable_dim(private, params=params) == hook.full_dim == dim
+    assert flat_coordinate(private, "2.bias", 1, params=["0", "2.bias"]) == 64 * 48 + 48 + 1
+    assert parameter_at(private, 64 * 48 + 48 + 1, params=["0", "2.bias"]) == ("2.bias", (1,))
+    with pytest.raises(ValueError, match=r"no trainable parameter '2.weight' in the selection"):
+        flat_coordinate(private, "2.weight", 0, params=["0"])
+    # the blank features' weights, numbered in the whole model and in the selection "0.weight"
+    whole = dead_coordinates(private, ds)
+    assert whole.tolist() == [o * 64 + i for o in range(48) for i in range(8)]
+    np.testing.assert_array_equal(dead_coordinates(private, ds, params="0.weight"), whole)
+    assert dead_coordinates(private, ds, params="2").size == 0
+    head = dead_coordinates(private, ds, params=["2"], kind="at_theta0")
+    full = dead_coordinates(private, ds, kind="at_theta0")
+    np.testing.assert_array_equal(head + 64 * 48 + 48, full[full >= 64 * 48 + 48])
+    with pytest.raises(ValueError, match=r"not parameter or module names .*did you mean "
+                       r"'0.weight'"):
+        dead_coordinates(private, ds, params=["0.wieght"])
+    with pytest.raises(ValueError, match=r"kind must be one of \('structural', 'at_theta0'\), "
+                       r"got 'at_init'"):
+        dead_coordinates(private, ds, kind="at_init")
+
+
+def test_an_opacus_wrapped_model_gives_the_same_and_its_hooks_see_nothing():
+    from opacus import GradSampleModule
+
+    torch.manual_seed(0)
+    ds = blanked("conv2d_groupnorm")
+    wrapped = GradSampleModule(FAMILIES_MODELS["conv2d_groupnorm"]())
+    found = dead_coordinates(wrapped, ds)
+    assert found.tolist() == blank_coordinates("conv2d_groupnorm", wrapped._module)
+    assert all(not getattr(m, "activations", None) for m in wrapped.modules())
+
+
+def test_random_augmentations_are_refused_for_the_structural_kind():
+    class Jitter(torch.utils.data.Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return torch.rand(4), 0
+
+    with pytest.raises(ValueError, match="different inputs on two reads"):
+        dead_coordinates(nn.Linear(4, 2), Jitter())
+
+
+def test_no_dead_coordinates_says_what_to_do_next():
+    """A tanh MLP on dense random data: no structural zero; Dirac canaries on the empty list
+    name why and the three ways on (input canaries, live coordinates, the theta_0 kind)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 16), nn.Tanh(), nn.Linear(16, 3))
+    x, y = torch.randn(64, 10), torch.randint(0, 3, (64,))
+    coords = dead_coordinates(model, (x, y))
+    assert coords.size == 0
+    assert dead_coordinates(model, (x, y), kind="at_theta0").size == 0  # tanh: nothing dies
+    with pytest.raises(ValueError) as err:
+        GradientCanaries.dirac(coords.tolist(), norm=1.0, dim=trainable_dim(model))
+    msg = str(err.value)
+    for what in ("coords is empty", "InputCanaries", "independent_canaries=False",
+                 "kind='at_theta0'", "docs/python_api.md"):
+        assert what in msg, what

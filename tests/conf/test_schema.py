@@ -154,3 +154,23 @@ def test_conf_comments_cite_papers_by_authors_not_design_note_numbers():
                     if re.search(r"\b[Ss]eed \d{3}\b", comment):
                         cited.append(f"{group.name}/{f.name}:{i}")
     assert cited == []
+
+
+def test_help_names_the_python_api_and_the_quickstart_near_the_top():
+    """A user with their own Opacus loop learns from the first lines of ``dpaudit --help``
+    that it is audited from Python, with which two calls, and where the quickstart is."""
+    from pathlib import Path
+
+    from dpaudit.conf import help_text
+
+    top = "\n".join(help_text().splitlines()[:12])
+    for name in ("dpaudit.capture.AuditHook", "dpaudit.audit_report", "README.md",
+                 "docs/python_api.md", "Audit your own training loop"):
+        assert name in top, name
+    import dpaudit
+    from dpaudit.capture import AuditHook  # the names it gives are the package's
+
+    assert callable(dpaudit.audit_report) and AuditHook is dpaudit.AuditHook
+    root = Path(__file__).resolve().parents[2]
+    assert (root / "docs" / "python_api.md").is_file()
+    assert "\n## Audit your own training loop\n" in (root / "README.md").read_text()

@@ -212,3 +212,32 @@ def test_settings_are_frozen_and_the_cli_schema_composes_on_a_mutable_twin():
             assert [(g.name, g.default, g.metadata) for g in dataclasses.fields(kind)] == [
                 (g.name, g.default, g.metadata) for g in dataclasses.fields(GROUPS[f.name])]
             assert not kind.__dataclass_params__.frozen
+
+
+@pytest.mark.parametrize(("groups", "message"), [
+    ({"dp": {"noise_multipler": 2}},
+     "unknown dp setting 'noise_multipler' (did you mean 'noise_multiplier'?); allowed: "),
+    ({"model": {"name": "mpl"}}, "model.name must be one of ('logreg', 'mlp', 'cnn'), got "
+     "'mpl' (did you mean 'mlp'?)"),
+    ({"canary": {"kind": "gradeint"}}, "got 'gradeint' (did you mean 'gradient'?)"),
+    ({"dp": {"clipping": "per_layr"}}, "got 'per_layr' (did you mean 'per_layer'?)"),
+    ({"attack": {"scores": ["scalr"]}}, "got 'scalr' (did you mean 'scalar'?)"),
+    ({"data": {"name": "digit"}}, "got 'digit' (did you mean 'digits'?)"),
+    ({"dp": {"bug": "halvednoise"}}, "got 'halvednoise' (did you mean 'halved_noise' or "),
+    ({"canary": {"options": {"placment": "random_live"}}},
+     "unknown canary.options key 'placment' (did you mean 'placement'?)"),
+    ({"nosie": 3}, "unknown audit setting 'nosie'; allowed: attack, audit, canary"),
+    ({"noise_multiplier": 2}, "unknown audit setting 'noise_multiplier': it is a dp setting, "
+     "give it as dp={'noise_multiplier': ...}"),
+])
+def test_an_unknown_key_or_value_gets_did_you_mean(groups, message):
+    with pytest.raises(ValueError) as err:
+        AuditSettings.from_mappings(**groups)
+    assert message in str(err.value)
+
+
+def test_run_audit_says_did_you_mean_before_any_work():
+    from dpaudit.experiment import run_audit
+
+    with pytest.raises(ValueError, match=r"'noise_multipler' \(did you mean 'noise_multiplier'"):
+        run_audit(dp={"noise_multipler": 2})

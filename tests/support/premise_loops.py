@@ -78,7 +78,7 @@ def _barely_dead(model: SmallCNN, train, seed: int) -> list[int]:
         channels = np.random.default_rng(seed).choice(conv.out_channels, 4, replace=False)
         for c, margin in zip(channels.tolist(), (0.001, 0.003, 0.005, 0.01), strict=True):
             conv.bias[c] -= top[c] + margin
-    dead = set(dead_coordinates(model, train).tolist())
+    dead = set(dead_coordinates(model, train, kind="at_theta0").tolist())
     offset = sum(p.numel() for p in model.body[0].parameters())
     per = conv.weight[0].numel()
     coords = [offset + c * per + j for c in channels.tolist() for j in range(per)]

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpaudit._validate import check_open_unit, check_scores
+from dpaudit._validate import check_open_unit, check_scores, require_choice
 from dpaudit.covariance import PrecisionOperator, estimate_precision
 from dpaudit.gradients.persample import LossFn, per_sample_clipped_grads
 from dpaudit.seeds import as_generator
@@ -125,7 +125,7 @@ def select_canaries(
             raise ValueError(f"only {eligible.size} candidates below the cap quantile {q}")
         idx, labels = eligible[:k], ["in_distribution"] * k
     else:
-        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        require_choice("strategy", strategy, STRATEGIES)
     idx = np.asarray(idx, dtype=np.int64)
     return Selection(idx, list(labels), s[idx])
 

@@ -14,9 +14,11 @@ other doors: ``sampling_record``, which examples each step used; ``integrity``, 
 moving only inside the private step; ``noise_probe``, the noise ignoring the data);
 ``support`` lists the supported Opacus set-ups and refuses the others; ``patching`` is the one
 save/restore helper for the attributes (and, for batch samplers, the classes) dpaudit patches;
-``coordinates`` maps a user's parameters to the flat coordinates Dirac canaries take and finds
-the ones no data touch; ``canary_block`` gives any model a block of coordinates no data can
-reach, and ``independence`` checks at every step that the data's clipped sum stays zero there.
+``coordinates`` maps a user's parameters (the hook's ``params`` selection) to the flat
+coordinates Dirac canaries take and finds the ones no data touch, of the kind asked for:
+dead by the model's structure at every step (``structural`` proves them) or only at theta_0;
+``canary_block`` gives any model a block of coordinates no data can reach, and
+``independence`` checks at every step that the data's clipped sum stays zero there.
 """
 
 from dpaudit.capture.canary_block import CanaryBlock, add_canary_block

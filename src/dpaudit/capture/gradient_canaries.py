@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from dpaudit._validate import quoted
+from dpaudit._validate import did_you_mean, quoted, require_choice
 from dpaudit.names import CANARY_POLICIES
 
 POLICIES = CANARY_POLICIES
@@ -25,8 +25,7 @@ def policy_sample_rate(policy: str, inclusion_prob: float | None) -> float:
     """Per-step probability that a canary of ``policy`` enters the noisy sum: 1 for
     ``"every_step"``, q_c = ``inclusion_prob`` for ``"bernoulli"``, 0 for ``"never"`` (the one
     rule; the threat model's canary sample rate is this for its members)."""
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    require_choice("policy", policy, POLICIES)
     if policy == "bernoulli":
         if inclusion_prob is None:
             raise ValueError("policy 'bernoulli' needs inclusion_prob (q_c)")
@@ -60,6 +59,22 @@ def _all_finite(rows: torch.Tensor) -> bool:
         bool(torch.isfinite(rows[a : a + _CHUNK_ROWS]).all())
         for a in range(0, rows.shape[0], _CHUNK_ROWS)
     )
+
+
+NO_COORDINATES = (
+    "GradientCanaries.dirac: coords is empty. From dead_coordinates(model, data) this means "
+    "the model has no coordinates its data can never reach (no input feature is zero in every "
+    "example, or the first layer does not read the input itself: e.g. a tanh MLP on dense "
+    "data). What to do next: (1) input canaries, InputCanaries(x, y) with a coin-flip "
+    "membership, need no dead coordinates; (2) Dirac canaries on coordinates the data use, "
+    "e.g. GradientCanaries.dirac(range(k), norm, dim), are valid canaries but not independent "
+    "experiments: give audit_report independent_canaries=False (the default; only the "
+    "one-run bound certifies); (3) dead_coordinates(model, data, kind='at_theta0') gives "
+    "coordinates dead only at the initial parameters, which training can revive (then the "
+    "canaries are not independent for the whole training). docs/python_api.md, \"Canaries for "
+    "your model\"."
+)
+"""What ``GradientCanaries.dirac`` says when it is given no coordinates: why, and what to do."""
 
 
 class GradientCanaries:
@@ -116,7 +131,8 @@ class GradientCanaries:
         bad = sorted({p for p in pols if p not in POLICIES})
         if bad:
             raise ValueError(
-                f"GradientCanaries: policy must be among {POLICIES}, got {quoted(bad)}")
+                f"GradientCanaries: policy must be among {POLICIES}, got {quoted(bad)}"
+                f"{did_you_mean(bad[0], POLICIES)}")
         self.policies: tuple[str, ...] = pols
         if "bernoulli" in pols:
             q = inclusion_prob
@@ -270,7 +286,7 @@ class GradientCanaries:
         sparsely (K indices and values; ``vectors`` densifies on demand)."""
         coords = [int(c) for c in coords]
         if not coords:
-            raise ValueError("GradientCanaries.dirac: coords must be non-empty")
+            raise ValueError(NO_COORDINATES)
         outside = [c for c in coords if c < 0 or c >= dim]
         if outside:
             raise ValueError(

@@ -36,6 +36,7 @@ import torch
 from opacus.optimizers import DPOptimizer
 from torch import nn
 
+from dpaudit._validate import require_choice
 from dpaudit.capture.fold import BatchFold, random_modules, row_coupled_modules
 from dpaudit.capture.forward_watch import ForwardWatcher, Replay
 from dpaudit.capture.input_canaries import InputCanaries, argument_kind
@@ -101,8 +102,7 @@ class InputGradients:
         check_finite: bool = True,
         seed: int = 0,
     ) -> None:
-        if input_pass not in INPUT_PASSES:
-            raise ValueError(f"input_pass must be one of {INPUT_PASSES}, got {input_pass!r}")
+        require_choice("input_pass", input_pass, INPUT_PASSES)
         self.model = model
         self.optimizer = optimizer
         self.sets = list(sets)

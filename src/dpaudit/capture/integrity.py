@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from opacus.optimizers import DPOptimizer
 
+from dpaudit._validate import did_you_mean
 from dpaudit.capture.patching import InstancePatch
 from dpaudit.capture.records import IntegrityRecord
 from dpaudit.gradients.persample import unwrap_model
@@ -236,7 +237,8 @@ class ModelIntegrity:
         unknown = [k for k in out if k not in values]
         if unknown:
             raise ValueError(f"post_step returned tensors the model does not have: "
-                             f"{unknown[:5]} (names: {self.names[:5]}...)")
+                             f"{unknown[:5]}{did_you_mean(unknown[0], self.names)} (names: "
+                             f"{self.names[:5]}...)")
         return dict(out)
 
     def _clones(self) -> list[torch.Tensor]:

@@ -148,12 +148,18 @@ def _defaults() -> dict[str, str]:
 
 
 def help_text() -> str:
-    """The body of ``dpaudit --help``: usage, presets, config groups, every setting."""
+    """The body of ``dpaudit --help``: where one's own loop is audited (the Python API and its
+    quickstart), usage, presets, config groups, every setting."""
     chosen = _defaults()
     lines = [
         "dpaudit: audit DP-SGD (Opacus) for privacy bugs. Membership attacks on canaries give",
         "lower bounds on epsilon (certified, and estimates under a stated model), tested",
         "against the accountant's claim for the same threat model.",
+        "",
+        "Your own training loop: audit it from Python, not from this command. Wrap your Opacus",
+        "loop in dpaudit.capture.AuditHook(optimizer, model, canaries) and call",
+        "dpaudit.audit_report(hook, privacy_engine=engine). The quickstart is the README's",
+        "\"Audit your own training loop\" (README.md); the API is in docs/python_api.md.",
         "",
         "Usage:",
         "  dpaudit                                   the default audit (AuditSettings())",

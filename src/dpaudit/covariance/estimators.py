@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from dpaudit._validate import check_nonnegative, check_positive
+from dpaudit._validate import check_nonnegative, check_positive, require_choice
 from dpaudit.covariance.operators import (
     DENSE_MAX_DIM,
     DensePrecision,
@@ -294,4 +294,5 @@ def estimate_precision(
         return shrinkage_precision(g, method, centred, ridge)
     if method == "woodbury":
         return woodbury_precision(g, ridge, rel_ridge, centred, rank, explained_variance)
-    raise ValueError(f"method must be one of {ESTIMATORS}, got {method!r}")
+    require_choice("method", method, ESTIMATORS)
+    raise AssertionError(f"estimator {method!r} has no branch")  # pragma: no cover

@@ -27,6 +27,7 @@ from dpaudit._validate import (
     refuse,
     require_choice,
     require_integer,
+    require_known,
     require_level,
     require_nonnegative,
     require_positive,
@@ -412,8 +413,12 @@ class AuditSettings:
         kinds = {f.name: f for f in fields(cls)}
         values = {}
         for name, value in groups.items():
-            if name not in kinds:
-                raise ValueError(f"unknown audit setting {name!r}; expected one of {list(kinds)}")
+            owner = [g for g, kind in GROUPS.items()
+                     if name not in kinds and name in {f.name for f in fields(kind)}]
+            if owner:  # a group's key given at the top: run_audit(noise_multiplier=2)
+                raise ValueError(f"unknown audit setting {name!r}: it is a {owner[0]} setting, "
+                                 f"give it as {owner[0]}={{{name!r}: ...}}")
+            require_known("audit setting", [name], kinds)
             factory = kinds[name].default_factory
             sub = factory() if callable(factory) else None
             if sub is not None and hasattr(sub, "check"):
@@ -532,8 +537,5 @@ def _build(kind, group: str, value):
         return kind()
     if not isinstance(value, dict):
         raise ValueError(f"{group} must be a mapping of settings, got {type(value).__name__}")
-    allowed = {f.name for f in fields(kind)}
-    unknown = sorted(set(value) - allowed)
-    if unknown:
-        raise ValueError(f"unknown {group} setting(s) {unknown}; allowed: {sorted(allowed)}")
+    require_known(f"{group} setting", sorted(value), [f.name for f in fields(kind)])
     return kind(**value)

@@ -20,6 +20,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from dpaudit._validate import did_you_mean
+
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -116,7 +118,8 @@ def per_sample_clipped_grads(
     selected = list(trainable if param_names is None else param_names)
     unknown = [n for n in selected if n not in named or not named[n].requires_grad]
     if unknown:
-        raise ValueError(f"param_names not among the model's trainable parameters: {unknown}")
+        raise ValueError(f"param_names not among the model's trainable parameters: {unknown}"
+                         f"{did_you_mean(unknown[0], trainable)}")
     if backend not in ("auto", "func", "opacus"):
         raise ValueError(f"backend must be 'auto', 'func' or 'opacus', got {backend!r}")
     device = next(iter(named.values())).device

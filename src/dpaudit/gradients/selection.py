@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from dpaudit._validate import did_you_mean
 from dpaudit.gradients.persample import trainable_parameter_names, unwrap_model
 
 
@@ -50,8 +51,9 @@ def resolve_parameter_names(model: nn.Module, params: str | Sequence[str] | None
             unknown.append(name)
     if unknown:
         raise ValueError(
-            f"params: not parameter or module names of the model: {unknown}; "
-            f"parameters are {trainable}"
+            f"params: not parameter or module names of the model: {unknown}"
+            f"{did_you_mean(unknown[0], [*trainable, *named_modules])}; parameters are "
+            f"{trainable}"
         )
     if not chosen:
         raise ValueError("params: the selection is empty")

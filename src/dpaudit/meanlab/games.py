@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dpaudit._validate import require_known
 from dpaudit.meanlab import scores as sc
 from dpaudit.meanlab.distributions import ProductDistribution, as_target
 from dpaudit.meanlab.mechanisms import (
@@ -36,8 +37,7 @@ class GameResult:
 
     def split(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """(scores_in, scores_out) of the named score."""
-        if name not in self.scores:
-            raise ValueError(f"unknown score {name!r}; have {sorted(self.scores)}")
+        require_known("score", [name], self.scores)
         s = self.scores[name]
         return s[self.members], s[~self.members]
 

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any, NamedTuple
 
-from dpaudit._validate import check_delta, check_open_unit, check_scores
+from dpaudit._validate import check_delta, check_open_unit, check_scores, require_known
 from dpaudit.registry import Registry
 from dpaudit.stats.clopper_pearson import threshold_bound
 from dpaudit.stats.density import density_bound
@@ -203,12 +203,8 @@ def epsilon_lower_bound(
             ``delta`` / ``confidence`` out of range; the message names the argument.
     """
     spec = METHOD_REGISTRY.get_or_fail(method, "method")
-    unknown = sorted(set(options) - spec.options)
-    if unknown:
-        raise ValueError(
-            f"option(s) {unknown} do not belong to method={method!r}; "
-            f"allowed: {sorted(spec.options)}"
-        )
+    require_known(f"option of method={method!r}", sorted(options), spec.options,
+                  allowed=", ".join(sorted(spec.options)) or "none")
     s_in = check_scores(scores_in, "scores_in")
     s_out = check_scores(scores_out, "scores_out")
     delta = _check_delta(delta, method, spec.zero_delta)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpaudit._validate import check_scores
+from dpaudit._validate import check_scores, require_choice
 
 BIN_RULES = ("eq4.2", "eq4.1")
 _ROUGHNESS_POINTS = 2000
@@ -47,8 +47,7 @@ def _roughness_of_derivative(x: np.ndarray) -> float:
 
 def bin_width(scores_in: np.ndarray, scores_out: np.ndarray, rule: str = "eq4.2") -> float:
     """Histogram bin width h from ``rule`` ("eq4.2" or "eq4.1"); see the module docstring."""
-    if rule not in BIN_RULES:
-        raise ValueError(f"bin_rule must be one of {BIN_RULES}, got {rule!r}")
+    require_choice("bin_rule", rule, BIN_RULES)
     n = min(scores_in.size, scores_out.size)
     if rule == "eq4.2":
         sigma = np.sqrt(0.5 * (np.var(scores_in) + np.var(scores_out)))

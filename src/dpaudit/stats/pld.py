@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.fft import irfft, next_fast_len, rfft
 
-from dpaudit._validate import check_open_unit, check_positive, check_scores
+from dpaudit._validate import check_open_unit, check_positive, check_scores, require_choice
 from dpaudit.stats.histogram import histograms
 
 EMPTY_BIN_POLICIES = ("merge", "infinite")
@@ -89,8 +89,7 @@ def _prepare(scores_in, scores_out, steps, grid_step, empty_bins, bin_options):
     if int(steps) != steps or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     check_positive(grid_step, "grid_step")
-    if empty_bins not in EMPTY_BIN_POLICIES:
-        raise ValueError(f"empty_bins must be one of {EMPTY_BIN_POLICIES}, got {empty_bins!r}")
+    require_choice("empty_bins", empty_bins, EMPTY_BIN_POLICIES)
     p, q, _ = histograms(s_in, s_out, **bin_options)
     if empty_bins == "merge":
         p, q = merge_empty_bins(p, q)

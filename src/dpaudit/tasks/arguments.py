@@ -12,7 +12,7 @@ import numbers
 import typing
 from collections.abc import Callable, Mapping, Sequence
 
-from dpaudit._validate import require_positive, require_unit
+from dpaudit._validate import did_you_mean, require_positive, require_unit
 
 # filled in by the CLI or the launcher, never by the user
 _INJECTED = ("output_dir",)
@@ -35,8 +35,9 @@ def check_task_arguments(fn: Callable, arguments: Mapping, target: str | None = 
         if key not in params:
             if open_ended:
                 continue
-            known = ", ".join(k for k in params if k not in _INJECTED)
-            raise ValueError(f"task.{key} is not an argument of {name}; it takes: {known}")
+            takes = [k for k in params if k not in _INJECTED]
+            raise ValueError(f"task.{key} is not an argument of {name}"
+                             f"{did_you_mean(key, takes)}; it takes: {', '.join(takes)}")
         want = _kind(hints.get(key), params[key].default)
         if want is not None and value is not None and not _is_kind(value, want):
             raise ValueError(f"task.{key} must be {_KIND_TEXT[want]}, got {value!r}")

@@ -30,6 +30,7 @@ import numpy as np
 from torch.utils.data import TensorDataset
 
 from dpaudit import seeds
+from dpaudit._validate import require_choice
 from dpaudit.attacks import CovarianceScore, ScalarProduct
 from dpaudit.canaries import predicted_leakage, rank_candidates, select_canaries
 from dpaudit.capture import InputCanaries
@@ -123,9 +124,7 @@ def figure3(
             and 0 <= worker < workers):
         raise ValueError(f"worker must be an integer in [0, workers), workers >= 1; got "
                          f"worker={worker!r}, workers={workers!r}")
-    if coordination not in COORDINATIONS:
-        raise ValueError(f"task.coordination must be one of {list(COORDINATIONS)}, got "
-                         f"{coordination!r}")
+    require_choice("task.coordination", coordination, COORDINATIONS)
     t0 = time.perf_counter()
     dev = resolve_device(settings.device)
     d, m, dps = settings.data, settings.model, settings.dp
@@ -391,8 +390,7 @@ def _check(runs, canaries_per_class, n_references, candidates, subsample, sampli
         raise ValueError(f"candidates must be None or an integer >= 3, got {candidates!r}")
     if not 0.0 < float(subsample) <= 1.0:
         raise ValueError(f"subsample must lie in (0, 1], got {subsample!r}")
-    if sampling not in SAMPLINGS:
-        raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
+    require_choice("sampling", sampling, SAMPLINGS)
 
 
 def _write(report, split, ranking, sel, cand_x, cand_y, out: Path) -> None:

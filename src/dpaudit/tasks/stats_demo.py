@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpaudit._validate import require_choice
 from dpaudit.report import format_table, write_json
 from dpaudit.report.provenance import stamped
 from dpaudit.stats import auc, epsilon_lower_bound, gdp_epsilon
@@ -35,8 +36,7 @@ def stats_demo(
     in_unit_interval("confidence", confidence)
     non_empty("methods", methods)
     for m in methods:
-        if m not in METHODS:
-            raise ValueError(f"task.methods: {m!r} is not one of {list(METHODS)}")
+        require_choice("task.methods", m, METHODS)
     rng = np.random.default_rng(seed)
     rows, kinds = [], {}
     for mu in mus:

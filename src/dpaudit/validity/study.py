@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from dpaudit._validate import require_known
 from dpaudit.stats import epsilon_lower_bound
 from dpaudit.stats.bounds import METHOD_REGISTRY
 from dpaudit.validity.scenarios import SCENARIOS, Scenario
@@ -109,8 +110,7 @@ def _scenarios(scenarios) -> list[Scenario]:
     out = []
     for s in scenarios:
         if isinstance(s, str):
-            if s not in SCENARIOS:
-                raise ValueError(f"unknown scenario {s!r}; known: {sorted(SCENARIOS)}")
+            require_known("scenario", [s], SCENARIOS)
             s = SCENARIOS[s]
         if not isinstance(s, Scenario):
             raise TypeError(f"scenarios must be Scenario objects or names, got {s!r}")
@@ -156,8 +156,7 @@ def _designs(designs, n_in: int | None, n_out: int | None) -> list[tuple[Design,
         out.append((Design(int(n_in), int(n_out)), False))
     for d in designs or ():
         if isinstance(d, str):
-            if d not in DESIGNS:
-                raise ValueError(f"unknown design {d!r}; known: {sorted(DESIGNS)}")
+            require_known("design", [d], DESIGNS)
             d = DESIGNS[d]
         if not isinstance(d, Design):
             raise ValueError(f"designs must be Design objects or names, got {d!r}")

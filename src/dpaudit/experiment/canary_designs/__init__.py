@@ -13,6 +13,7 @@ in ``DESIGNS`` below, or ``register_canary_design`` from user code.
 
 from __future__ import annotations
 
+from dpaudit._validate import require_choice
 from dpaudit.experiment.canary_designs.base import (
     BuildContext,
     CanaryDesign,
@@ -32,9 +33,7 @@ def _check_design(name: str, design) -> None:
     if not isinstance(design, CanaryDesign):
         raise TypeError(f"canary design {name!r} must be a CanaryDesign instance, got "
                         f"{type(design).__name__}")
-    if design.threat_kind not in CANARY_KINDS:
-        raise ValueError(f"canary design {name!r}: threat_kind must be one of {CANARY_KINDS}, "
-                         f"got {design.threat_kind!r}")
+    require_choice(f"canary design {name!r}: threat_kind", design.threat_kind, CANARY_KINDS)
 
 
 DESIGNS = Registry("canary design", {"gradient": GradientDesign(), "input": InputDesign()},

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from dpaudit._validate import require_choice, require_known
 from dpaudit.names import CANARY_KINDS
 
 LEGACY_REMOVED_IN = "0.3"  # the release that drops the 0.1 interface (legacy.py)
@@ -70,7 +71,9 @@ class Realisation:
     ``shares_a_run``: several canaries may share one run's membership bit in a multi-run audit
     (they cannot see each other); ``on_dead_coordinates``: every canary sits on coordinates no
     data gradient touches, so each is an independent one-canary experiment although they train
-    together (None before the canaries are built)."""
+    together (None before the canaries are built; the built-in gradient design checks it at
+    theta_0 and counts in its info how many are structurally dead, i.e. at every step:
+    ``capture.structural``)."""
 
     kind: str
     member_rate: float | None = None
@@ -79,8 +82,7 @@ class Realisation:
     on_dead_coordinates: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in CANARY_KINDS:
-            raise ValueError(f"Realisation.kind must be one of {CANARY_KINDS}, got {self.kind!r}")
+        require_choice("Realisation.kind", self.kind, CANARY_KINDS)
         rate = self.member_rate
         if rate is not None and not (isinstance(rate, (int, float)) and 0 < rate <= 1):
             raise ValueError(f"Realisation.member_rate must be None or in (0, 1], got {rate!r}")
@@ -209,10 +211,9 @@ class CanaryDesign(abc.ABC):
         same names, then ``canary.options`` (unknown keys there are an error naming them)."""
         names = {f.name for f in dataclasses.fields(self.Options)}
         extra = dict(getattr(canary, "options", None) or {})
-        unknown = sorted(set(extra) - names)
-        if unknown:
-            raise ValueError(f"canary.options has {unknown}, which canary.kind="
-                             f"{canary.kind} does not take (its options: {sorted(names)})")
+        require_known("canary.options key", sorted(extra), names,
+                      allowed=f"{', '.join(sorted(names))} (the options of canary.kind="
+                      f"{canary.kind})")
         values = {n: getattr(canary, n) for n in names if hasattr(canary, n)}
         return self.Options(**{**values, **extra})
 

@@ -2,9 +2,12 @@
 
 Dirac vectors on the coordinates where the mean absolute clipped gradient of the training
 data at theta_0 is smallest (exactly zero on, e.g., weights of pixels that are blank in every
-image: 3 pixels x 10 classes on digits logreg, 3 x width first-layer weights of an MLP), or
-random directions; norm <= C. Members are inserted by the hook (every step, or Bernoulli(q_c)
-per step); non-members are only scored. ``view="auto"`` records and scores Dirac canaries in
+image: 3 pixels x 10 classes on digits logreg, 3 x width first-layer weights of an MLP), the
+structurally dead ones first (``capture.structural``: no data gradient reaches them at any
+step, where a coordinate dead only at theta_0, e.g. a weight of a ReLU unit no example
+activates, can come alive; the build counts both kinds), or random directions; norm <= C.
+Members are inserted by the hook (every step, or Bernoulli(q_c) per step); non-members are
+only scored. ``view="auto"`` records and scores Dirac canaries in
 the coordinate view of their own coordinates, stored sparsely (``GradientCanaries.dirac``: K
 indices, never a K x K matrix), so K = 10^5 canaries cost O(K) per step (the hook's
 ``DiracRows``), not O(K d); a warning says when K exceeds the dead coordinates.
@@ -68,7 +71,8 @@ class GradientDesign(CanaryDesign):
                  setup: CanarySetup | None = None) -> Realisation:
         """Gradient canaries of norm ``canary.norm`` (default C) entering at ``member_rate``;
         Dirac canaries may share a run; on dead coordinates when every one sits where the
-        data's gradient is exactly zero at theta_0 (the build counts them)."""
+        data's gradient is exactly zero at theta_0 (the build counts them, and how many of
+        them are structurally dead, i.e. at every step)."""
         rate = member_rate(options, ctx.data_sample_rate)
         dead = None
         if setup is not None:
@@ -132,6 +136,7 @@ def _build(ctx: BuildContext, o: GradientOptions, q_c: float | None) -> CanarySe
     view = None
     if o.direction == "dirac":
         activity = data_gradient_activity(ctx.model, ctx.train_set, C, params)
+        structural = structurally_dead_coordinates(ctx.model, ctx.train_set, params)
         tiebreak = seeds.stream(ctx.seed, seeds.DIRAC_TIEBREAK).random(dim)
         dead = int((activity == 0).sum())
         if o.placement == "random_live":
@@ -146,7 +151,10 @@ def _build(ctx: BuildContext, o: GradientOptions, q_c: float | None) -> CanarySe
             )
             coords = np.sort(live[pick])
         else:
-            coords = np.lexsort((tiebreak, activity))[:count]
+            # structurally dead first (where a model has both kinds), then the least active:
+            # with none, or with every zero-activity coordinate structural, the order is that
+            # of the activity alone
+            coords = np.lexsort((tiebreak, activity, ~structural))[:count]
         if count > dead and o.placement == "least_active":
             warnings.warn(
                 f"canary.count={count} exceeds the {dead} coordinates whose data gradient is "
@@ -165,6 +173,8 @@ def _build(ctx: BuildContext, o: GradientOptions, q_c: float | None) -> CanarySe
         info["data_gradient_activity_max"] = float(activity[coords].max())
         info["zero_gradient_coordinates"] = dead
         info["canaries_on_zero_gradient_coordinates"] = int((activity[coords] == 0).sum())
+        info["structurally_dead_coordinates"] = int(structural.sum())
+        info["canaries_on_structurally_dead_coordinates"] = int(structural[coords].sum())
         # where the released gradient is noise plus canaries only: the noise probes of the
         # white-box checks (coordinates of the selection, e.g. weights of always-blank pixels)
         info["noise_probes"] = np.sort(coords[activity[coords] == 0]).tolist()
@@ -183,6 +193,19 @@ def _build(ctx: BuildContext, o: GradientOptions, q_c: float | None) -> CanarySe
     probes = info.get("noise_probes") or []
     return ctx.setup(canaries, inclusion_prob=q_c, info=info, coordinates=view,
                      noise_probes=probes if len(probes) >= 3 else None)
+
+
+def structurally_dead_coordinates(model, train_set, params: list[str],
+                                  chunk: int = 512) -> np.ndarray:
+    """(d,) booleans over the selection: True where no data gradient can ever reach, by the
+    model's structure (``dpaudit.capture.structural``)."""
+    from dpaudit.capture.structural import structurally_dead
+
+    device = next(model.parameters()).device
+    n = len(train_set)
+    batches = (tensors(train_set, np.arange(s, min(n, s + chunk)))[0].to(device)
+               for s in range(0, n, chunk))
+    return structurally_dead(model, batches, params)
 
 
 def data_gradient_activity(model, train_set, max_grad_norm: float, params: list[str],

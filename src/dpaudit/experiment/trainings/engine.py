@@ -42,6 +42,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from dpaudit._validate import require_choice
 from dpaudit.names import COORDINATIONS
 from dpaudit.report import write_json, write_new
 from dpaudit.report.lock import DirectoryLock, FileLock, LocksUnavailableError, check_exclusive
@@ -225,9 +226,7 @@ def run_all(job: ManyTrainings) -> Evaluation | WorkerDone:
     doc). Returns an ``Evaluation`` (with the evaluation's claim: evaluate inside ``with``)
     when this worker is the one to evaluate, or ``WorkerDone`` when another worker evaluates
     (or, with ``static``, when other shares are still missing)."""
-    if job.coordination not in COORDINATIONS:
-        raise ValueError(f"{job.setting} must be one of {list(COORDINATIONS)}, got "
-                         f"{job.coordination!r}")
+    require_choice(job.setting, job.coordination, COORDINATIONS)
     Path(job.out, RUNS_DIR).mkdir(parents=True, exist_ok=True)
     started = _file_system_now(job.out)
     sharing = {"coordination": job.coordination, "workers": job.workers, "runs": job.runs,

@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
+from dpaudit._validate import require_choice
 from dpaudit.accounting import AccountantEpsilon, engine_epsilons
 from dpaudit.attacks import StepScore
 from dpaudit.bugs import check_bug, plant_bug, plant_sampler_bug
@@ -203,8 +204,7 @@ def train_audited(
     sampling at ``sample_rate``.
     """
     device = next(model.parameters()).device
-    if sampling not in SAMPLINGS:
-        raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
+    require_choice("sampling", sampling, SAMPLINGS)
     if sampling == "shuffle":
         sample_rate = shuffle_sample_rate(len(train_set), dp.batch_size)
     shuffled = sampling == "shuffle"

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dpaudit._validate import check_seed
+from dpaudit._validate import check_seed, require_known
 from dpaudit.stats.inclusion import check_inclusion, require_plausible
 from dpaudit.stats.ties import random_order
 
@@ -218,11 +218,7 @@ def guess_table(scores_in, scores_out, *, method: str, pairs=None, **options) ->
     split implausible under 1/2 raises ValueError naming ``inclusion``. The candidates depend
     on m and the options only, never on the scores.
     """
-    unknown = sorted(set(options) - set(GUESS_OPTIONS))
-    if unknown:
-        raise ValueError(
-            f"unknown option(s) {unknown} for {method}; allowed: {list(GUESS_OPTIONS)}"
-        )
+    require_known(f"option of {method}", sorted(options), GUESS_OPTIONS)
     fractions = check_fractions(options.get("guess_fractions", DEFAULT_GUESS_FRACTIONS))
     sides = check_sides(options.get("sides", DEFAULT_SIDES))
     inclusion = check_inclusion(options.get("inclusion", 0.5))
