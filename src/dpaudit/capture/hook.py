@@ -143,7 +143,10 @@ class AuditHook:
 
     ``hook = AuditHook(optimizer, model, canaries, scores=(ScalarProduct(),))`` then
     ``hook.attach()`` (or ``with hook:``) around the unchanged training loop; afterwards
-    ``hook.scores()`` gives each score's (K,) accumulated values. ``params`` selects parameter
+    ``hook.scores()`` gives each score's (K,) accumulated values. ``canaries=None`` picks
+    Dirac canaries no data gradient can reach at any step (``canary_choice.pick_canaries``:
+    on the model's canary block, ``add_canary_block``, or on coordinates its structure keeps
+    dead on the loader's data), each a member with probability 1/2. ``params`` selects parameter
     or module names (default: every trainable parameter the DP optimizer updates; trainable
     ones it does not update, ``outside_optimizer``, are watched by the integrity check) for
     everything the canaries insert and scores read.
@@ -205,7 +208,7 @@ class AuditHook:
         self,
         optimizer: DPOptimizer,
         model: nn.Module,
-        canaries: Canaries | Sequence[Canaries],
+        canaries: Canaries | Sequence[Canaries] | None = None,
         scores: Sequence[StepScore] = (ScalarProduct(),),
         params: str | Sequence[str] | None = None,
         keep_per_step: bool = False,
@@ -229,6 +232,12 @@ class AuditHook:
         self.model = model
         self.max_grad_norm = clip_bound(optimizer)
         self._select_parameters(params, coordinates)
+        if canaries is None:  # picked: canaries no data gradient can reach at any step
+            from dpaudit.capture.canary_choice import pick_canaries
+
+            data = None if data_loader is None else getattr(data_loader, "dataset", None)
+            canaries = pick_canaries(model, data, seed=seed, norm=self.max_grad_norm,
+                                     params=params)
         self._set_canaries(canaries)
         self._set_scores(scores, keep_per_step, reference, sample_rate)
         self._set_trace(trace)
@@ -689,7 +698,12 @@ class AuditHook:
         sampling = {**known, **{k: v for k, v in (sampling or {}).items() if v is not None}}
         return self._white_box.records(sampling=sampling, accountant_history=accountant_history,
                                        distributed=self.distributed, accountant=accountant,
-                                       independence=self._independence.record())
+                                       independence=self.canary_independence())
+
+    def canary_independence(self):
+        """The ``IndependenceRecord`` of the steps so far: per canary set, whether the data's
+        clipped sum reached its gradient canaries' coordinates, where and when first."""
+        return self._independence.record()
 
     def released_squared_norms(self) -> np.ndarray:
         """(J, T): squared norm of each optimizer tensor's released sum (the released

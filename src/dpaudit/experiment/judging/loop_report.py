@@ -67,6 +67,34 @@ def threat_model_from_hook(
                         steps=int(hook.steps), delta=float(delta))
 
 
+def auto_independence(hook, index: int) -> tuple[bool, str]:
+    """Whether canary set ``index`` of ``hook`` was seen to be independent experiments, and
+    why (not): Dirac gradient canaries on distinct coordinates, every score reading each
+    canary's own coordinate only (``ScalarProduct``, ``MixtureLR``: the hook's
+    ``dirac_rows``), and the data's clipped sum exactly zero there at every step (the hook's
+    ``IndependenceRecord``). Then the release on each canary's coordinate is that canary plus
+    the noise of its coordinate, and the scores are independent draws."""
+    from dpaudit.capture import GradientCanaries
+
+    c = hook.canaries[index]
+    if not isinstance(c, GradientCanaries) or not c.is_sparse or c.indices.shape[1] != 1:
+        return False, "not Dirac gradient canaries"
+    if np.unique(c.indices.cpu().numpy()).size != len(c):
+        return False, "two canaries share a coordinate"
+    if not hook.dirac_rows:
+        return False, "a score reads more than each canary's own coordinate"
+    if hook.steps == 0:
+        return False, "no step was recorded"
+    entry = hook.canary_independence().of_set(index)
+    if entry is None or not entry.get("watched"):
+        return False, "not watched"
+    if entry["live_canaries"]:
+        return False, (f"the data reached {entry['live_canaries']} canaries (first at step "
+                       f"{entry['first_step']})")
+    return True, ("the data's clipped sum was exactly zero on every canary's coordinate at "
+                  f"every one of {hook.steps} steps")
+
+
 def canaries_index(hook, canaries: int | None) -> int:
     """The index of the audited canary set (``canaries``, or the hook's only one)."""
     return 0 if canaries is None else int(canaries)
@@ -131,7 +159,7 @@ def audit_report(
     delta: float = 1e-5,
     methods: Sequence[str] = DEFAULT_METHODS,
     confidence: float = 0.95,
-    independent_canaries: bool = False,
+    independent_canaries: bool | str = "auto",
     inclusion: float = 0.5,
     dataset_size: int | None = None,
     data_loader=None,
@@ -160,7 +188,12 @@ def audit_report(
         independent_canaries: True when every canary's (score, membership) is an independent
             one-canary experiment (e.g. Dirac gradient canaries on coordinates no data
             gradient reaches, or one canary per training run). Otherwise only the one_run
-            method certifies and threshold-based numbers are estimates.
+            method certifies and threshold-based numbers are estimates. ``"auto"`` (the
+            default): True exactly when the hook saw it (``auto_independence``): Dirac
+            gradient canaries on distinct coordinates, scores that read each canary's own
+            coordinate only, and the data's clipped sum exactly zero on every one of them at
+            every step; False for raw scores and input canaries. True is withdrawn anyway
+            when the hook saw the data reach the canaries.
         inclusion: the probability with which each canary was made a member, independently
             (default 1/2). The one-run methods' theorems assume this random design; a
             membership split implausible under it (e.g. members chosen by a fixed rule such as
@@ -181,6 +214,12 @@ def audit_report(
         quiet: do not print the table when writing.
     """
     check_inclusion(inclusion)
+    if independent_canaries == "auto":
+        independent_canaries = (hook is not None
+                                and auto_independence(hook, canaries_index(hook, canaries))[0])
+    elif not isinstance(independent_canaries, bool):
+        raise ValueError(f"independent_canaries must be True, False or 'auto', got "
+                         f"{independent_canaries!r}")
     member = None if membership is None else np.asarray(membership, dtype=bool)
     if hook is not None:
         start, stop, canary_set = _canary_slice(hook, canaries)

@@ -38,6 +38,10 @@ MEASURED, TESTED, WARNING, REFUTED, NOT_OBSERVED = (
 VERIFIED, NOT_VERIFIED, UPPER_REFUTED, NOT_MEASURED = (
     "verified", "not verified", "refuted", "not measured")
 DEFAULT_ACCOUNTANT = "prv"  # what the CLI's trainings use, and Opacus' default
+# the noise's share of the upper side's failure probability (the rate takes the rest): the
+# noise's interval is the tighter by far (T x d draws against n T q examples), so a small share
+# widens it little and leaves the rate's, the one that binds, narrower
+NOISE_SHARE = 0.1
 
 # the structure the accountant assumes and the checks that test it (name, words, checks)
 STRUCTURE = (
@@ -316,9 +320,11 @@ def training_data_block(records: WhiteBoxRecords | None, checks: dict[str, Check
             reason or "no per-step records were kept"], premises=[])
         block["sentence"] = training_sentence(block)
         return block
-    each = 1.0 - (1.0 - confidence) / 2.0  # the noise's and the rate's bounds share it
-    noise = noise_premise(records, checks, confidence, each)
-    rate = rate_premise(records, checks, confidence, each)
+    # the noise's and the rate's one-sided bounds share 1 - confidence, split in advance by
+    # their precision: the noise's (T d draws) is far tighter, so it takes NOISE_SHARE
+    alpha = 1.0 - confidence
+    noise = noise_premise(records, checks, confidence, 1.0 - NOISE_SHARE * alpha)
+    rate = rate_premise(records, checks, confidence, 1.0 - (1.0 - NOISE_SHARE) * alpha)
     clip = clipping_premise(records, checks)
     steps = steps_premise(records, checks)
     premises = [noise, rate, clip, steps, *structure_premises(checks, records)]
