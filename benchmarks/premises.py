@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 
-from premise_loops import CASES  # noqa: E402
+from premise_loops import CASES
 
 
 def one(args: tuple) -> dict:
