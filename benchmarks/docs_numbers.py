@@ -64,23 +64,24 @@ def claim_sigma10() -> str:
 
 
 def own_loop() -> str:
-    """What the README's own-loop example reports for its gradient canaries: it runs the
-    snippet (a short Opacus training on digits) in a temporary directory. The numbers are
-    those of perfectly separated scores, so they depend on the canary counts and the claim."""
+    """What the complete own-loop example (docs/own_loop.md) reports for its gradient
+    canaries: it runs the snippet (a short Opacus training on digits) in a temporary
+    directory. The numbers are those of perfectly separated scores, so they depend on the
+    canary counts and the claim."""
     import contextlib
     import io
     import os
     import tempfile
 
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Audit your own training loop\n", 1)[1].split("\n## ", 1)[0]
-    (block,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    page = (ROOT / "docs" / "own_loop.md").read_text()
+    section = page.split("## A complete example: input and gradient canaries\n", 1)[1]
+    (block,) = re.findall(r"```python\n(.*?)```", section.split("\n## ", 1)[0], flags=re.S)
     ns: dict = {"__name__": "__docs_numbers__"}
     here = os.getcwd()
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
         os.chdir(tmp)
         try:
-            exec(compile(block, "README.md", "exec"), ns)
+            exec(compile(block, "docs/own_loop.md", "exec"), ns)
         finally:
             os.chdir(here)
     report = ns["report"]

@@ -120,6 +120,13 @@ def _param(chain: list[Block]):
 
 # --- what some blocks must leave behind (their code contains the key line) -----------------
 
+def _quickstart(ns, out, tmp):
+    hook = ns["hook"]
+    assert hook.steps > 0 and len(hook.canaries[0]) == 1000  # on the canary block
+    assert out.startswith("Your training's epsilon (PRV, delta 1e-05): claimed")
+    assert "verified at most" in out and "Canaries: consistent" in out
+
+
 def _own_loop_readme(ns, out, tmp):
     hook = ns["hook"]
     assert hook.steps > 0 and hook.scores()["scalar"].shape == (hook.num_canaries,)
@@ -165,6 +172,7 @@ def _no_dead(ns, out, tmp):
 
 
 CHECKS = {
+    "add_canary_block(model)  # dpaudit 1/3": _quickstart,
     'output_dir="audit_out/gradient")': _own_loop_readme,
     "coords = dead_coordinates(model, train)    #": _own_loop_api,
     'dp={"noise_multiplier": 10.0, "steps": 100, "bug": "halved_noise"},': _halved_noise,

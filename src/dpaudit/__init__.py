@@ -7,7 +7,8 @@ The most used names are available at the top level (imported on first use, so th
 ``import dpaudit.stats`` stays free of torch):
 
     import dpaudit
-    hook = dpaudit.AuditHook(optimizer, model, dpaudit.GradientCanaries(...))
+    dpaudit.add_canary_block(model)  # before make_private: coordinates no data reach
+    hook = dpaudit.AuditHook(optimizer, model, data_loader=loader)  # canaries picked
     dpaudit.epsilon_lower_bound(scores_in, scores_out, delta=1e-5, method="gdp")
     dpaudit.run_audit(output_dir="out", dp={...}, canary={...})
     dpaudit.audit_report(hook, privacy_engine=engine, output_dir="out")  # your own loop
@@ -27,6 +28,8 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "AuditHook": "dpaudit.capture",
+    "add_canary_block": "dpaudit.capture",
+    "load_dataset": "dpaudit.data",
     "GradientCanaries": "dpaudit.capture",
     "InputCanaries": "dpaudit.capture",
     "epsilon_lower_bound": "dpaudit.stats",
