@@ -89,6 +89,48 @@ NEW_STATISTICS = ("count_noise",)  # this release's
 LEVELS = (1e-2, 1e-3, 1e-4)
 
 
+def run_config(name: str, seed: int, scratch: str) -> dict:
+    """One correct audit of configuration ``name`` at ``seed`` (``CONFIGS``): its result
+    dictionary (``run_audit``'s or ``audit_report``'s). ``scratch``: where a multi-run audit
+    writes its runs (removed after)."""
+    import torch
+
+    spec = CONFIGS[name]
+    if isinstance(spec, (str, tuple)):  # the user's own loop
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
+        from own_loop_models import own_loop_audit, own_loop_ddp_audit
+
+        family, variant = (spec, None) if isinstance(spec, str) else spec
+        if variant == "ddp":
+            return own_loop_ddp_audit(seed=seed)
+        if variant == "optimizers":
+            return own_loop_audit(family, seed=seed, schedule=True, ema=True,
+                                  optimizer=("momentum", "adam", "adamw")[seed % 3])
+        if variant == "bf16":
+            return own_loop_audit(family, seed=seed, autocast=torch.bfloat16)
+        if variant in ("per_layer", "adaptive"):
+            return own_loop_audit(family, seed=seed, clipping=variant)
+        return own_loop_audit(family, seed=seed)
+    from dpaudit.experiment import run_audit
+
+    out = None
+    if spec.get("audit", {}).get("mode") == "multi_run":
+        out = Path(scratch) / f"{name}_{seed}"
+    with contextlib.redirect_stdout(io.StringIO()):  # the report's console table
+        res = run_audit(seed=seed, progress=False, output_dir=out, **spec)
+    if out is not None:  # the report is written; keep the disk small
+        import shutil
+
+        shutil.rmtree(out, ignore_errors=True)
+    return res
+
+
+def config_seed(name: str, s: int) -> int:
+    """The seed of audit ``s`` of configuration ``name``: 1000 x its index in ``CONFIGS`` + s
+    (no two configurations share their noise draws)."""
+    return 1000 * list(CONFIGS).index(name) + s
+
+
 def one(args: tuple) -> dict:
     """One correct audit: (configuration, seed, scratch directory) -> its summary."""
     name, seed, scratch = args
@@ -96,36 +138,8 @@ def one(args: tuple) -> dict:
 
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
-    spec = CONFIGS[name]
     start = time.process_time()
-    if isinstance(spec, (str, tuple)):  # the user's own loop
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
-        from own_loop_models import own_loop_audit, own_loop_ddp_audit
-
-        family, variant = (spec, None) if isinstance(spec, str) else spec
-        if variant == "ddp":
-            res = own_loop_ddp_audit(seed=seed)
-        elif variant == "optimizers":
-            res = own_loop_audit(family, seed=seed, schedule=True, ema=True,
-                                 optimizer=("momentum", "adam", "adamw")[seed % 3])
-        elif variant == "bf16":
-            res = own_loop_audit(family, seed=seed, autocast=torch.bfloat16)
-        elif variant in ("per_layer", "adaptive"):
-            res = own_loop_audit(family, seed=seed, clipping=variant)
-        else:
-            res = own_loop_audit(family, seed=seed)
-    else:
-        from dpaudit.experiment import run_audit
-
-        out = None
-        if spec.get("audit", {}).get("mode") == "multi_run":
-            out = Path(scratch) / f"{name}_{seed}"
-        with contextlib.redirect_stdout(io.StringIO()):  # the report's console table
-            res = run_audit(seed=seed, progress=False, output_dir=out, **spec)
-        if out is not None:  # the report is written; keep the disk small
-            import shutil
-
-            shutil.rmtree(out, ignore_errors=True)
+    res = run_config(name, seed, scratch)
     v = res["verdict"]
     checks = (res.get("white_box") or {}).get("checks") or {}
     ps = [c["p_value"] for c in checks.values() if c.get("level") is not None]
@@ -209,8 +223,7 @@ def main() -> None:
         p.error(f"--configs: unknown {unknown}; expected names from {list(CONFIGS)}")
     Path(args.scratch).mkdir(parents=True, exist_ok=True)
     seeds = range(args.first_seed, args.first_seed + args.seeds)
-    offset = {n: 1000 * list(CONFIGS).index(n) for n in names}
-    tasks = [(n, offset[n] + s, args.scratch) for n in names for s in seeds]
+    tasks = [(n, config_seed(n, s), args.scratch) for n in names for s in seeds]
     t0 = time.perf_counter()
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as pool:

@@ -154,3 +154,24 @@ def test_normalisation_by_hand():
     check = real["normalisation"]
     assert check.rejected and check.witness["steps"] == [2, 0]
     assert "batches of 70 and 60 examples" in describe(check)
+
+
+def test_the_floor_allows_the_dtypes_rounding_of_the_std_and_the_release():
+    # torch draws with the std cast to the noise's dtype, and the release is rounded where
+    # the sum is added and where it is divided: the floor is tested at the largest norm three
+    # roundings allow (bfloat16's eps makes it visible)
+    from dpaudit.stats.noise import noise_floor_test
+
+    eps = float(np.finfo(np.float32).eps) * 2.0**16  # bfloat16's: 2^-7
+    records = WhiteBoxRecords(
+        names=["w"], dims=[100], max_grad_norm=1.0,
+        steps=tuple(StepRecord(step=t, noise_std=1.0, divisor=1.0, batch_size=None,
+                               released_sq=np.array([65.0]), dtype_eps=eps)
+                    for t in range(2)))
+    floor = white_box_evidence(records, 1e-7, 0.05)["noise_floor"]
+    rho = 1.0 - (1.0 - eps / 2.0) ** 3
+    expect = noise_floor_test(np.full((1, 2), 65.0), [100], 1.0, level=1e-7,
+                              scale_rounding=rho)
+    assert floor.p_value == pytest.approx(expect.p_value, rel=1e-12)
+    exact = noise_floor_test(np.full((1, 2), 65.0), [100], 1.0, level=1e-7)
+    assert floor.p_value > 1.5 * exact.p_value

@@ -26,6 +26,53 @@ def test_noise_floor_p_value_by_hand():
     )
 
 
+def test_noise_floor_scale_rounding_by_hand_and_refusals():
+    # the cells are tested at x / (1 - rho)^2 (the largest norm arithmetic allows at the
+    # claimed scale); the witness's ratio stays the observed one
+    x, s, rho = np.array([[0.5, 3.0]]), 0.5, 0.01
+    res = noise_floor_test(x, [10], s, level=0.05, scale_rounding=rho)
+    assert res.p_value == pytest.approx(
+        3 * chi2.cdf(0.5 / 0.25 / (1 - rho) ** 2, 10), rel=1e-10)
+    assert res.witness["noise_ratio"] == pytest.approx(math.sqrt(2.0 / 10))
+    per_step = noise_floor_test(x, [10], s, level=0.05, scale_rounding=[rho, 0.0])
+    assert per_step.p_value == pytest.approx(res.p_value, rel=1e-10)  # step 0 is the witness
+    assert noise_floor_test(x, [10], s, level=0.05, scale_rounding=0.0).p_value < res.p_value
+    for bad in (1.0, -1e-9, [0.1, 0.1, 0.1]):
+        with pytest.raises(ValueError, match="scale_rounding"):
+            noise_floor_test(x, [10], s, level=0.05, scale_rounding=bad)
+
+
+def _mp_log_chi2_cdf(df: float, x: float) -> float:
+    """log P(chi2_df <= x) in 25-digit arithmetic: the gamma series, summed to 1e-20."""
+    mp = pytest.importorskip("mpmath")
+    with mp.workdps(25):
+        a, y = mp.mpf(df) / 2, mp.mpf(x) / 2
+        term = total = mp.mpf(1)
+        k = 0
+        while term > total * mp.mpf(10) ** -20:
+            k += 1
+            term *= y / (a + k)
+            total += term
+        return float(a * mp.log(y) - y - mp.loggamma(a + 1) + mp.log(total))
+
+
+@pytest.mark.parametrize(("df", "z"), [(402, -4.6), (25600, -5.0), (2.56e6, -5.0),
+                                       (1e7, -7.0), (1e8, -20.0)])
+def test_chi2_floor_lower_tail_is_exact_for_large_df(df, z):
+    # scipy's chi2.logcdf is too small more than 4.5 sd below the mean of a large df (its
+    # series is cut at 2000 terms): 0.65% at df 1e7, 22% at 1e8; the floor's is exact
+    from dpaudit.stats.noise import _log_chi2_cdf
+
+    x = df + z * math.sqrt(2 * df)
+    exact = _mp_log_chi2_cdf(df, x)
+    assert float(_log_chi2_cdf(np.array([x]), np.array([df]))[0]) == pytest.approx(
+        exact, abs=1e-9)
+    if df >= 1e6:  # the run's cell of a tensor of df / 100 coordinates over 100 steps
+        res = noise_floor_test(np.full((1, 100), x / 100), [df / 100], 1.0, level=0.05)
+        assert res.witness["step"] == "all"
+        assert math.log(res.p_value) == pytest.approx(exact + math.log(101), abs=1e-9)
+
+
 def _released(rng, dims, steps, std, signal, noise_scale=1.0):
     """Squared norms of (S + Z) per tensor and step; S of norm ``signal`` in a fixed direction
     (the data's clipped sum), Z ~ N(0, (noise_scale std)^2 I)."""

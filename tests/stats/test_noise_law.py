@@ -163,6 +163,10 @@ def test_scale_test_by_hand_and_rounding_upper_bound():
     bound = (math.sqrt(2.0) + math.sqrt(10) * 0.01) ** 2
     assert loose.p_value == pytest.approx(2 * chi2.cdf(bound, 10), rel=1e-10)
     assert res.name == "noise_scale" and res.kind == "certified (statistical)"
+    # the std's own rounding (torch casts it to the noise's dtype): the bound / (1 - rho)
+    cast = noise_scale_test(np.array([[2.0]]), [10], 1.0, np.array([0.01]), level=0.05,
+                            scale_rounding=1e-3)
+    assert cast.p_value == pytest.approx(2 * chi2.cdf(bound / (1 - 1e-3) ** 2, 10), rel=1e-10)
 
 
 def test_truncated_moment_is_exact_and_its_test_keeps_its_level():

@@ -262,7 +262,7 @@ class WhiteBoxRecorder:
             step=step, noise_std=float(noise_std), divisor=float(divisor),
             batch_size=self._pending_batch, released_sq=sq.cpu().numpy() * divisor * divisor,
             probe_noise=probe, noised_sq=self._pending_noised,
-            dtype_eps=float(torch.finfo(opt.params[0].dtype).eps),
+            dtype_eps=max(float(torch.finfo(p.dtype).eps) for p in opt.params),
             clip_bound=clip_bound(opt),
         ))
         if self._adaptive is not None:

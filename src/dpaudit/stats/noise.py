@@ -48,9 +48,48 @@ def _check_stds(noise_std, steps: int) -> np.ndarray:
     return s
 
 
+# scipy's regularized lower incomplete gamma P(a, y) (cephes' igam, scipy 1.17) uses its
+# uniform asymptotic expansion for a > 200 only while |y - a| < 4.5 sqrt(a), and beyond that
+# a power series cut at 2000 terms: in the lower tail (a chi-square more than 4.5 sd below its
+# mean) of a large a, where the series needs about z sqrt(a) terms, it returns too small a
+# value (df = 1e7 at 5 sd: 0.65% too small, 1e8: 22%, 1e9: 63%): an invalid p-value.
+FAR_LOWER_TAIL = 4.5  # sd of the gamma (sqrt(a)) below which the power series below is used
+SERIES_BLOCK = 4096  # terms summed at a time
+SERIES_TOLERANCE = 1e-18  # relative: the series stops when a term is below this x its sum
+
+
+def _log_gamma_lower(a: float, y: float) -> float:
+    """log P(a, y) for 0 < y < a, accurate for any a: P(a, y) = y^a e^-y / Gamma(a + 1) S,
+    S = sum_k prod_{i <= k} y / (a + i) (terms decreasing from 1, summed to full precision),
+    the prefactor in Stirling's form -a (l - 1 - log l) - log(2 pi a) / 2 - r(a) with l = y / a
+    and r(a) = log Gamma(a) - Stirling's (its series: a > 200 here), no cancellation."""
+    lam = y / a
+    dl = lam - 1.0
+    log_pre = (-a * (dl - np.log1p(dl)) - 0.5 * np.log(2.0 * np.pi * a)
+               - (1.0 / (12.0 * a) - 1.0 / (360.0 * a**3) + 1.0 / (1260.0 * a**5)))
+    log_lam = np.log(lam)
+    total, log_t, start = 1.0, 0.0, 1  # the k = 0 term
+    while True:
+        i = np.arange(start, start + SERIES_BLOCK, dtype=np.float64)
+        logs = log_t + np.cumsum(log_lam - np.log1p(i / a))  # log of each term
+        total += float(np.exp(logs).sum())
+        log_t, start = float(logs[-1]), start + SERIES_BLOCK
+        if log_t < np.log(SERIES_TOLERANCE * total):
+            return float(log_pre + np.log(total))
+
+
 def _log_chi2_cdf(x: np.ndarray, df: np.ndarray) -> np.ndarray:
+    """log P(chi2_df <= x), elementwise: scipy's, except in the far lower tail of a large df
+    (``FAR_LOWER_TAIL``), where scipy's is too small, by ``_log_gamma_lower``."""
+    x, df = np.broadcast_arrays(np.asarray(x, dtype=np.float64),
+                                np.asarray(df, dtype=np.float64))
     with np.errstate(divide="ignore"):
-        return chi2.logcdf(x, df)
+        out = np.array(chi2.logcdf(x, df), dtype=np.float64)
+    a, y = df / 2.0, x / 2.0
+    far = (a > 200) & (y > 0) & (a - y >= FAR_LOWER_TAIL * np.sqrt(a))
+    for k in np.flatnonzero(far):
+        out.flat[k] = _log_gamma_lower(float(a.flat[k]), float(y.flat[k]))
+    return out
 
 
 FLOOR_STATEMENT = (
@@ -66,6 +105,7 @@ def noise_floor_test(
     *,
     level: float,
     names=None,
+    scale_rounding=0.0,
 ) -> CheckResult:
     """Is there as much noise as claimed on every tensor, at every step? (module doc)
 
@@ -78,6 +118,9 @@ def noise_floor_test(
         level: the test's error probability (its Bonferroni share); split evenly over the
             J x T step cells and the J whole-run sums.
         names: optional J tensor names for the report.
+        scale_rounding: relative, in [0, 1), one number or (T,): how far below the claimed
+            scale arithmetic alone may leave the released sum's norm (``chi2_floor``); 0 for
+            exact arithmetic.
 
     Returns:
         A ``CheckResult``: rejected when some cell's chi-square lower-tail p-value, times the
@@ -85,15 +128,23 @@ def noise_floor_test(
         "all steps") and the ratio observed / expected (noise std relative to the claim).
     """
     return chi2_floor(squared_norms, dims, noise_std, level=level, names=names,
-                      name="noise_floor", statement=FLOOR_STATEMENT)
+                      name="noise_floor", statement=FLOOR_STATEMENT,
+                      scale_rounding=scale_rounding)
 
 
 def chi2_floor(squared_norms, dims, noise_std, *, level: float, names, name: str,
-               statement: str) -> CheckResult:
+               statement: str, scale_rounding=0.0) -> CheckResult:
     """The chi-square floor of per-tensor, per-step squared norms (``noise_floor_test``'s
     arguments), as the check ``name`` stating ``statement``: each (tensor, step) cell and each
     tensor's sum over the run against chi2 of d (d T) degrees of freedom, Bonferroni over the
-    J T + J cells."""
+    J T + J cells.
+
+    ``scale_rounding`` rho (one number or (T,), in [0, 1)) is what arithmetic alone may take
+    off the norms relative to the claimed scale: the cells are tested at x / (1 - rho)^2 (the
+    largest norm at the claimed scale consistent with x). torch's CPU generator draws a
+    float32 tensor of 16 coordinates or more with its std cast to float32, up to half an ulp
+    below a claimed sigma C that float32 does not represent, and the release is rounded
+    again; the witness's ratio is the observed one, x itself."""
     x = check_real_array(squared_norms, "squared_norms")
     if x.ndim != 2 or x.size == 0 or np.any(x < 0):
         raise ValueError(f"squared_norms must be a non-empty (J, T) array >= 0, got {x.shape}")
@@ -101,13 +152,20 @@ def chi2_floor(squared_norms, dims, noise_std, *, level: float, names, name: str
     if d.size != x.shape[0] or np.any(d < 1) or np.any(d != np.round(d)):
         raise ValueError(f"dims must be {x.shape[0]} positive integers, got {dims!r}")
     s = _check_stds(noise_std, x.shape[1])
+    rho = check_real_array(scale_rounding, "scale_rounding").reshape(-1)
+    if rho.size == 1:
+        rho = np.full(x.shape[1], float(rho[0]))
+    if rho.size != x.shape[1] or np.any(rho < 0) or np.any(rho >= 1):
+        raise ValueError(f"scale_rounding must be in [0, 1), one number or {x.shape[1]} (one "
+                         f"per step), got {scale_rounding!r}")
     level = check_open_unit(level, "level")
     j_n, t_n = x.shape
     names = [f"tensor {j}" for j in range(j_n)] if names is None else [str(n) for n in names]
-    z = x / (s * s)[None, :]
+    z = x / (s * s)[None, :]  # observed / claimed variance, per coordinate
+    tested = z / ((1.0 - rho) ** 2)[None, :]  # the largest one arithmetic allows
     cells = j_n * t_n + j_n
-    log_p_step = _log_chi2_cdf(z, d[:, None])  # (J, T)
-    log_p_sum = _log_chi2_cdf(z.sum(axis=1), d * t_n)  # (J,)
+    log_p_step = _log_chi2_cdf(tested, d[:, None])  # (J, T)
+    log_p_sum = _log_chi2_cdf(tested.sum(axis=1), d * t_n)  # (J,)
     log_adj = np.log(cells)
     j_s, t_s = np.unravel_index(int(np.argmin(log_p_step)), log_p_step.shape)
     j_a = int(np.argmin(log_p_sum))

@@ -435,7 +435,7 @@ SCALE_STATEMENT = (
 
 
 def noise_scale_test(noise_sq, dims, noise_std, rounding, *, level: float,
-                     names=None) -> CheckResult:
+                     names=None, scale_rounding=0.0) -> CheckResult:
     """Does the noise the optimizer added have the claimed scale? (module doc)
 
     Args:
@@ -447,6 +447,10 @@ def noise_scale_test(noise_sq, dims, noise_std, rounding, *, level: float,
             test (a lower tail) uses that upper bound.
         level: the test's error probability.
         names: J tensor names.
+        scale_rounding: relative, in [0, 1): how far below the claimed sigma C the generator
+            may draw for arithmetic reasons alone (torch casts the std to the noise's dtype:
+            half an ulp); the floor is tested at the norm's bound / (1 - scale_rounding)
+            (``stats.noise.chi2_floor``). 0: the std is exact.
     """
     x = check_real_array(noise_sq, "noise_sq")
     d = check_real_array(dims, "dims").reshape(-1)
@@ -457,4 +461,4 @@ def noise_scale_test(noise_sq, dims, noise_std, rounding, *, level: float,
         raise ValueError("noise_sq must be (J, T) and rounding (T,)")
     upper = (np.sqrt(np.maximum(x, 0.0)) + np.sqrt(d)[:, None] * (r * s)[None, :]) ** 2
     return chi2_floor(upper, d, s, level=level, names=names, name="noise_scale",
-                      statement=SCALE_STATEMENT)
+                      statement=SCALE_STATEMENT, scale_rounding=scale_rounding)

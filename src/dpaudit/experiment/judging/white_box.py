@@ -231,6 +231,15 @@ def _lag_words(noise):
     return words
 
 
+def _scale_rounding(records: WhiteBoxRecords, roundings: int) -> float:
+    """What ``roundings`` roundings to the parameters' dtype may take off a norm, relatively:
+    1 - (1 - u)^roundings with u half the dtype's epsilon. torch draws the noise with its std
+    cast to the noise's dtype (one rounding: ``noise_scale``); the release is also rounded
+    where the sum is added and where it is divided (three: ``noise_floor``)."""
+    u = max(s.dtype_eps for s in records.steps) / 2.0
+    return 1.0 - (1.0 - u) ** roundings
+
+
 def _noise_law(records: WhiteBoxRecords, level: float) -> dict[str, CheckResult]:
     """The four tests of the recovered noise (``stats.noise_law``)."""
     noise = records.noise
@@ -239,7 +248,8 @@ def _noise_law(records: WhiteBoxRecords, level: float) -> dict[str, CheckResult]
     rounding = np.array([s.noise.rounding for s in steps])
     sq = np.stack([s.noise.sq for s in steps], axis=1)
     out["noise_scale"] = noise_scale_test(sq, noise.dims, 1.0, rounding, level=level,
-                                          names=noise.names)
+                                          names=noise.names,
+                                          scale_rounding=_scale_rounding(records, 1))
     out["noise_marginal"] = noise_marginal_test(
         np.stack([s.noise.counts for s in steps]), noise.tensor_counts, rounding,
         level=level, names=noise.names, moments=np.stack([s.noise.m4 for s in steps]),
@@ -284,7 +294,7 @@ def white_box_evidence(
     if "noise_floor" in run:
         out["noise_floor"] = noise_floor_test(
             records.released_sq[:, noised], records.dims, stds[noised], level=level,
-            names=records.names)
+            names=records.names, scale_rounding=_scale_rounding(records, 3))
     if records.noise is not None and "noise_scale" in run:
         out.update(_noise_law(records, level))
     if "noise_independence" in run:
