@@ -109,6 +109,25 @@ def report(rows: list[dict]) -> list[str]:
             f"{sum(r['warnings'] > 0 for r in rs)} | "
             + (f"{best[0]:.2g} ({best[1]}, seed {best[2]})" if best else "-")
             + f" | {cpu[len(cpu) // 2]:.1f} |")
+    out += ["", *training_rows(rows)]
+    return out
+
+
+def training_rows(rows: list[dict]) -> list[str]:
+    """Per configuration, the measured upper side on the training data's epsilon over Opacus'
+    (issue 58: at most 1.05 is the goal on correct runs): median [min, max], how many runs
+    exceed 1.05, and the upper side's statuses."""
+    out = ["| configuration | audits with an upper side | upper / Opacus' epsilon, median "
+           "[min, max] | above 1.05 | statuses |", "|---|---|---|---|---|"]
+    for name in dict.fromkeys(r["config"] for r in rows):
+        rs = [r.get("training") or {} for r in rows if r["config"] == name]
+        ratios = sorted(t["epsilon_upper"] / t["epsilon_claimed"] for t in rs
+                        if t.get("epsilon_upper") and t.get("epsilon_claimed"))
+        statuses = sorted({str(t.get("upper_status")) for t in rs})
+        cell = (f"{ratios[len(ratios) // 2]:.4f} [{ratios[0]:.4f}, {ratios[-1]:.4f}]"
+                if ratios else "-")
+        out.append(f"| {name} | {len(ratios)} | {cell} | {sum(x > 1.05 for x in ratios)} | "
+                   f"{', '.join(statuses)} |")
     return out
 
 

@@ -21,6 +21,7 @@ from dpaudit.capture import (
     GradientCanaries,
     add_canary_block,
     dead_coordinates,
+    pick_canaries,
     trainable_dim,
 )
 from dpaudit.experiment.judging.loop_report import auto_independence
@@ -33,11 +34,11 @@ DATA, _ = digits_flat(pad=8, n_train=400)
 def test_the_block_comes_first_then_structural_coordinates_then_an_error():
     model = nn.Sequential(nn.Linear(72, 10))
     structural = set(dead_coordinates(model, DATA).tolist())
-    picked = GradientCanaries.independent(model, DATA, 20, seed=1)
+    picked = pick_canaries(model, DATA, 20, seed=1)
     assert len(picked) == 20 and set(picked.indices[:, 0].tolist()) <= structural
     assert picked.dim == trainable_dim(model)
     block = add_canary_block(model, 50)
-    on_block = GradientCanaries.independent(model, DATA, seed=1)  # count: all 50 available
+    on_block = pick_canaries(model, DATA, seed=1)  # count: all 50 available
     assert len(on_block) == 50
     assert sorted(on_block.indices[:, 0].tolist()) == block.coordinates(model)
     members = np.array(on_block.policies) == "every_step"
@@ -45,9 +46,9 @@ def test_the_block_comes_first_then_structural_coordinates_then_an_error():
     tanh = nn.Sequential(nn.Linear(12, 8), nn.Tanh(), nn.Linear(8, 3))
     dense = TensorDataset(torch.randn(64, 12), torch.randint(0, 3, (64,)))
     with pytest.raises(ValueError, match="add_canary_block"):
-        GradientCanaries.independent(tanh, dense)
+        pick_canaries(tanh, dense)
     with pytest.raises(ValueError, match="no data was given"):
-        GradientCanaries.independent(tanh)
+        pick_canaries(tanh)
 
 
 def test_the_hook_picks_them_and_the_report_certifies_them_as_independent():

@@ -22,6 +22,7 @@ dead by the model's structure at every step (``structural`` proves them) or only
 """
 
 from dpaudit.capture.canary_block import CanaryBlock, add_canary_block
+from dpaudit.capture.canary_choice import pick_canaries
 from dpaudit.capture.canary_kinds import GradientCanaries, InputCanaries
 from dpaudit.capture.coordinates import (
     dead_coordinates,
@@ -44,5 +45,6 @@ __all__ = [
     "infer_sample_rate",
     "load_trace",
     "parameter_at",
+    "pick_canaries",
     "trainable_dim",
 ]

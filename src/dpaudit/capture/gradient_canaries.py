@@ -272,15 +272,6 @@ class GradientCanaries:
         return torch.unique(self._indices.long().cpu().reshape(-1))
 
     @classmethod
-    def independent(cls, model, data=None, count: int | None = None, **kwargs):
-        """Dirac canaries that stay independent for the whole training, for any model: on its
-        canary block (``add_canary_block``) or on coordinates its structure keeps dead
-        (``capture.canary_choice.pick_canaries``, which documents the arguments)."""
-        from dpaudit.capture.canary_choice import pick_canaries
-
-        return pick_canaries(model, data, count, **kwargs)
-
-    @classmethod
     def dirac(
         cls,
         coords: Sequence[int],

@@ -93,7 +93,8 @@ class StepRecord:
         noise: the sketch of the noise the optimizer added, or None when not recorded.
         noised_sq: the squared norm of the noised clipped sum right after ``add_noise`` (all
             tensors; the release times the divisor must equal it), or None (DPDDP).
-        dtype_eps: the parameters' machine epsilon (the release's rounding).
+        dtype_eps: the coarsest machine epsilon of the optimizer's parameters (the release's
+            rounding).
         clip_bound: the clip bound C the step's noise is scaled by (adaptive clipping: C_t;
             None: the run's one ``max_grad_norm``).
     """
