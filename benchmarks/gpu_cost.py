@@ -1,7 +1,8 @@
 """The audit's cost inside a user's own training loop at the scale people train.
 
 Each set-up is trained with Opacus DP-SGD in an ordinary loop, (a) plainly and (b) with
-``AuditHook`` at its defaults (1,000 Dirac gradient canaries and 64 input canaries, the
+``AuditHook`` at its defaults (1,000 Dirac gradient canaries and input canaries sized to the
+batch, ceil(B / 16): 4 at B = 64, 16 at 256, 64 at 1,024, the
 white-box records on, the training loader given to the hook so that the sampling, integrity and
 noise-ignores-data checks run), alternated ``--repeats`` times on the same seed, **each
 training in its own fresh process** (so that its peak memory is its own):
@@ -25,7 +26,7 @@ when training starts), the ratios audited / plain, and the device, threads and l
 ``one_run_live_1e5`` has its own script: ``benchmarks/one_run_live_cost.py``.
 ``--input-canaries`` and ``--hook-kwargs`` change the audited training (what each part of the
 hook costs: e.g. ``--hook-kwargs '{"check_clipping": false}'``). ``--floor`` also times the
-plain training with K more rows per batch (K = ``--input-canaries``): the cost of computing K
+plain training with K more rows per batch (K the input canaries): the cost of computing K
 more per-example gradients per step the way Opacus computes the batch's, without the hook.
 
     python benchmarks/gpu_cost.py --device cuda
@@ -181,8 +182,9 @@ def train(setup: str, audited: bool, a, device: torch.device, profile: bool = Fa
         policy = ["every_step" if i % 2 else "never" for i in range(1000)]
         grads = GradientCanaries.dirac(coords, norm=1.0, dim=dim, policy=policy)
         sets = [grads]
-        if a.input_canaries:
-            xc, yc = data(name, a.input_canaries, gen)
+        k = input_canary_count(a.input_canaries, batch)
+        if k:
+            xc, yc = data(name, k, gen)
             sets.insert(0, InputCanaries(xc.to(device), yc.to(device)))
         hook = AuditHook(opt, model, sets, data_loader=loader, **json.loads(a.hook_kwargs))
     times: list[float] = []
@@ -240,6 +242,21 @@ class _null:
         return False
 
 
+BATCH_SHARE = 16  # input canaries sized to the batch: one per 16 expected examples
+
+
+def input_canary_count(option: str, batch: int) -> int:
+    """``--input-canaries``: ``auto`` (the default) sizes them to the batch, ceil(B / 16)
+    (4 at B = 64, 16 at 256, 64 at 1,024: each adds the same 1/16 of per-example gradient
+    rows to a step), an integer fixes K (0: none)."""
+    if option == "auto":
+        return -(-batch // BATCH_SHARE)
+    k = int(option)
+    if k < 0:
+        raise ValueError(f"--input-canaries must be 'auto' or a non-negative integer, got {k}")
+    return k
+
+
 def _in_fresh_process(setup: str, audited: bool, argv: list[str]) -> dict:
     """``train`` in a new interpreter: its JSON result (the last line it prints)."""
     cmd = [sys.executable, __file__, *argv, "--worker", setup, "--audited", str(int(audited))]
@@ -256,7 +273,8 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--scale", type=float, default=1.0, help="width multiplier")
     p.add_argument("--profile", action="store_true")
-    p.add_argument("--input-canaries", type=int, default=64, help="input canaries (0: none)")
+    p.add_argument("--input-canaries", default="auto",
+                   help="input canaries: 'auto' (ceil(B / 16), sized to the batch) or K")
     p.add_argument("--hook-kwargs", default="{}",
                    help='AuditHook options as JSON, e.g. \'{"check_clipping": false}\'')
     p.add_argument("--floor", action="store_true",
@@ -287,8 +305,8 @@ def main(argv=None) -> None:
             plain.append(_in_fresh_process(setup, False, forward))
             aud.append(_in_fresh_process(setup, True, forward))
             if a.floor:  # the same training with K more rows per step, without the hook
-                floor.append(_in_fresh_process(
-                    setup, False, [*forward, "--extra-rows", str(a.input_canaries)]))
+                k = input_canary_count(a.input_canaries, SETUPS[setup][1])
+                floor.append(_in_fresh_process(setup, False, [*forward, "--extra-rows", str(k)]))
         tp, ta = (statistics.median(r["seconds"] for r in rows) for rows in (plain, aud))
         mp, ma = (statistics.median(r["peak_mb"] for r in rows) for rows in (plain, aud))
         extra = ""
