@@ -469,13 +469,15 @@ def evaluate_scores(
     theory["histogram_pld"] = pld_estimates(per_step, threat.delta)
     checks = white_box_evidence(white_box, level=refute_each, warning_level=levels.warn_each,
                                 delta=threat.delta)
+    unchecked = not_checked(white_box, independent, white_box_reason)
     training_data = training_data_block(
         white_box, checks, training_accountants, threat=threat, bounds=bounds,
-        confidence=confidence, delta=threat.delta, reason=white_box_reason)
+        confidence=confidence, delta=threat.delta, reason=white_box_reason,
+        unchecked=unchecked)
     white = {
         "checks": {k: c.to_dict() for k, c in checks.items()},
         "statistical_tests": n_white,
-        "not_checked": not_checked(white_box, independent, white_box_reason),
+        "not_checked": unchecked,
     }
     if white_box is not None and white_box.independence is not None:
         white["canary_independence"] = {"steps": white_box.independence.steps,

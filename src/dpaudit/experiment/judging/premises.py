@@ -185,8 +185,11 @@ def steps_premise(records: WhiteBoxRecords, checks: dict) -> dict:
             "status": MEASURED if status in (TESTED, NOT_OBSERVED) else status, "checks": ran}
 
 
-def structure_premises(checks: dict, records: WhiteBoxRecords) -> list[dict]:
-    """The structure the accountant assumes, each with the checks that test it."""
+def structure_premises(checks: dict, records: WhiteBoxRecords,
+                       unchecked: list[str] | None = None) -> list[dict]:
+    """The structure the accountant assumes, each with the checks that test it; ``unchecked``
+    (the report's "not checked" lines, each led by what it names) gives the reason of a
+    premise none of whose checks ran."""
     out = []
     for name, words, tests in STRUCTURE:
         status, ran = _status(checks, tests)
@@ -197,7 +200,9 @@ def structure_premises(checks: dict, records: WhiteBoxRecords) -> list[dict]:
                                + (records.by_example_reason or "the loader given did not "
                                   "feed the training"))
         elif status == NOT_OBSERVED:
-            entry["reason"] = "not checked in this audit (the report's 'not checked' says why)"
+            said = [u for u in unchecked or [] if u.split(":", 1)[0].strip() in tests]
+            entry["reason"] = ("; ".join(said) if said else
+                               "not checked in this audit (the report's 'not checked' says why)")
         out.append(entry)
     return out
 
@@ -288,7 +293,8 @@ def lower_side(threat, bounds, confidence: float, training_rate: float | None) -
 def training_data_block(records: WhiteBoxRecords | None, checks: dict[str, CheckResult],
                         training: dict | None, *, threat=None, bounds=(),
                         confidence: float = 0.95, delta: float = 1e-5,
-                        reason: str | None = None) -> dict | None:
+                        reason: str | None = None,
+                        unchecked: list[str] | None = None) -> dict | None:
     """``verdict.training_data``: the training's epsilon claimed, bracketed from above by the
     measured premises and from below by canaries of the data's threat model (module doc).
 
@@ -302,6 +308,8 @@ def training_data_block(records: WhiteBoxRecords | None, checks: dict[str, Check
         bounds: the audit's ``BoundRow`` s (the lower side's certified bound).
         confidence: the upper side's confidence (split over the noise and the rate).
         delta: the delta of every epsilon.
+        reason: why there are no records, when ``records`` is None.
+        unchecked: the report's "not checked" lines (the reasons of unobserved premises).
     """
     if records is None and not training:
         return None
@@ -327,7 +335,7 @@ def training_data_block(records: WhiteBoxRecords | None, checks: dict[str, Check
     rate = rate_premise(records, checks, confidence, 1.0 - (1.0 - NOISE_SHARE) * alpha)
     clip = clipping_premise(records, checks)
     steps = steps_premise(records, checks)
-    premises = [noise, rate, clip, steps, *structure_premises(checks, records)]
+    premises = [noise, rate, clip, steps, *structure_premises(checks, records, unchecked)]
     upper, why = upper_side(records, noise, rate, clip, accountant, delta)
     refuted = [p["name"] for p in premises if p["status"] == REFUTED]
     unseen = [f"{p['name']}: {p['reason']}" for p in premises if p["status"] == NOT_OBSERVED]
