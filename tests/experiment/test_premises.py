@@ -151,3 +151,14 @@ def test_every_premise_break_is_flagged_in_the_users_loop(seed):
     th = halved["verdict"]["training_data"]
     assert halved["verdict"]["status"] == "privacy_bug"
     assert th["epsilon_upper"] > 3 * th["epsilon_claimed"]
+
+
+def test_an_unclipped_example_puts_the_upper_side_far_above_on_rdp():
+    """A clipping bug's contribution r C is the claim at sigma / r: below an effective noise
+    of 0.5 the PRV accountant's grid would take gigabytes, so the upper side is RDP's, and
+    says so."""
+    res = own_loop_audit("linear", bug="unclipped_example", seed=2)
+    td = res["verdict"]["training_data"]
+    assert res["verdict"]["status"] == "privacy_bug" and td["upper_status"] == "refuted"
+    assert td["upper_accountant"] == "rdp" and "PRV" in td["upper_accountant_note"]
+    assert td["epsilon_upper"] > 3 * td["epsilon_claimed"]

@@ -42,6 +42,10 @@ DEFAULT_ACCOUNTANT = "prv"  # what the CLI's trainings use, and Opacus' default
 # noise's interval is the tighter by far (T x d draws against n T q examples), so a small share
 # widens it little and leaves the rate's, the one that binds, narrower
 NOISE_SHARE = 0.1
+# below this effective noise multiplier Opacus' PRV accountant's domain explodes (an unclipped
+# example at 50 C: sigma / 50; gigabytes of grid): the upper side is then RDP's, also an upper
+# bound, and says so
+PRV_FLOOR = 0.5
 
 # the structure the accountant assumes and the checks that test it (name, words, checks)
 STRUCTURE = (
@@ -243,22 +247,26 @@ def claimed_epsilon(records: WhiteBoxRecords | None, training: dict | None,
 
 
 def upper_side(records: WhiteBoxRecords, noise: dict, rate: dict, clip: dict,
-               accountant: str, delta: float) -> tuple[float | None, str | None]:
+               accountant: str, delta: float) -> tuple[float | None, str | None, str]:
     """The accountant at the least favourable measured values: the noise's lower end (over
     the clipping ratio: a contribution r C is the claim at sigma / r), the rate's upper end,
-    the steps as taken. None (with the reason) when the noise or the rate was not measured."""
+    the steps as taken. None (with the reason) when the noise or the rate was not measured;
+    the accountant used (the user's, or RDP below ``PRV_FLOOR``)."""
     if noise["status"] == NOT_OBSERVED:
-        return None, "the noise's scale was not measured: " + noise["reason"]
+        return None, "the noise's scale was not measured: " + noise["reason"], accountant
     if rate["status"] == NOT_OBSERVED:
-        return None, "the sampling rate was not measured: " + rate["reason"]
+        return None, "the sampling rate was not measured: " + rate["reason"], accountant
     factor = noise["least_favourable"] / max(1.0, float(clip.get("ratio") or 1.0))
     if factor <= 0:
-        return None, "the noise's lower end is 0"
-    res = history_epsilon(_history(records, factor, min(1.0, rate["least_favourable"])),
-                          delta, accountant)
+        return None, "the noise's lower end is 0", accountant
+    history = _history(records, factor, min(1.0, rate["least_favourable"]))
+    if accountant == "prv" and min(h[0] for h in history) < PRV_FLOOR:
+        accountant = "rdp"
+    res = history_epsilon(history, delta, accountant)
     if not np.isfinite(res.epsilon):
-        return None, f"the {accountant.upper()} accountant could not compute it: {res.note}"
-    return float(res.epsilon), None
+        return None, (f"the {accountant.upper()} accountant could not compute it: "
+                      f"{res.note}"), accountant
+    return float(res.epsilon), None, accountant
 
 
 def lower_side(threat, bounds, confidence: float, training_rate: float | None) -> dict:
@@ -336,7 +344,12 @@ def training_data_block(records: WhiteBoxRecords | None, checks: dict[str, Check
     clip = clipping_premise(records, checks)
     steps = steps_premise(records, checks)
     premises = [noise, rate, clip, steps, *structure_premises(checks, records, unchecked)]
-    upper, why = upper_side(records, noise, rate, clip, accountant, delta)
+    upper, why, used = upper_side(records, noise, rate, clip, accountant, delta)
+    block["upper_accountant"] = used
+    if used != accountant:
+        block["upper_accountant_note"] = (
+            f"RDP, not {accountant.upper()}: the effective noise multiplier at the measured "
+            f"values is below {PRV_FLOOR}, where the PRV accountant's grid explodes")
     refuted = [p["name"] for p in premises if p["status"] == REFUTED]
     unseen = [f"{p['name']}: {p['reason']}" for p in premises if p["status"] == NOT_OBSERVED]
     if refuted:
