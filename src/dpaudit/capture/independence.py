@@ -60,10 +60,9 @@ class IndependenceWatch:
         self._steps = step + 1
         if not self.active:
             return
-        data = self._insertion.data_on_support()
-        live = data != 0
-        self._first = torch.where((self._first < 0) & live, step, self._first)
-        self._largest = torch.maximum(self._largest, data.abs() / float(bound))
+        data = self._insertion.data_on_support().abs_()
+        self._first.masked_fill_((self._first < 0) & (data != 0), step)
+        torch.maximum(self._largest, data.div_(float(bound)), out=self._largest)
 
     def _coordinate(self, index: int) -> dict:
         """A full-selection index as (parameter, position in it)."""

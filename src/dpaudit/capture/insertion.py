@@ -257,6 +257,7 @@ class GradientInsertion:
             g and c.is_sparse for g, c in zip(self._is_grad, self.canaries, strict=True)
         ]
         self._support = self._full_support()
+        self._support_blocks = None
 
     @property
     def all_sparse(self) -> bool:
@@ -377,13 +378,15 @@ class GradientInsertion:
         on the model's device; None without sparse canaries. O(|S|), no host sync."""
         if self._support is None:
             return None
-        out = torch.zeros(self._s_full.numel(), device=self._device, dtype=torch.float64)
-        for i, (p, a, _) in enumerate(self.view.slices()):
-            lo, hi = self._s_ranges[i]
-            sg = p.summed_grad
-            if hi > lo and sg is not None:  # take indexes the tensor as 1-D, like put_
-                out[lo:hi] = sg.take(self._s_full[lo:hi] - a).to(torch.float64)
-        return out
+        if self._support_blocks is None:  # (parameter, its local indices), once
+            self._support_blocks = [
+                (p, self._s_full[lo:hi] - a) for (p, a, _), (lo, hi) in
+                zip(self.view.slices(), self._s_ranges, strict=True) if hi > lo]
+        parts = [p.summed_grad.take(local) if p.summed_grad is not None
+                 else local.new_zeros(local.shape, dtype=p.dtype)
+                 for p, local in self._support_blocks]  # take indexes as 1-D, like put_
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return out.to(torch.float64)
 
     # ------------------------------------------------------------------ per step
     def draw(self) -> np.ndarray:

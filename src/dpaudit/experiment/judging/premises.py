@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpaudit.accounting import ACCOUNTANTS, history_epsilon
+from dpaudit.accounting import ACCOUNTANTS, history_epsilon, prv_epsilon
 from dpaudit.capture.records import WhiteBoxRecords
 from dpaudit.forecast import poisson_canaries_forecast
 from dpaudit.stats.checks import CheckResult
@@ -214,13 +214,13 @@ def structure_premises(checks: dict, records: WhiteBoxRecords,
 def _history(records: WhiteBoxRecords, noise_factor: float, rate: float) -> list:
     """The steps as executed, as an accountant history: each step's claimed multiplier times
     ``noise_factor``, at ``rate``, consecutive equal entries merged."""
-    hist: list[list] = []
-    for s in records.claimed_multipliers * noise_factor:
-        if hist and np.isclose(hist[-1][0], s, rtol=1e-12, atol=0.0):
-            hist[-1][2] += 1
-        else:
-            hist.append([float(s), float(rate), 1])
-    return [tuple(h) for h in hist]
+    sigmas = records.claimed_multipliers * noise_factor
+    if sigmas.size == 0:
+        return []
+    starts = np.flatnonzero(np.r_[True, ~np.isclose(sigmas[1:], sigmas[:-1], rtol=1e-12,
+                                                    atol=0.0)])
+    counts = np.diff(np.r_[starts, sigmas.size])
+    return [(float(sigmas[i]), float(rate), int(k)) for i, k in zip(starts, counts, strict=True)]
 
 
 def _accountant(records: WhiteBoxRecords) -> str:
@@ -262,6 +262,9 @@ def upper_side(records: WhiteBoxRecords, noise: dict, rate: dict, clip: dict,
     history = _history(records, factor, min(1.0, rate["least_favourable"]))
     if accountant == "prv" and min(h[0] for h in history) < PRV_FLOOR:
         accountant = "rdp"
+    if accountant == "prv" and len(history) == 1:  # Opacus' number, on a cheaper domain
+        sigma, q, steps = history[0]
+        return prv_epsilon(sigma, q, int(steps), delta), None, accountant
     res = history_epsilon(history, delta, accountant)
     if not np.isfinite(res.epsilon):
         return None, (f"the {accountant.upper()} accountant could not compute it: "
