@@ -9,7 +9,7 @@ name here.
 
 DATASETS = ("digits", "mnist5k", "synthetic", "fmnist", "cifar10")
 MODELS = ("logreg", "mlp", "cnn")
-INPUT_SOURCES = ("in_distribution", "mislabeled", "blank", "crafted")
+INPUT_SOURCES = ("in_distribution", "mislabeled", "blank", "crafted", "crafted_distinct")
 ATTACKS = ("scalar", "covariance", "mixture_lr", "glir", "batch_size")
 METHODS = (
     "clopper_pearson", "gdp", "one_run", "density", "density_tv", "gaussian", "fdp_one_run",

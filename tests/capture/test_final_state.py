@@ -1,6 +1,8 @@
 """The hook's records for the weaker rungs: theta_0 / theta_T on the canaries' support (the
 hidden state) and the final model's scores of input canaries (the black box)."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -110,20 +112,29 @@ def test_final_model_scores_against_a_direct_computation():
 
 
 def test_black_box_scores_from_the_hook(data):
-    """Input canaries beside Dirac ones: each kind gets its rung's scores, NaN for the other."""
+    """Input canaries beside Dirac ones: each kind gets its rung's scores, NaN for the other;
+    the gains are over the initial model (a copy taken by hand before training)."""
     ds, zero = data
     coords = dirac_coords(zero, 64 + PAD)[:4]
     xs, ys = ds.tensors[0][:6], (ds.tensors[1][:6] + 1) % 10
+    initial = {}
 
     def make(opt, model):
+        initial["model"] = copy.deepcopy(model._module)
         return AuditHook(opt, model, [InputCanaries(xs, ys),
                                       GradientCanaries.dirac(coords, 1.0, 10 * (64 + PAD) + 10)])
     run = private_run(ds, _linear, make, epochs=1)
     bb = run.hook.final_model_scores()
-    assert set(bb) == {"neg_loss", "logit_margin"}
+    assert set(bb) == {"neg_loss", "logit_margin", "loss_gain", "margin_gain"}
     assert np.isfinite(bb["neg_loss"][:6]).all() and np.isnan(bb["neg_loss"][6:]).all()
     direct = final_model_scores(run.model, InputCanaries(xs, ys))
     np.testing.assert_allclose(bb["neg_loss"][:6], direct["neg_loss"])
+    before = final_model_scores(initial["model"], InputCanaries(xs, ys))
+    np.testing.assert_allclose(bb["loss_gain"][:6], direct["neg_loss"] - before["neg_loss"],
+                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(bb["margin_gain"][:6],
+                               direct["logit_margin"] - before["logit_margin"], rtol=1e-6,
+                               atol=1e-7)
     hidden = run.hook.hidden_state_scores()
     assert np.isnan(hidden[:6]).all() and np.isfinite(hidden[6:]).all()
 

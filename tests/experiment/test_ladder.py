@@ -79,7 +79,8 @@ def test_black_box_rung_of_input_canaries(data, tmp_path, capsys):
                        output_dir=tmp_path)
     rows = _rows(res)
     bb = rows["black_box"]
-    assert bb["available"] and bb["scores"] == ["logit_margin", "neg_loss"]
+    assert bb["available"]
+    assert bb["scores"] == ["logit_margin", "loss_gain", "margin_gain", "neg_loss"]
     assert not bb["independent_canaries"]  # trained together: the one-run methods certify
     assert set(bb["forecast"]["epsilon_at_per_side"]) == {"1000", "10000"}
     assert "not a bound" in bb["forecast"]["kind"]

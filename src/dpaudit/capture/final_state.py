@@ -24,7 +24,13 @@ accountant's claim is the same on every rung; only the evidence differs
 * **black box** (input canaries scored by the final model): ``final_model_scores`` gives each
   input canary's negative loss and, for classifiers, its logit margin (the correct class's
   logit minus the largest other: a per-example calibrated score), from one no-grad forward in
-  eval mode.
+  eval mode; ``reference_gains`` calibrates both against a reference model, the initial one
+  (the hook scores the canaries when the first private step starts): ``loss_gain`` and
+  ``margin_gain``, how much training moved each canary's own score. Canaries of different
+  difficulty start from different losses; their gains share one scale, which is what a
+  one-run audit of many canaries needs. The reference is the initial model, which the auditor
+  knows when it chose it (Annamalai & De Cristofaro's threat model); an adversary without it
+  has the uncalibrated scores.
 """
 
 from __future__ import annotations
@@ -45,9 +51,10 @@ from dpaudit.capture.input_canaries import InputCanaries
 COORDINATEWISE = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad",
                   "Adadelta", "Rprop", "ASGD")
 
-BLACK_BOX_SCORES = ("neg_loss", "logit_margin")
+BLACK_BOX_SCORES = ("neg_loss", "logit_margin", "loss_gain", "margin_gain")
 """The black-box rung's scores of an input canary from the final model: the negative loss
-(Annamalai & De Cristofaro's score) and the logit margin (a calibrated score)."""
+(Annamalai & De Cristofaro's score), the logit margin (a calibrated score), and both against
+the initial model as the reference (``reference_gains``)."""
 
 
 def base_optimizer(optimizer) -> torch.optim.Optimizer:
@@ -186,7 +193,7 @@ def final_model_scores(model: nn.Module, canaries: InputCanaries,
     with integer class targets, ``logit_margin`` (z_y - max_{j != y} z_j). One no-grad forward
     in eval mode (a released model's: no dropout), ``chunk`` canaries at a time; the model's
     training flag is restored. Higher means "member" for both."""
-    was_training = model.training
+    flags = [(m, m.training) for m in model.modules()]  # each module's own, restored
     device = next(model.parameters()).device
     model.eval()
     try:
@@ -196,7 +203,8 @@ def final_model_scores(model: nn.Module, canaries: InputCanaries,
             outs.append(model(*part.positional, **part.kwargs))
         out = torch.cat(outs)
     finally:
-        model.train(was_training)
+        for m, flag in flags:
+            m.training = flag
     targets = canaries.targets.to(device)
     loss = np.array([float(canaries.loss_fn(out[k:k + 1], targets[k:k + 1]))
                      for k in range(len(canaries))])
@@ -208,6 +216,19 @@ def final_model_scores(model: nn.Module, canaries: InputCanaries,
         others = z.scatter(1, targets.long().unsqueeze(1), float("-inf"))
         scores["logit_margin"] = (own - others.max(dim=1).values).cpu().numpy()
     return scores
+
+
+def reference_gains(final: dict[str, np.ndarray], initial: dict[str, np.ndarray]
+                    ) -> dict[str, np.ndarray]:
+    """``final`` (``final_model_scores`` of the trained model) with ``loss_gain`` (its
+    ``neg_loss`` minus the reference model's) and ``margin_gain`` (the same for
+    ``logit_margin``, where both have it) against ``initial`` (the reference model's scores of
+    the same canaries)."""
+    out = dict(final)
+    for name, gain in (("neg_loss", "loss_gain"), ("logit_margin", "margin_gain")):
+        if name in final and name in initial:
+            out[gain] = final[name] - initial[name]
+    return out
 
 
 HIDDEN_STATE_SCORES = ("final_params",)

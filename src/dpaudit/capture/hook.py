@@ -77,7 +77,7 @@ from dpaudit.attacks.mixture import MixtureLR
 from dpaudit.attacks.scalar import ScalarProduct
 from dpaudit.capture.accumulate import ScoreAccumulator
 from dpaudit.capture.canary_kinds import Canaries, InputCanaries, as_canary_list
-from dpaudit.capture.final_state import FinalState, final_model_scores
+from dpaudit.capture.final_state import FinalState, final_model_scores, reference_gains
 from dpaudit.capture.independence import IndependenceWatch
 from dpaudit.capture.input_grads import INPUT_PASSES, InputGradients, all_finite, check_reference
 from dpaudit.capture.insertion import (
@@ -510,6 +510,9 @@ class AuditHook:
         self._insertion.start(self._device, self._dtype)
         self._independence.start(self._device)
         self._final.start(self._params)  # theta_0: the first private step starts
+        # the black box's reference: the initial model's scores of the input canaries
+        self._initial_scores = [final_model_scores(self.model, c)
+                                if isinstance(c, InputCanaries) else {} for c in self.canaries]
         self._score_vectors = self._insertion.score_vectors(self.routed, self.dirac_rows)
         self._fixed_canary_grads = self._canary_grads([]) if not self._inputs.active else None
         # the scores read input canaries' rows only through products and norms: the folded
@@ -773,13 +776,14 @@ class AuditHook:
 
     def final_model_scores(self) -> dict[str, np.ndarray]:
         """Score name -> (K,) black-box scores in canary order from the model as it is now
-        (``final_state.final_model_scores``: negative loss, logit margin); NaN for gradient
-        canaries. Call it after training."""
+        (``final_state.final_model_scores``: negative loss, logit margin; and their gains
+        over the initial model, scored when the first private step started:
+        ``final_state.reference_gains``); NaN for gradient canaries. Call it after training."""
         self._require_steps()
         parts: list[dict[str, np.ndarray]] = []
-        for c in self.canaries:
+        for c, initial in zip(self.canaries, self._initial_scores, strict=True):
             if isinstance(c, InputCanaries):
-                parts.append(final_model_scores(self.model, c))
+                parts.append(reference_gains(final_model_scores(self.model, c), initial))
             else:
                 parts.append({})
         names = sorted({k for p in parts for k in p})

@@ -267,8 +267,8 @@ class CanarySettings:
     n_references: int = _opt(128, "reference points for Algorithm 3's covariance")
     estimator: str = _opt("ledoit_wolf", "input: Algorithm 3's covariance estimator",
                           "ESTIMATORS")
-    crafted_value: float = _opt(100.0, "input, source=crafted: value of the one non-zero "
-                                "feature")
+    crafted_value: float = _opt(100.0, "input, source=crafted / crafted_distinct: value of "
+                                "the one non-zero feature")
     options: dict[str, Any] = _opt(  # noqa: RUF009
         help="options of a registered canary design (its Options record's fields)",
         factory=dict,
