@@ -35,7 +35,7 @@ def pretrain(model: nn.Module, data: Dataset, *, epochs: int, lr: float, batch_s
     opt = torch.optim.SGD(model.parameters(), lr=float(lr))
     losses = []
     model.train()
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]):  # every draw below stays off the caller's stream
         torch.manual_seed(int(seed))
         for _ in range(int(epochs)):
             total, n = 0.0, 0
@@ -45,12 +45,12 @@ def pretrain(model: nn.Module, data: Dataset, *, epochs: int, lr: float, batch_s
                 loss = LOSS(model(x), y)
                 loss.backward()
                 opt.step()
-                total, n = total + float(loss) * len(x), n + len(x)
+                total, n = total + loss.item() * len(x), n + len(x)
             losses.append(total / n)
-    opt.zero_grad(set_to_none=True)
-    with torch.no_grad():
-        x, y = next(iter(DataLoader(data, batch_size=len(data))))
-        acc = float((model(x.to(device)).argmax(1) == y.to(device)).double().mean())
+        opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            x, y = next(iter(DataLoader(data, batch_size=len(data), generator=gen)))
+            acc = float((model(x.to(device)).argmax(1) == y.to(device)).double().mean())
     return {"records": len(data), "epochs": int(epochs), "lr": float(lr),
             "batch_size": int(batch_size), "loss_first_epoch": float(losses[0]),
             "loss_last_epoch": float(losses[-1]), "accuracy": acc,
