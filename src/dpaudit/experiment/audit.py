@@ -38,7 +38,7 @@ from dpaudit.experiment.trainings.run import RunRecord, audit_run
 from dpaudit.report.results import AuditResult
 from dpaudit.threat_model import ThreatModel
 
-__all__ = ["evaluate", "evaluate_audit", "run_audit", "write_report"]
+__all__ = ["audit_split", "evaluate", "evaluate_audit", "run_audit", "write_report"]
 
 MULTI_RUN_NO_RECORDS = (
     "a multi-run audit: its evidence is each canary's score across the runs, and the runs "
@@ -70,6 +70,16 @@ def verdict_rung(plan: AuditPlan, run: RunRecord, independent: bool) -> RungInpu
         raise ValueError(f"audit.threat_model={rung}: this training has no {rung} scores "
                          f"({chosen.reason})")
     return chosen
+
+
+def audit_split(plan: AuditPlan, run: RunRecord) -> dict:
+    """``run_split`` of the scores the verdict is about: the white-box attack scores, or
+    those of the rung ``audit.threat_model`` names."""
+    if plan.judging.threat_model == "white_box":
+        return run_split(run)
+    independent = (run.independent if run.independent is not None
+                   else recorded_independence(plan, run.canary_info))
+    return run_split(run, verdict_rung(plan, run, independent))
 
 
 def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None,
@@ -156,11 +166,7 @@ def run_audit(
 
     def judge(run: RunRecord) -> dict:  # evaluate the run(s) and write the report
         ran = time.perf_counter()
-        rung = None
-        if plan.judging.threat_model != "white_box":
-            rung = verdict_rung(plan, run, run.independent if run.independent is not None
-                                else recorded_independence(plan, run.canary_info))
-        split = run_split(run, rung)
+        split = audit_split(plan, run)
         typed = evaluate(settings, run, {"wall_seconds": ran - start}, plan, split)
         timing = audit_timing(run, ran - start, time.perf_counter() - ran)
         result = dataclasses.replace(typed, timing=timing).to_dict()  # what results.json holds
