@@ -62,6 +62,23 @@ def test_hidden_state_of_plain_sgd_equals_the_white_box_rung(data):
     assert res["verdict"]["best_lower_bound"] == pytest.approx(hs["certified_epsilon"], rel=0.2)
 
 
+def test_canaries_the_data_reached_are_dependent_on_every_rung(data):
+    """Dirac canaries on live weights, declared independent: the hook's independence record
+    withdraws it for the verdict and for every rung of the ladder alike."""
+    ds, _ = data
+    live = [c * (64 + PAD) + j for j in range(10, 40) for c in (0,)]
+
+    def make(opt, model):
+        return AuditHook(opt, model, GradientCanaries.dirac(live, 1.0, DIM, policy=[
+            "every_step", "never"] * 15))
+    run = private_run(ds, lambda: nn.Linear(64 + PAD, 10), make, epochs=1)
+    res = audit_report(run.hook, rung="hidden_state", independent_canaries=True, quiet=True)
+    assert res["white_box"]["canary_independence"]["withdrawn"]
+    rows = _rows(res)
+    assert not rows["white_box"]["independent_canaries"]
+    assert not rows["hidden_state"]["independent_canaries"]
+
+
 def test_hidden_state_under_adam_stays_certified_and_named(data):
     run, _ = _run(data, optimizer="adam", lr=0.02)
     hs = _rows(audit_report(run.hook, rung="hidden_state", quiet=True))["hidden_state"]
@@ -143,3 +160,33 @@ def test_final_model_scores_read_the_trained_weights(data):
     after = run.hook.final_model_scores()["neg_loss"][:5]
     np.testing.assert_allclose(after, -np.log(10.0), rtol=1e-6)
     assert not np.allclose(before, after)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset,overrides,rung", [
+    ("worst_case_init_mnist5k", ["audit.runs=6", "dp.steps=5"], "black_box"),
+    ("black_box_mnist5k", ["dp.steps=5", "canary.count=20", "canary.candidates=20"],
+     "black_box"),
+])
+def test_the_black_box_presets_run(preset, overrides, rung, tmp_path):
+    """The two mnist5k presets, shortened: the verdict is the black box's, the ladder puts
+    the white box of the same training beside it, the model was pre-trained."""
+    pytest.importorskip("mlxtend")
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    with initialize_config_module(config_module="dpaudit.conf", version_base="1.3"):
+        cfg = compose("config", overrides=[f"experiment={preset}", *overrides,
+                                           "progress=false"])
+    task = OmegaConf.to_container(cfg.task, resolve=True)
+    groups = {k: task[k] for k in ("data", "model", "dp", "canary", "attack", "audit", "seed",
+                                   "progress") if k in task}
+    res = run_audit(output_dir=tmp_path, **groups)
+    rows = _rows(res)
+    assert res["threat_model_ladder"]["selected"] == rung
+    assert rows["white_box"]["available"] and rows["black_box"]["available"]
+    assert not rows["hidden_state"]["available"]
+    assert res["canary_info"]["pretrained"]["records"] == 2750
+    if preset.startswith("worst"):
+        assert rows["black_box"]["anchor_gdp"] is not None
+        assert rows["black_box"]["independent_canaries"]  # one canary per run

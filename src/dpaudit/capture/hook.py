@@ -25,7 +25,11 @@ orchestrates four phases, each in its own module:
 * the white-box records (``recorder.WhiteBoxRecorder``): per step, the batch size and the
   clipping probes before the noise, the noise the optimizer really added (release minus its
   clipped sum, sketched: ``noise_record``) right after it, and every tensor's released sum
-  after the accountant; ``white_box_records()`` gives them typed, for the white-box checks.
+  after the accountant; ``white_box_records()`` gives them typed, for the white-box checks;
+* the weaker rungs of the threat-model ladder (``final_state``): theta_0 and theta_T on the
+  sparse gradient canaries' support (``hidden_state_scores()``, O(K)), and the input
+  canaries' scores by the model when the first private step starts and now
+  (``final_model_scores()``: loss, logit margin and their gains over the initial model).
 
 Coordinate view (``coordinates=``): an optional 1-D list of distinct indices into the flattened
 parameter selection. Everything recorded and scored then lives in those coordinates only — a

@@ -111,7 +111,7 @@ def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None,
         block = ladder_block(ladder_inputs(plan, run, independent), run.membership, threat,
                              methods=j.methods, confidence=j.confidence,
                              inclusion=j.inclusion, refutation_level=j.refutation_level,
-                             selected=j.threat_model)
+                             selected=j.threat_model, records=run.white_box)
         evidence = dataclasses.replace(evidence,
                                        verdict=with_ladder_warnings(evidence.verdict, block))
         extra = {**(extra or {}), "threat_model_ladder": block}

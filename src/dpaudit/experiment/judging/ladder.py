@@ -33,7 +33,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpaudit import seeds
-from dpaudit.experiment.judging.evaluation import Evidence, evaluate_scores, split_scores
+from dpaudit.experiment.judging.evaluation import (
+    Evidence,
+    evaluate_scores,
+    independence_broken,
+    split_scores,
+)
 from dpaudit.names import THREAT_MODELS
 from dpaudit.report.results import PRIVACY_BUG
 from dpaudit.threat_model import ThreatModel
@@ -151,11 +156,17 @@ def _row(rung: str, e: Evidence, inp: RungInput) -> dict:
 
 def ladder_block(inputs: dict[str, RungInput], membership, threat: ThreatModel, *,
                  methods, confidence: float, inclusion: float, refutation_level: float,
-                 selected: str, forecast: bool = True) -> dict:
+                 selected: str, forecast: bool = True, records=None,
+                 canary_set: int | None = None) -> dict:
     """``threat_model_ladder`` of results.json (module doc): a row per rung in ``RUNGS``
     order, each with its evidence (or why it has none) and its ratios to the white-box
-    rung's certified epsilon and estimate; ``selected`` is the verdict's rung."""
+    rung's certified epsilon and estimate; ``selected`` is the verdict's rung. ``records``:
+    the training's ``WhiteBoxRecords`` (``canary_set``: the hook's set index), whose canary
+    independence record withdraws every rung's independence when the data reached the
+    canaries, as the verdict's evaluation does."""
     member = np.asarray(membership, dtype=bool)
+    if independence_broken(records, canary_set) is not None:
+        inputs = {k: dataclasses.replace(v, independent=False) for k, v in inputs.items()}
     rows, evidence = [], {}
     for rung in RUNGS:
         inp = inputs.get(rung) or RungInput(reason="not recorded")

@@ -306,7 +306,8 @@ def audit_report(
     if inputs is not None:  # below white box: every rung side by side on this training
         block = ladder_block(inputs, member, threat_model, methods=methods,
                              confidence=confidence, inclusion=inclusion,
-                             refutation_level=refutation_level, selected=rung)
+                             refutation_level=refutation_level, selected=rung, records=records,
+                             canary_set=canaries_index(hook, canaries))
         evidence = dataclasses.replace(evidence,
                                        verdict=with_ladder_warnings(evidence.verdict, block))
         context["threat_model_ladder"] = block
