@@ -49,7 +49,7 @@ def test_bounded_views_do_not_beat_the_composition():
 
 @pytest.mark.slow
 def test_certified_methods_stay_below_the_rungs_truth(record_property):
-    rows = validity_study(CERTIFIED, RUNG_SCENARIOS, reps=200, n_in=500, n_out=500,
+    rows = validity_study(CERTIFIED, RUNG_SCENARIOS, reps=200, n_in=1000, n_out=1000,
                           delta=1e-5, seed=3)
     bad = []
     for r in rows:
@@ -62,6 +62,6 @@ def test_certified_methods_stay_below_the_rungs_truth(record_property):
 
 @pytest.mark.slow
 def test_claim_test_keeps_its_level_on_the_rungs():
-    rows = claim_study(RUNG_SCENARIOS, reps=200, n_in=500, n_out=500, seed=4)
+    rows = claim_study(RUNG_SCENARIOS, reps=200, n_in=1000, n_out=1000, seed=4)
     for r in rows:
         assert r["frac_rejected"] <= r["nominal"] + 3 * r["nominal_se"], r

@@ -23,9 +23,10 @@ reads by running the optimizer or the model itself (numpy, vectorised over draws
   initial model's (``loss_gain``). Each step is a Gaussian mechanism of sensitivity C chosen
   adaptively, so the composition is mu-GDP: the truth used is that bound.
 
-``RUNG_SCENARIOS`` are the default instances (claims of epsilon 4 to 10 at delta 1e-5 for T =
-100); ``tests/validity/test_rungs.py`` (slow) runs the certified methods and the claim test on
-them.
+``RUNG_SCENARIOS`` are the default instances, T = 100: the nulls (the canary never enters:
+truth 0, so any positive certified epsilon is wrong), small truths (sigma 40: epsilon about
+0.4, which the bounds approach), and claims of epsilon 8 to 27 at delta 1e-5;
+``tests/validity/test_rungs.py`` (slow) runs the certified methods and the claim test on them.
 """
 
 from __future__ import annotations
@@ -36,22 +37,24 @@ from typing import ClassVar
 import numpy as np
 from scipy.special import log_softmax
 
-from dpaudit.validity.scenarios import GaussianShift, Scenario
+from dpaudit.validity.scenarios import GaussianShift, NoSignal, Scenario
 
 
 class _BoundedByGaussian(Scenario):
     """A scenario whose truth is (or is bounded by) ``GaussianShift(self.truth_mu)``: the
-    hockey-stick divergences, the trade-off curve and the epsilon are that shift's."""
+    hockey-stick divergences, the trade-off curve and the epsilon are that shift's (the null,
+    ``signal = 0``: ``NoSignal``'s, epsilon 0: the canary never enters, members and
+    non-members are drawn alike)."""
 
     @property
-    def _shift(self) -> GaussianShift:
-        return GaussianShift(self.truth_mu)
+    def _shift(self) -> Scenario:
+        return GaussianShift(self.truth_mu) if self.truth_mu > 0 else NoSignal()
 
     def _hs(self, eps, reverse):
         return self._shift._hs(eps, reverse)
 
     def pure_epsilon(self):
-        return float("inf")
+        return self._shift.pure_epsilon()
 
     def true_epsilon(self, delta):
         """The epsilon of ``truth_mu``-GDP at ``delta`` (exact, or an upper bound: class doc)."""
@@ -64,10 +67,10 @@ class _BoundedByGaussian(Scenario):
         raise NotImplementedError(f"{type(self).__name__}: no closed-form likelihood ratio")
 
 
-def _releases(n: int, steps: int, noise: float, member: bool, rng) -> np.ndarray:
-    """(n, T) releases on a coordinate, in units of C: the canary (1) if a member, plus
-    N(0, sigma^2)."""
-    return noise * rng.standard_normal((n, steps)) + (1.0 if member else 0.0)
+def _releases(n: int, steps: int, noise: float, signal: float, rng) -> np.ndarray:
+    """(n, T) releases on a coordinate, in units of C: the canary (``signal``: its norm
+    over C for a member, 0 for a non-member or the null) plus N(0, sigma^2)."""
+    return noise * rng.standard_normal((n, steps)) + signal
 
 
 @dataclass(frozen=True)
@@ -77,11 +80,13 @@ class HiddenStateMomentum(_BoundedByGaussian):
     noise: float = 6.0
     steps: int = 100
     beta: float = 0.9
+    signal: float = 1.0
     exactness: ClassVar[str] = "closed form (a linear function of the releases: mu-GDP)"
 
     @property
     def name(self) -> str:
-        return f"hidden_momentum{self.beta:g}_sigma{self.noise:g}_T{self.steps}"
+        return (f"hidden_momentum{self.beta:g}_sigma{self.noise:g}_T{self.steps}"
+                + ("" if self.signal == 1 else f"_signal{self.signal:g}"))
 
     @property
     def weights(self) -> np.ndarray:
@@ -94,7 +99,7 @@ class HiddenStateMomentum(_BoundedByGaussian):
     @property
     def truth_mu(self) -> float:
         w = self.weights
-        mu = np.sqrt(self.steps) / self.noise
+        mu = self.signal * np.sqrt(self.steps) / self.noise
         return float(mu * w.sum() / np.sqrt(self.steps * (w * w).sum()))
 
     def _score(self, g: np.ndarray) -> np.ndarray:
@@ -106,8 +111,8 @@ class HiddenStateMomentum(_BoundedByGaussian):
         return -theta
 
     def sample(self, n_in, n_out, rng):
-        return (self._score(_releases(n_in, self.steps, self.noise, True, rng)),
-                self._score(_releases(n_out, self.steps, self.noise, False, rng)))
+        return (self._score(_releases(n_in, self.steps, self.noise, self.signal, rng)),
+                self._score(_releases(n_out, self.steps, self.noise, 0.0, rng)))
 
 
 @dataclass(frozen=True)
@@ -117,16 +122,18 @@ class HiddenStateAdam(_BoundedByGaussian):
     noise: float = 6.0
     steps: int = 100
     betas: tuple[float, float] = (0.9, 0.999)
+    signal: float = 1.0
     exactness: ClassVar[str] = ("upper bound: the composition's mu-GDP (the view is its "
-                                "post-processing)")
+                                "post-processing); the null (signal 0): exact")
 
     @property
     def name(self) -> str:
-        return f"hidden_adam_sigma{self.noise:g}_T{self.steps}"
+        return (f"hidden_adam_sigma{self.noise:g}_T{self.steps}"
+                + ("" if self.signal == 1 else f"_signal{self.signal:g}"))
 
     @property
     def truth_mu(self) -> float:
-        return float(np.sqrt(self.steps) / self.noise)
+        return float(self.signal * np.sqrt(self.steps) / self.noise)
 
     def _score(self, g: np.ndarray) -> np.ndarray:
         b1, b2 = self.betas
@@ -140,8 +147,8 @@ class HiddenStateAdam(_BoundedByGaussian):
         return -theta
 
     def sample(self, n_in, n_out, rng):
-        return (self._score(_releases(n_in, self.steps, self.noise, True, rng)),
-                self._score(_releases(n_out, self.steps, self.noise, False, rng)))
+        return (self._score(_releases(n_in, self.steps, self.noise, self.signal, rng)),
+                self._score(_releases(n_out, self.steps, self.noise, 0.0, rng)))
 
 
 @dataclass(frozen=True)
@@ -156,16 +163,18 @@ class BlackBoxFinalLoss(_BoundedByGaussian):
     classes: int = 10
     label: int = 0
     init: tuple = field(default=(0.5, -0.3, 0.2, 0.0, 0.1, -0.1, 0.3, -0.2, 0.0, 0.05))
+    member_enters: bool = True  # False: the null, the canary never enters (truth 0)
     exactness: ClassVar[str] = ("upper bound: the composition's mu-GDP (each step a Gaussian "
-                                "mechanism of sensitivity C)")
+                                "mechanism of sensitivity C); the null: exact")
 
     @property
     def name(self) -> str:
-        return f"black_box_loss_sigma{self.noise:g}_T{self.steps}"
+        return (f"black_box_loss_sigma{self.noise:g}_T{self.steps}"
+                + ("" if self.member_enters else "_null"))
 
     @property
     def truth_mu(self) -> float:
-        return float(np.sqrt(self.steps) / self.noise)
+        return float(np.sqrt(self.steps) / self.noise) if self.member_enters else 0.0
 
     def _loss_gain(self, n: int, member: bool, rng) -> np.ndarray:
         k, v = self.classes, self.value
@@ -191,7 +200,8 @@ class BlackBoxFinalLoss(_BoundedByGaussian):
         return neg_loss(w, b) - start
 
     def sample(self, n_in, n_out, rng):
-        return self._loss_gain(n_in, True, rng), self._loss_gain(n_out, False, rng)
+        return (self._loss_gain(n_in, self.member_enters, rng),
+                self._loss_gain(n_out, False, rng))
 
 
 RUNG_SCENARIOS: dict[str, Scenario] = {
@@ -201,6 +211,13 @@ RUNG_SCENARIOS: dict[str, Scenario] = {
         HiddenStateMomentum(noise=2.3, steps=100, beta=0.0),
         HiddenStateAdam(noise=6.0, steps=100),
         BlackBoxFinalLoss(noise=4.998886197090085, steps=100),
+        # the nulls: the canary never enters, truth 0 (any positive certified epsilon is wrong)
+        HiddenStateMomentum(noise=6.0, steps=100, beta=0.9, signal=0.0),
+        HiddenStateAdam(noise=6.0, steps=100, signal=0.0),
+        BlackBoxFinalLoss(noise=4.998886197090085, steps=100, member_enters=False),
+        # small truths: the bounds come close to them
+        HiddenStateMomentum(noise=40.0, steps=100, beta=0.9),
+        HiddenStateAdam(noise=40.0, steps=100),
     )
 }
 """The default instances, keyed by ``name``."""
