@@ -147,3 +147,18 @@ def test_sums_releases_needs_a_constant_rate():
     assert not ok and "learning rate changed" in why
     ok, why = sums_releases(torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=1e-4), [])
     assert not ok and "weight decay" in why
+
+
+def test_a_forward_that_cannot_take_the_canaries_alone_is_named_not_raised_in_training():
+    class Pair(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.lin(x), x
+
+    can = InputCanaries(torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="not one tensor"):
+        final_model_scores(Pair(), can)
+    assert "not one tensor" in final_model_scores(Pair(), can, reason=True)["reason"]

@@ -186,22 +186,36 @@ def hidden_state_canaries(canaries) -> tuple[bool, str]:
 
 
 @torch.no_grad()
-def final_model_scores(model: nn.Module, canaries: InputCanaries,
-                       chunk: int = 256) -> dict[str, np.ndarray]:
+def final_model_scores(model: nn.Module, canaries: InputCanaries, chunk: int = 256,
+                       reason: bool = False) -> dict:
     """The black-box scores (``BLACK_BOX_SCORES``) of ``canaries`` from ``model`` as it is:
     ``neg_loss`` (-loss_fn of each canary alone) and, when the output is (K, classes) logits
     with integer class targets, ``logit_margin`` (z_y - max_{j != y} z_j). One no-grad forward
-    in eval mode (a released model's: no dropout), ``chunk`` canaries at a time; the model's
-    training flag is restored. Higher means "member" for both."""
-    flags = [(m, m.training) for m in model.modules()]  # each module's own, restored
-    device = next(model.parameters()).device
-    model.eval()
+    of the plain module (under Opacus' wrapper) in eval mode (a released model's: no dropout),
+    ``chunk`` canaries at a time; every module's training flag is restored. Higher means
+    "member" for both. A forward that cannot take the canaries alone (arguments only the
+    training call had, an output that is not one tensor) is a ValueError saying so, or with
+    ``reason`` the mapping ``{"reason": ...}`` (never in the way of training)."""
+    from dpaudit.gradients.persample import unwrap_model
+
+    module = unwrap_model(model)
+    flags = [(m, m.training) for m in module.modules()]  # each module's own, restored
+    device = next(module.parameters()).device
+    module.eval()
     try:
         outs = []
         for a in range(0, len(canaries), chunk):
             part = canaries.select(slice(a, a + chunk)).to(device)
-            outs.append(model(*part.positional, **part.kwargs))
+            outs.append(module(*part.positional, **part.kwargs))
+        if not all(isinstance(o, torch.Tensor) for o in outs):
+            raise TypeError(f"the model returns {type(outs[0]).__name__}, not one tensor")
         out = torch.cat(outs)
+    except Exception as err:
+        why = (f"the final model's scores need the model's forward on the input canaries "
+               f"alone, which failed ({type(err).__name__}: {err})")
+        if reason:
+            return {"reason": why}
+        raise ValueError(why) from err
     finally:
         for m, flag in flags:
             m.training = flag
@@ -252,8 +266,12 @@ def rung_scores(hook, index: int, start: int, stop: int) -> dict:
     else:
         out["hidden_state"] = {"reason": why}
     if isinstance(c, InputCanaries):
-        bb = hook.final_model_scores()
-        out["black_box"] = {"scores": {k: v[start:stop].tolist() for k, v in bb.items()}}
+        try:
+            bb = hook.final_model_scores()
+        except ValueError as err:
+            out["black_box"] = {"reason": str(err)}
+        else:
+            out["black_box"] = {"scores": {k: v[start:stop].tolist() for k, v in bb.items()}}
     else:
         out["black_box"] = {"reason": NO_INPUT}
     return out

@@ -514,8 +514,9 @@ class AuditHook:
         self._insertion.start(self._device, self._dtype)
         self._independence.start(self._device)
         self._final.start(self._params)  # theta_0: the first private step starts
-        # the black box's reference: the initial model's scores of the input canaries
-        self._initial_scores = [final_model_scores(self.model, c)
+        # the black box's reference: the initial model's scores of the input canaries (never
+        # in the way of training: a forward that cannot take them alone is reported, not raised)
+        self._initial_scores = [final_model_scores(self.model, c, reason=True)
                                 if isinstance(c, InputCanaries) else {} for c in self.canaries]
         self._score_vectors = self._insertion.score_vectors(self.routed, self.dirac_rows)
         self._fixed_canary_grads = self._canary_grads([]) if not self._inputs.active else None
@@ -790,6 +791,7 @@ class AuditHook:
                 parts.append(reference_gains(final_model_scores(self.model, c), initial))
             else:
                 parts.append({})
+        parts = [{k: v for k, v in p.items() if k != "reason"} for p in parts]
         names = sorted({k for p in parts for k in p})
         return {k: np.concatenate([p.get(k, np.full(len(c), np.nan))
                                    for p, c in zip(parts, self.canaries, strict=True)])
