@@ -50,7 +50,9 @@ def test_default_audit_tiny_end_to_end(tmp_path):
     assert "confidence 95%" in proc.stdout  # the table states its confidence level
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["steps"] == 10 and res["settings"]["canary"]["count"] == 20
-    assert res["settings"]["model"] == {"name": "mlp", "width": 400}  # AuditSettings()
+    assert res["settings"]["model"] == {"name": "mlp", "width": 400, "init": "random",
+                                        "pretrain_epochs": 5, "pretrain_lr": 0.01,
+                                        "pretrain_batch_size": 32}  # AuditSettings()
     assert res["verdict"]["best_lower_bound"] <= res["theory"]["claimed_epsilon"]
     assert (tmp_path / "roc.png").exists()
     # 10 + 10 canaries at mu = sqrt(10) / 6: nothing certifiable, and the CLI says so

@@ -52,12 +52,17 @@ def _split(n: int, test_fraction: float, rng: np.random.Generator) -> tuple[np.n
     return perm[n_test:], perm[:n_test]
 
 
+def _subsample_index(n_all: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """The sorted indices of a seeded subset of ``n`` of ``n_all`` records."""
+    if not 1 <= int(n) <= n_all:
+        raise ValueError(f"n_train must be in [1, {n_all}], got {n}")
+    return np.sort(rng.choice(n_all, int(n), replace=False))
+
+
 def _subsample(x: np.ndarray, y: np.ndarray, n: int | None, rng: np.random.Generator):
     if n is None:
         return x, y
-    if not 1 <= int(n) <= len(x):
-        raise ValueError(f"n_train must be in [1, {len(x)}], got {n}")
-    idx = np.sort(rng.choice(len(x), int(n), replace=False))
+    idx = _subsample_index(len(x), n, rng)
     return x[idx], y[idx]
 
 
@@ -76,12 +81,26 @@ def _tensors(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...]) -> TensorData
 
 
 def _split_standardised(name, x, y, shape, seed, test_fraction, n_train):
-    """Seeded split, optional subsample, per-pixel standardisation (dead pixels -> 0)."""
+    """Seeded split, optional subsample, per-pixel standardisation (dead pixels -> 0).
+
+    With ``n_train``, the training split's other records, standardised with the subset's
+    statistics, are kept in ``info.extra["unused_train"]`` (a ``TensorDataset`` disjoint from
+    the training and test sets: what ``model.init=pretrained`` pre-trains on)."""
     rng = np.random.default_rng(seed)
     tr, te = _split(len(x), test_fraction, rng)
-    xtr, ytr = _subsample(x[tr], y[tr], n_train, rng)
+    if n_train is None:
+        sub, rest = tr, None
+    else:  # the draw _subsample makes
+        pick = _subsample_index(len(tr), n_train, rng)
+        sub, rest = tr[pick], np.delete(tr, pick)
+    xtr, ytr = x[sub], y[sub]
+    mean, std = xtr.mean(axis=0), xtr.std(axis=0)
     xtr, xte, zero = _standardise(xtr, x[te])
-    info = DatasetInfo(name, 10, shape, len(xtr), len(xte), {"zero_features": zero})
+    extra: dict = {"zero_features": zero}
+    if rest is not None:
+        scale = np.where(std == 0, 1.0, std)
+        extra["unused_train"] = _tensors((x[rest] - mean) / scale, y[rest], shape)
+    info = DatasetInfo(name, 10, shape, len(xtr), len(xte), extra)
     return _tensors(xtr, ytr, shape), _tensors(xte, y[te], shape), info
 
 

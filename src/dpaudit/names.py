@@ -9,11 +9,11 @@ name here.
 
 DATASETS = ("digits", "mnist5k", "synthetic", "fmnist", "cifar10")
 MODELS = ("logreg", "mlp", "cnn")
-INPUT_SOURCES = ("in_distribution", "mislabeled", "blank", "crafted")
+INPUT_SOURCES = ("in_distribution", "mislabeled", "blank", "crafted", "crafted_distinct")
 ATTACKS = ("scalar", "covariance", "mixture_lr", "glir", "batch_size")
 METHODS = (
     "clopper_pearson", "gdp", "one_run", "density", "density_tv", "gaussian", "fdp_one_run",
-    "fdp_one_run_certified",
+    "fdp_one_run_certified", "anchor_gdp",
 )
 BUGS = (
     "none", "halved_noise", "scaled_noise", "noise_skipped_steps", "noise_reused",
@@ -30,6 +30,12 @@ CANARY_DESIGNS = ("gradient", "input")
 CANARY_POLICIES = ("every_step", "bernoulli", "never")
 CANARY_KINDS = ("gradient", "input")  # the canaries a ThreatModel knows (threat_model.py)
 ESTIMATORS = ("dense", "diagonal", "ledoit_wolf", "oas", "woodbury")
+# the threat-model ladder's rungs, strongest adversary first: every released gradient, the
+# final parameters only, the final model's outputs only (experiment.judging.ladder)
+THREAT_MODELS = ("white_box", "hidden_state", "black_box")
+# how the initial model is made: drawn at random, or pre-trained (non-privately) on training
+# records outside the audited subset (experiment.trainings.pretrain)
+MODEL_INITS = ("random", "pretrained")
 # how workers sharing a many-trainings directory split the runs (experiment.trainings.engine)
 COORDINATIONS = ("locks", "static")
 

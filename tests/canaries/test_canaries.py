@@ -138,7 +138,8 @@ def test_input_source_registry():
     """Every registered source builds candidates from the training data with the audit's
     caps; only in_distribution's candidates are training rows held out of the data."""
     x, y, _, _ = _digits_setup()
-    sizes = {"in_distribution": 40, "mislabeled": 40, "blank": 10, "crafted": 40}
+    sizes = {"in_distribution": 40, "mislabeled": 40, "blank": 10, "crafted": 40,
+             "crafted_distinct": 40}
     assert set(INPUT_SOURCES) == set(sizes)
     for name, source in INPUT_SOURCES.items():
         cand = source.make(x, y, 10, 40, np.random.default_rng(0), 5.0)

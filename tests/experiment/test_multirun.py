@@ -119,6 +119,7 @@ def test_run_files_round_trip_and_describe_themselves(tmp_path):
     record_keys = {"scores", "membership", "steps", "sample_rate", "engine_accountants"}
     record_keys |= {"test_accuracy", "train_seconds", "canary_info", "chosen", "canary_norm"}
     record_keys |= {"run", "bit", "fingerprint", "threat_model", "independent"}
+    record_keys |= {"rungs"}  # the weaker rungs' scores of the threat-model ladder
     self_description = {"schema_version", "settings", "provenance", "checksum", "worker"}
     assert set(saved) == record_keys | self_description  # candidate_scores left out
     assert saved["worker"]["index"] == 0 and saved["worker"]["pid"] == os.getpid()

@@ -158,7 +158,8 @@ def test_one_run_live_1e5_preset_composes_with_200k_live_weights():
 
     groups = _live_preset("progress=false", "device=cpu", preset="one_run_live_1e5")
     assert groups["data"]["name"] == "mnist5k"
-    assert groups["model"] == {"name": "mlp", "width": 400}
+    assert (groups["model"]["name"], groups["model"]["width"], groups["model"]["init"]) == (
+        "mlp", 400, "random")
     c, dp = groups["canary"], groups["dp"]
     assert (c["count"], c["placement"], c["view"], c["direction"], c["policy"]) == (
         100000, "random_live", "auto", "dirac", "every_step")

@@ -158,7 +158,7 @@ CASES = [
     (st.poisson_sampling_test, {"batch_sizes": [3, 4, 5], "n": 50, "q": 0.1, "level": 0.05},
      "n", [0, 2.5, 4, True]),
     (st.poisson_sampling_test, {"batch_sizes": [3, 4, 5], "n": 50, "q": 0.1, "level": 0.05},
-     "q", [0.0, "0.1", 1.0]),
+     "q", [0.0, "0.1", 1.5]),
     (st.sampling_by_example_test, _BY_EXAMPLE, "counts", [[-1, 2, 2], [0.5, 1, 1], [9, 0, 0]]),
     (st.sampling_by_example_test, _BY_EXAMPLE, "sizes", [[2], [1, 1]]),
     (st.sampling_by_example_test, _BY_EXAMPLE, "signatures", [np.zeros((3, 2)),

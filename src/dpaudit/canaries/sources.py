@@ -140,6 +140,35 @@ def crafted_inputs(
     return InputCandidates(x, y, ["crafted"] * len(pairs), feats)
 
 
+def crafted_distinct_inputs(
+    inputs: torch.Tensor,
+    num_classes: int,
+    num: int,
+    value: float = 100.0,
+) -> InputCandidates:
+    """One-hot input canaries on ``num`` DISTINCT least-used features, one label each
+    (the classes in turn, least used feature first: class 0, 1, ...): ``crafted_inputs`` with
+    one canary per feature, so that no two canaries share their first-layer weight column.
+    On features no example uses, each canary's weight gradient lies on its own column, which
+    only it and the noise reach (the bias is shared with everything): nearly separate
+    experiments trained together, the black box's best case in one run. ``source`` holds the
+    feature index of each candidate."""
+    if int(num_classes) < 1:
+        raise ValueError(f"num_classes must be >= 1, got {num_classes!r}")
+    check_positive(value, "value")
+    flat = inputs.reshape(inputs.shape[0], -1)
+    d = int(flat.shape[1])
+    if not 1 <= int(num) <= d:
+        raise ValueError(f"num must be in [1, {d}] (one canary per feature), got {num!r}")
+    activity = flat.abs().double().mean(0).cpu().numpy()
+    feats = np.lexsort((np.arange(d), activity))[: int(num)]  # least used first, ties by index
+    x = torch.zeros(len(feats), d, dtype=inputs.dtype, device=inputs.device)
+    x[torch.arange(len(feats)), torch.as_tensor(feats, device=inputs.device)] = float(value)
+    y = torch.arange(len(feats), device=inputs.device) % int(num_classes)
+    x = x.reshape(len(feats), *inputs.shape[1:])
+    return InputCandidates(x, y, ["crafted_distinct"] * len(feats), feats.astype(np.int64))
+
+
 def scale_to_norm(vectors: torch.Tensor, norm: float, clip_only: bool = False) -> torch.Tensor:
     """Rows rescaled to L2 norm ``norm`` (or, with ``clip_only``, only those above it)."""
     c = check_positive(norm, "norm")
@@ -213,9 +242,15 @@ def _crafted_source(inputs, targets, num_classes, num, rng, value) -> InputCandi
     return crafted_inputs(inputs, num_classes, num=num, value=value)
 
 
+def _crafted_distinct_source(inputs, targets, num_classes, num, rng, value) -> InputCandidates:
+    return crafted_distinct_inputs(inputs, num_classes, num=min(num, inputs[0].numel()),
+                                   value=value)
+
+
 INPUT_SOURCES: dict[str, CandidateSource] = {
     "in_distribution": CandidateSource(_in_distribution_source, held_out=True),
     "mislabeled": CandidateSource(_mislabeled_source),
     "blank": CandidateSource(_blank_source),
     "crafted": CandidateSource(_crafted_source),
+    "crafted_distinct": CandidateSource(_crafted_distinct_source),
 }

@@ -25,7 +25,11 @@ orchestrates four phases, each in its own module:
 * the white-box records (``recorder.WhiteBoxRecorder``): per step, the batch size and the
   clipping probes before the noise, the noise the optimizer really added (release minus its
   clipped sum, sketched: ``noise_record``) right after it, and every tensor's released sum
-  after the accountant; ``white_box_records()`` gives them typed, for the white-box checks.
+  after the accountant; ``white_box_records()`` gives them typed, for the white-box checks;
+* the weaker rungs of the threat-model ladder (``final_state``): theta_0 and theta_T on the
+  sparse gradient canaries' support (``hidden_state_scores()``, O(K)), and the input
+  canaries' scores by the model when the first private step starts and now
+  (``final_model_scores()``: loss, logit margin and their gains over the initial model).
 
 Coordinate view (``coordinates=``): an optional 1-D list of distinct indices into the flattened
 parameter selection. Everything recorded and scored then lives in those coordinates only — a
@@ -77,6 +81,7 @@ from dpaudit.attacks.mixture import MixtureLR
 from dpaudit.attacks.scalar import ScalarProduct
 from dpaudit.capture.accumulate import ScoreAccumulator
 from dpaudit.capture.canary_kinds import Canaries, InputCanaries, as_canary_list
+from dpaudit.capture.final_state import FinalState, final_model_scores, reference_gains
 from dpaudit.capture.independence import IndependenceWatch
 from dpaudit.capture.input_grads import INPUT_PASSES, InputGradients, all_finite, check_reference
 from dpaudit.capture.insertion import (
@@ -229,6 +234,7 @@ class AuditHook:
     ) -> None:
         _check_arguments(optimizer, model, seed)
         self.optimizer = optimizer
+        self._post_step = post_step is not None
         self.model = model
         self.max_grad_norm = clip_bound(optimizer)
         self._select_parameters(params, coordinates)
@@ -300,6 +306,8 @@ class AuditHook:
         self._insertion = GradientInsertion(self.canaries, self.view)
         self._independence = IndependenceWatch(self._insertion, self.param_names,
                                                [tuple(p.shape) for p in self._params])
+        # the hidden-state rung: theta_0 and theta_T on the sparse canaries' support (O(K))
+        self._final = FinalState(self._insertion)
 
     def _in_selection(self, c):
         """Gradient canaries numbered over the whole model's trainable parameters (e.g. by
@@ -481,6 +489,8 @@ class AuditHook:
         for p in reversed(self._patches):
             p.restore()
         self._patches = []
+        if self._started:
+            self._final.finish(self._params)  # theta_T: the model training released
         self._inputs.detach()  # last in, first out: the fold's patches cover the recorder's
         self._white_box.detach()
         del opt._dpaudit_hook
@@ -503,6 +513,11 @@ class AuditHook:
         self._score_view.to(self._device)
         self._insertion.start(self._device, self._dtype)
         self._independence.start(self._device)
+        self._final.start(self._params)  # theta_0: the first private step starts
+        # the black box's reference: the initial model's scores of the input canaries (never
+        # in the way of training: a forward that cannot take them alone is reported, not raised)
+        self._initial_scores = [final_model_scores(self.model, c, reason=True)
+                                if isinstance(c, InputCanaries) else {} for c in self.canaries]
         self._score_vectors = self._insertion.score_vectors(self.routed, self.dirac_rows)
         self._fixed_canary_grads = self._canary_grads([]) if not self._inputs.active else None
         # the scores read input canaries' rows only through products and norms: the folded
@@ -531,6 +546,7 @@ class AuditHook:
         if not self._started:
             self._start()
         opt = self.optimizer
+        self._final.observe(opt)
         self._white_box.before_noise(opt, self._steps)
         # the data's clipped sum on the gradient canaries' support, before they are added
         self._independence.observe(self._steps, clip_bound(opt))
@@ -747,6 +763,39 @@ class AuditHook:
     def clipping_check(self) -> dict | None:
         """The clipping check's summary (``ClippingCheck.summary``), or None when off."""
         return self._white_box.clipping_summary()
+
+    # ------------------------------------------------------------------ weaker rungs
+    def hidden_state_scores(self) -> np.ndarray:
+        """(K,) hidden-state scores in canary order, from theta_0 and the final parameters
+        alone (``final_state.FinalState``: -<v_k, theta_T - theta_0> / ||v_k|| on each sparse
+        gradient canary's support; theta_T the parameters at ``detach``, or now while
+        attached); NaN for input and dense gradient canaries."""
+        self._require_steps()
+        return self._final.scores(self._params)
+
+    def hidden_state_summary(self) -> dict:
+        """What the hidden-state scores are (``FinalState.summary``): the base optimizer,
+        whether it updates coordinates separately, whether theta_T - theta_0 is -lr x the sum
+        of the releases (plain SGD, constant lr), the coordinates recorded."""
+        return self._final.summary(self.optimizer, self._post_step)
+
+    def final_model_scores(self) -> dict[str, np.ndarray]:
+        """Score name -> (K,) black-box scores in canary order from the model as it is now
+        (``final_state.final_model_scores``: negative loss, logit margin; and their gains
+        over the initial model, scored when the first private step started:
+        ``final_state.reference_gains``); NaN for gradient canaries. Call it after training."""
+        self._require_steps()
+        parts: list[dict[str, np.ndarray]] = []
+        for c, initial in zip(self.canaries, self._initial_scores, strict=True):
+            if isinstance(c, InputCanaries):
+                parts.append(reference_gains(final_model_scores(self.model, c), initial))
+            else:
+                parts.append({})
+        parts = [{k: v for k, v in p.items() if k != "reason"} for p in parts]
+        names = sorted({k for p in parts for k in p})
+        return {k: np.concatenate([p.get(k, np.full(len(c), np.nan))
+                                   for p, c in zip(parts, self.canaries, strict=True)])
+                for k in names}
 
 
 # torch warns "Full backward hook is firing when gradients are computed with respect to module

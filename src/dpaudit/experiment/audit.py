@@ -18,6 +18,12 @@ import numpy as np
 
 from dpaudit.capture.records import WhiteBoxRecords
 from dpaudit.experiment.judging.evaluation import Evidence, evaluate_scores, split_scores
+from dpaudit.experiment.judging.ladder import (
+    RungInput,
+    ladder_block,
+    rung_inputs,
+    with_ladder_warnings,
+)
 from dpaudit.experiment.judging.outputs import audit_mode, write_audit_report
 from dpaudit.experiment.plan import (
     AuditPlan,
@@ -32,7 +38,7 @@ from dpaudit.experiment.trainings.run import RunRecord, audit_run
 from dpaudit.report.results import AuditResult
 from dpaudit.threat_model import ThreatModel
 
-__all__ = ["evaluate", "evaluate_audit", "run_audit", "write_report"]
+__all__ = ["audit_split", "evaluate", "evaluate_audit", "run_audit", "write_report"]
 
 MULTI_RUN_NO_RECORDS = (
     "a multi-run audit: its evidence is each canary's score across the runs, and the runs "
@@ -41,10 +47,39 @@ MULTI_RUN_NO_RECORDS = (
 )
 
 
-def run_split(run: RunRecord) -> dict:
+def run_split(run: RunRecord, rung: RungInput | None = None) -> dict:
     """Attack name -> (member scores, non-member scores) of a run's (or pooled runs')
-    scores: made once per evaluation, read by the evidence and by the report's plots."""
-    return split_scores({k: np.asarray(v) for k, v in run.scores.items()}, run.membership)
+    scores, or of ``rung``'s (the verdict's rung of the threat-model ladder): made once per
+    evaluation, read by the evidence and by the report's plots."""
+    scores = run.scores if rung is None else rung.scores
+    return split_scores({k: np.asarray(v) for k, v in scores.items()}, run.membership)
+
+
+def ladder_inputs(plan: AuditPlan, run: RunRecord, independent: bool) -> dict[str, RungInput]:
+    """The threat-model ladder's rungs of a run (``judging.ladder.rung_inputs``)."""
+    per_run = plan.judging.mode == "multi_run" and plan.canary.count == 1
+    return rung_inputs(run.scores, run.rungs, independent=independent, per_run=per_run)
+
+
+def verdict_rung(plan: AuditPlan, run: RunRecord, independent: bool) -> RungInput:
+    """The rung ``audit.threat_model`` names, with its scores (a ValueError says why a run
+    has none, e.g. run files written before the ladder)."""
+    rung = plan.judging.threat_model
+    chosen = ladder_inputs(plan, run, independent)[rung]
+    if chosen.scores is None:
+        raise ValueError(f"audit.threat_model={rung}: this training has no {rung} scores "
+                         f"({chosen.reason})")
+    return chosen
+
+
+def audit_split(plan: AuditPlan, run: RunRecord) -> dict:
+    """``run_split`` of the scores the verdict is about: the white-box attack scores, or
+    those of the rung ``audit.threat_model`` names."""
+    if plan.judging.threat_model == "white_box":
+        return run_split(run)
+    independent = (run.independent if run.independent is not None
+                   else recorded_independence(plan, run.canary_info))
+    return run_split(run, verdict_rung(plan, run, independent))
 
 
 def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None,
@@ -59,18 +94,27 @@ def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None,
     )
     independent = (run.independent if run.independent is not None
                    else recorded_independence(plan, run.canary_info))
+    j = plan.judging
+    rung = verdict_rung(plan, run, independent) if j.threat_model != "white_box" else None
     evidence = evaluate_audit(
-        plan.judging,
-        run_split(run) if split is None else split,
+        j,
+        run_split(run, rung) if split is None else split,
         run.membership,
         threat,
-        independent=independent,
+        independent=independent if rung is None else rung.independent,
         engine_accountants=run.engine_accountants,
         white_box=run.white_box,
-        white_box_reason=(MULTI_RUN_NO_RECORDS if plan.judging.mode == "multi_run"
-                          else None),
-        per_step=run.per_step,
+        white_box_reason=(MULTI_RUN_NO_RECORDS if j.mode == "multi_run" else None),
+        per_step=run.per_step if rung is None else None,  # per-step scores: white-box ones
     )
+    if rung is not None:  # below white box: every rung side by side on the same training
+        block = ladder_block(ladder_inputs(plan, run, independent), run.membership, threat,
+                             methods=j.methods, confidence=j.confidence,
+                             inclusion=j.inclusion, refutation_level=j.refutation_level,
+                             selected=j.threat_model, records=run.white_box)
+        evidence = dataclasses.replace(evidence,
+                                       verdict=with_ladder_warnings(evidence.verdict, block))
+        extra = {**(extra or {}), "threat_model_ladder": block}
     return evidence.result(
         settings=settings.to_dict(),
         audit_mode=audit_mode(plan.judging.mode),
@@ -122,7 +166,7 @@ def run_audit(
 
     def judge(run: RunRecord) -> dict:  # evaluate the run(s) and write the report
         ran = time.perf_counter()
-        split = run_split(run)
+        split = audit_split(plan, run)
         typed = evaluate(settings, run, {"wall_seconds": ran - start}, plan, split)
         timing = audit_timing(run, ran - start, time.perf_counter() - ran)
         result = dataclasses.replace(typed, timing=timing).to_dict()  # what results.json holds

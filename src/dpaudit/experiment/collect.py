@@ -12,7 +12,7 @@ import json
 import logging
 from pathlib import Path
 
-from dpaudit.experiment.audit import evaluate, run_split, write_report
+from dpaudit.experiment.audit import audit_split, evaluate, write_report
 from dpaudit.experiment.plan import plan_audit
 from dpaudit.experiment.trainings.multirun import (
     RUNS_DIR,
@@ -39,7 +39,7 @@ def reaggregate(directory: str | Path) -> dict:
         run = aggregate(out, settings)
         missing = sorted(set(range(settings.audit.runs)) - set(run.runs))
         extra = {"runs_done": len(run.runs), "runs_missing": missing}
-        split = run_split(run)
+        split = audit_split(plan, run)  # the scores of the verdict's rung
         result = evaluate(settings, run, extra, plan, split).to_dict()
         write_report(result, split, run, out, plan)
     if missing:

@@ -80,6 +80,7 @@ class Judging:
     inclusion: float
     mode: str
     runs: int
+    threat_model: str = "white_box"  # the verdict's rung of the threat-model ladder
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def plan_audit(settings: AuditSettings) -> AuditPlan:
         scores=tuple(settings.attack_scores()),
         judging=Judging(methods=tuple(a.methods), confidence=a.confidence,
                         refutation_level=a.refutation_level, inclusion=a.inclusion,
-                        mode=a.mode, runs=a.runs),
+                        mode=a.mode, runs=a.runs, threat_model=a.threat_model),
     )
 
 

@@ -43,6 +43,8 @@ from dpaudit.experiment.canary_designs.gradient import (
 from dpaudit.experiment.canary_designs.inputs import CANARY_SELECTIONS
 
 MODES = ("one_run", "multi_run")
+THREAT_MODELS = names.THREAT_MODELS
+MODEL_INITS = names.MODEL_INITS
 COORDINATIONS = names.COORDINATIONS
 OPTIMIZERS = ("sgd", "adam")
 
@@ -122,10 +124,20 @@ class ModelSettings:
 
     name: str = _opt("mlp", "architecture", "MODELS")
     width: int = _opt(400, "hidden width (mlp) / channels per conv layer (cnn); unused by logreg")
+    init: str = _opt("random", "the initial model: random, or pretrained (plain SGD, not "
+                     "private, on the training split's records outside data.n_train: "
+                     "Annamalai & De Cristofaro's worst-case initial model)", MODEL_INITS)
+    pretrain_epochs: int = _opt(5, "init=pretrained: epochs of pre-training")
+    pretrain_lr: float = _opt(0.01, "init=pretrained: pre-training learning rate, > 0")
+    pretrain_batch_size: int = _opt(32, "init=pretrained: pre-training batch size")
 
     def check(self) -> None:
         require_choice("model.name", self.name, _registry_names("MODELS"))
         require_positive("model.width", self.width, integer=True)
+        require_choice("model.init", self.init, MODEL_INITS)
+        require_positive("model.pretrain_epochs", self.pretrain_epochs, integer=True)
+        require_positive("model.pretrain_lr", self.pretrain_lr)
+        require_positive("model.pretrain_batch_size", self.pretrain_batch_size, integer=True)
 
 
 CLIPPINGS = ("flat", "per_layer", "adaptive")
@@ -255,8 +267,8 @@ class CanarySettings:
     n_references: int = _opt(128, "reference points for Algorithm 3's covariance")
     estimator: str = _opt("ledoit_wolf", "input: Algorithm 3's covariance estimator",
                           "ESTIMATORS")
-    crafted_value: float = _opt(100.0, "input, source=crafted: value of the one non-zero "
-                                "feature")
+    crafted_value: float = _opt(100.0, "input, source=crafted / crafted_distinct: value of "
+                                "the one non-zero feature")
     options: dict[str, Any] = _opt(  # noqa: RUF009
         help="options of a registered canary design (its Options record's fields)",
         factory=dict,
@@ -342,6 +354,11 @@ class AuditGroupSettings:
                                    "refuting statements' own, far below 1 - confidence), in "
                                    "(0, 1 - confidence]")
     inclusion: float = _opt(0.5, "probability that a canary (multi_run: a run) is a member")
+    threat_model: str = _opt(
+        "white_box", "what the verdict's adversary sees: white_box (every released gradient), "
+        "hidden_state (the final parameters only; sparse gradient canaries) or black_box (the "
+        "final model's outputs on input canaries); below white_box the report adds the "
+        "ladder, every rung's evidence side by side (docs/threat_models.md)", THREAT_MODELS)
     worker: int = _opt(0, "multi_run: this worker's index among `workers` sharing the "
                        "directory (where it starts claiming runs; no effect on results)")
     workers: int = _opt(1, "multi_run: how many workers share the directory (with `worker`: "
@@ -354,6 +371,7 @@ class AuditGroupSettings:
 
     def check(self) -> None:
         require_choice("audit.mode", self.mode, MODES)
+        require_choice("audit.threat_model", self.threat_model, THREAT_MODELS)
         require_choice("audit.coordination", self.coordination, COORDINATIONS)
         require_positive("audit.workers", self.workers, integer=True)
         require_integer("audit.worker", self.worker, 0, self.workers)
@@ -453,6 +471,11 @@ class AuditSettings:
                    "only the released gradient's norm, the same for every canary of one "
                    "training, so it cannot tell members apart (use it with audit=multi_run)",
                    scores)
+        self._check_threat_model(design)
+        if self.model.init == "pretrained" and self.data.n_train is None:
+            refuse("data.n_train", "a number of training records with model.init=pretrained "
+                   "(the model is pre-trained on the training split's other records, disjoint "
+                   "from the audited ones)", None)
         c = self.canary
         if (self.audit.mode == "multi_run" and c.count > 1
                 and not design.realises(options, ctx).shares_a_run):
@@ -462,6 +485,20 @@ class AuditSettings:
                 "canaries of a run share one membership bit, so other canaries form a group of "
                 "records and the one-record claim does not apply; use canary.count=1"
             )
+
+    def _check_threat_model(self, design: CanaryDesign) -> None:
+        """The rung ``audit.threat_model`` names must exist for these canaries: the hidden
+        state reads sparse gradient canaries' final coordinates, the black box queries input
+        canaries."""
+        rung, c = self.audit.threat_model, self.canary
+        sparse = c.kind != "gradient" or (c.direction == "dirac" and c.view == "auto")
+        if rung == "hidden_state" and not (design.threat_kind == "gradient" and sparse):
+            refuse("audit.threat_model", "white_box or black_box with these canaries: "
+                   "hidden_state scores sparse gradient canaries from the final parameters "
+                   "(canary.kind=gradient canary.direction=dirac canary.view=auto)", rung)
+        if rung == "black_box" and design.threat_kind != "input":
+            refuse("audit.threat_model", "white_box or hidden_state with gradient canaries: "
+                   "black_box queries the final model on input canaries (canary=input)", rung)
 
     def design(self) -> CanaryDesign:
         """The canary design ``canary.kind`` names, through the typed interface (a release-0.5

@@ -20,6 +20,9 @@ is allowed, the model an estimate assumes or None). A new method is one module w
   one- or two-sided, ``two_sided=False`` for "in" guesses only; default: a count per claim),
   guess_fractions, sides (explicit candidates, Bonferroni), inclusion (1/2
   only; an implausible split is refused), seed (ties). See ``one_run.bounds``.
+* ``"anchor_gdp"`` (GDP estimate, never valid as a bound): Annamalai & De Cristofaro's figure,
+  the threshold maximised over every score without correction; option alpha (each rate's
+  Clopper-Pearson level, their 0.05). See ``anchor_gdp``.
 * ``"fdp_one_run_certified"`` (certified; delta = 0 allowed): the same guesses and options;
   the infimum of the epsilons whose (epsilon, delta)-DP they do not refute, valid for canaries
   trained together. See ``one_run.bounds``.
@@ -41,6 +44,7 @@ from typing import Any, NamedTuple
 
 from dpaudit._validate import check_delta, check_open_unit, check_scores, require_known
 from dpaudit.registry import Registry
+from dpaudit.stats.anchor_gdp import ASSUME_ANCHOR_GDP, anchor_gdp_bound
 from dpaudit.stats.clopper_pearson import threshold_bound
 from dpaudit.stats.density import density_bound
 from dpaudit.stats.gaussian_fit import gaussian_bound
@@ -97,6 +101,7 @@ METHOD_REGISTRY: Registry = Registry("bound method", {
         True,
         dependent_ok=True,
     ),
+    "anchor_gdp": MethodSpec(anchor_gdp_bound, frozenset({"alpha"}), False, ASSUME_ANCHOR_GDP),
 }, check=_check_spec)
 METHODS = METHOD_REGISTRY.builtin  # the built-in methods; METHOD_REGISTRY has registered ones too
 

@@ -112,7 +112,8 @@ def poisson_sampling_test(batch_sizes, n: int, q: float, *, level: float) -> Che
     Args:
         batch_sizes: the T realised batch sizes (integers >= 0).
         n: the number of examples sampled from.
-        q: the claimed sample rate, in (0, 1).
+        q: the claimed sample rate, in (0, 1]; at 1 (full batches) the test is exact
+            (``_full_batch_test``).
         level: the test's error probability.
     """
     b = check_real_array(batch_sizes, "batch_sizes").reshape(-1)
@@ -120,6 +121,8 @@ def poisson_sampling_test(batch_sizes, n: int, q: float, *, level: float) -> Che
         raise ValueError(f"batch_sizes must be >= 2 integers >= 0, got {b.size} values")
     if isinstance(n, bool) or int(n) != n or n < 1 or np.any(b > n):
         raise ValueError(f"n must be a positive integer >= every batch size, got {n!r}")
+    if q == 1.0:  # full batches: every example in every step, the sizes exactly n
+        return _full_batch_test(b, int(n), check_open_unit(level, "level"))
     q = check_open_unit(q, "q")
     level = check_open_unit(level, "level")
     n, t_n = int(n), b.size
@@ -154,6 +157,23 @@ def poisson_sampling_test(batch_sizes, n: int, q: float, *, level: float) -> Che
         checked=[f"{t_n} realised batch sizes"],
         details={"p_rate": float(p_sum), "p_regularity": p_reg, "p_spread": p_spread,
                  "p_expected_size": p_close, "steps_at_expected_size": hits},
+    )
+
+
+def _full_batch_test(b: np.ndarray, n: int, level: float) -> CheckResult:
+    """``poisson_sampling_test`` at q = 1: Binomial(n, 1) is the constant n, so the test is
+    exact and deterministic: rejected (p = 0) when a batch held other than all n examples."""
+    off = int((b != n).sum())
+    return CheckResult(
+        name="poisson_sampling", kind=STATISTICAL, rejected=off > 0,
+        p_value=0.0 if off else 1.0, level=level,
+        statement=(f"the {b.size} batches were drawn by Poisson sampling at rate q = 1 from "
+                   f"n = {n} examples (every batch holds all n)"),
+        witness={"failed": "full batch" if off else None, "mean_batch": float(b.mean()),
+                 "expected_mean": float(n), "batch_sd": float(b.std()), "expected_sd": 0.0,
+                 "steps_not_full": off},
+        checked=[f"{b.size} realised batch sizes"],
+        details={"q": 1.0, "steps_not_full": off},
     )
 
 

@@ -14,13 +14,21 @@ noise probe.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+from dpaudit._validate import require_choice
 from dpaudit.experiment.judging.evaluation import DEFAULT_METHODS, evaluate_scores, split_scores
+from dpaudit.experiment.judging.ladder import (
+    RUNGS,
+    ladder_block,
+    rung_inputs,
+    with_ladder_warnings,
+)
 from dpaudit.experiment.judging.levels import REFUTATION_LEVEL
 from dpaudit.experiment.judging.outputs import audit_mode, write_audit_report
 from dpaudit.experiment.plan import Realisation, threat_model
@@ -167,6 +175,7 @@ def audit_report(
     white_box: bool = True,
     output_dir: str | Path | None = None,
     quiet: bool = False,
+    rung: str = "white_box",
 ) -> dict:
     """Evidence, theory and verdict of an audit done in your own loop (module docstring).
 
@@ -212,8 +221,19 @@ def audit_report(
             them out of the report, which says so.
         output_dir: where to write results.json, plots and print the table (optional).
         quiet: do not print the table when writing.
+        rung: the threat-model ladder's rung the verdict is about (``judging.ladder``):
+            ``"white_box"`` (the hook's scores of every release, the default),
+            ``"hidden_state"`` (sparse gradient canaries scored from theta_0 and the final
+            parameters alone) or ``"black_box"`` (input canaries scored by the final model:
+            negative loss, logit margin); below white box the result adds
+            ``threat_model_ladder``, every rung's evidence side by side on this training.
+            Needs the hook (and no ``scores``).
     """
     check_inclusion(inclusion)
+    require_choice("rung", rung, RUNGS)
+    if rung != "white_box" and (hook is None or scores is not None):
+        raise ValueError(f"rung={rung!r} reads the hook's records of the final model: pass "
+                         "the AuditHook and no scores")
     if independent_canaries == "auto":
         independent_canaries = (hook is not None
                                 and auto_independence(hook, canaries_index(hook, canaries))[0])
@@ -221,10 +241,19 @@ def audit_report(
         raise ValueError(f"independent_canaries must be True, False or 'auto', got "
                          f"{independent_canaries!r}")
     member = None if membership is None else np.asarray(membership, dtype=bool)
+    inputs = None
     if hook is not None:
         start, stop, canary_set = _canary_slice(hook, canaries)
         if scores is None:
             scores = {k: v[start:stop] for k, v in hook.scores().items()}
+        if rung != "white_box":
+            from dpaudit.capture.final_state import rung_scores
+
+            rec = rung_scores(hook, canaries_index(hook, canaries), start, stop)
+            inputs = rung_inputs(scores, rec, independent=independent_canaries, per_run=False)
+            if inputs[rung].scores is None:
+                raise ValueError(f"rung={rung!r}: {inputs[rung].reason}")
+            scores, independent_canaries = inputs[rung].scores, inputs[rung].independent
         if member is None:
             pols = getattr(canary_set, "policies", None)
             if pols is None:
@@ -273,6 +302,15 @@ def audit_report(
         refutation_level=refutation_level,
         canary_set=None if hook is None else canaries_index(hook, canaries),
     )
+    context = {}
+    if inputs is not None:  # below white box: every rung side by side on this training
+        block = ladder_block(inputs, member, threat_model, methods=methods,
+                             confidence=confidence, inclusion=inclusion,
+                             refutation_level=refutation_level, selected=rung, records=records,
+                             canary_set=canaries_index(hook, canaries))
+        evidence = dataclasses.replace(evidence,
+                                       verdict=with_ladder_warnings(evidence.verdict, block))
+        context["threat_model_ladder"] = block
     n_in, n_out = int(member.sum()), int((~member).sum())
     result = evidence.result(
         settings=None,
@@ -282,6 +320,7 @@ def audit_report(
         engine_accountants=training,
         canary_info={"certifiable_ceiling": certifiable_ceiling(
             n_in, n_out, threat_model.claimed_epsilon(), confidence, threat_model.delta)},
+        **context,
     ).to_dict()
     if output_dir is not None:
         device = None

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpaudit.experiment.judging.ladder import ladder_report_blocks
 from dpaudit.forecast import ceiling_sentence
 from dpaudit.report import (
     format_table,
@@ -121,6 +122,7 @@ def report_blocks(result: dict) -> list[dict]:
             "Koskela & Mohammadi Sec. 9.2): "
             + ", ".join(f"{a} epsilon {r['epsilon']:.3f}" for a, r in pld.items())]})
     blocks += white_box_blocks(result.get("white_box"), th.get("training_data"))
+    blocks += ladder_report_blocks(result.get("threat_model_ladder"))
     notes = []
     expected = (result.get("canary_info") or {}).get("expected_certified_epsilon") or {}
     if expected.get("advice"):  # said before training too: a 0 above is no surprise
@@ -260,7 +262,8 @@ def white_box_blocks(white_box: dict | None, training: dict | None = None) -> li
 
 
 # columns the console cuts to a width (the HTML page and results.json keep the full text)
-CONSOLE_WIDTHS = {"assumes": 48, "checked": 60, "note": 48, "measured": 72}
+CONSOLE_WIDTHS = {"assumes": 48, "checked": 60, "note": 48, "measured": 72, "sees": 44,
+                  "status": 60}
 
 
 def _short(text, width: int = 48):

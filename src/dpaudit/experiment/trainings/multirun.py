@@ -94,8 +94,11 @@ def fingerprint(settings: AuditSettings) -> str:
     d.pop("device", None)
     # evaluation choices, how many runs to make, and which worker makes them
     skip = ("methods", "confidence", "refutation_level", "runs", "worker", "workers",
-            "coordination")
+            "coordination", "threat_model")
     d["audit"] = {k: v for k, v in d["audit"].items() if k not in skip}
+    if d["model"].get("init", "random") == "random":  # as before model.init existed
+        for k in ("init", "pretrain_epochs", "pretrain_lr", "pretrain_batch_size"):
+            d["model"].pop(k, None)
     if not d["canary"].get("options"):  # empty: as before canary.options existed
         d["canary"].pop("options", None)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
@@ -447,6 +450,7 @@ def aggregate(out: str | Path, settings: AuditSettings | None = None,
         for k, v in rec.scores.items():
             scores.setdefault(k, []).extend(v)
         membership.extend(rec.membership)
+    rungs = pooled_rungs([rec.rungs for rec in records])
     first = records[0]
     threat = first.threat_model
     if threat is None and settings is not None:  # run files written before threat models
@@ -465,4 +469,27 @@ def aggregate(out: str | Path, settings: AuditSettings | None = None,
         independent=first.independent,
         runs=sorted(good),
         train_seconds=_summed([r.train_seconds for r in records]),
+        rungs=rungs,
     )
+
+
+def pooled_rungs(per_run: list[dict | None]) -> dict | None:
+    """The weaker rungs' scores of runs pooled run after run (the first run's summary; a
+    rung some run lacks, e.g. run files written before the ladder, has none, with why)."""
+    if not per_run or all(r is None for r in per_run):
+        return None
+    out: dict = {}
+    for rung in sorted({k for r in per_run if r for k in r}):
+        entries = [(r or {}).get(rung) for r in per_run]
+        if any(e is None for e in entries):
+            out[rung] = {"reason": "some run files hold no scores for it (written before "
+                         "the threat-model ladder)"}
+        elif any("scores" not in e for e in entries):
+            out[rung] = {"reason": next(e["reason"] for e in entries if "scores" not in e)}
+        else:
+            names = set.intersection(*(set(e["scores"]) for e in entries))
+            out[rung] = {"scores": {n: [v for e in entries for v in e["scores"][n]]
+                                    for n in sorted(names)}}
+            if "summary" in entries[0]:
+                out[rung]["summary"] = entries[0]["summary"]
+    return out

@@ -24,6 +24,7 @@ from dpaudit.canaries import predicted_leakage
 from dpaudit.capture.records import WhiteBoxRecords
 from dpaudit.experiment.plan import AuditPlan, RunPlan, derive, membership_counts
 from dpaudit.experiment.trainings.canary_setup import CanarySetup, setup_canaries
+from dpaudit.experiment.trainings.pretrain import pretrain
 from dpaudit.experiment.trainings.scores import build_scores
 from dpaudit.experiment.trainings.training import train_audited
 from dpaudit.forecast import (
@@ -117,6 +118,9 @@ class RunRecord:
     bit: int | None = None
     fingerprint: str | None = None
     runs: list[int] | None = None  # pooled record: the run numbers it holds
+    # the weaker rungs of the threat-model ladder (capture.final_state.rung_scores): per rung
+    # its scores by name, or why it has none; pooled runs: the scores run after run
+    rungs: dict | None = None
     white_box: WhiteBoxRecords | None = None  # the white-box checks' records (not saved)
     per_step: dict | None = None  # score name -> (K, T) per-step values (not saved)
 
@@ -159,7 +163,7 @@ _REQUIRED = tuple(f.name for f in fields(RunRecord) if f.default is MISSING)
 _RUNTIME_ONLY = frozenset({"white_box", "per_step"})
 _OMITTED_WHEN_NONE = frozenset(
     {"threat_model", "candidate_scores", "selection", "independent", "run", "bit",
-     "fingerprint", "runs"}
+     "fingerprint", "runs", "rungs"}
 )
 
 
@@ -206,7 +210,10 @@ def prepare_run(
     m = plan.model
     model = build_model(m.name, info.input_shape, info.num_classes, m.width, seed=seed)
     model = model.to(plan.device)
+    pretrained = pretrain_model(plan, model, info)
     setup = setup_canaries(plan, model, train, membership)
+    if pretrained is not None:
+        setup.info["pretrained"] = pretrained
     derived = derive(plan, setup)
     scores = build_scores(plan.scores, plan.attack, model, setup, derived.expected_batch_size,
                           derived.threat)
@@ -214,6 +221,21 @@ def prepare_run(
         setup.info["predicted_leakage"] = predict_input_leakage(plan, model, setup, derived)
     warn_if_bounds_vanish(plan, counts, derived.threat, setup.info, warn=warn)
     return PreparedRun(model, test, setup, derived, scores)
+
+
+def pretrain_model(plan: AuditPlan, model, info) -> dict | None:
+    """``model.init=pretrained``: pre-train ``model`` in place on the data set's records
+    outside the audited subset (``pretrain``), seeded by the plan; None for a random init."""
+    m = plan.model
+    if m.init != "pretrained":
+        return None
+    rest = info.extra.get("unused_train")
+    if rest is None:
+        raise ValueError(f"model.init=pretrained: data set {plan.data.name!r} keeps no "
+                         "records outside data.n_train to pre-train on (digits and mnist5k "
+                         "do; set data.n_train below the training split's size)")
+    return pretrain(model, rest, epochs=m.pretrain_epochs, lr=m.pretrain_lr,
+                    batch_size=m.pretrain_batch_size, seed=plan.seed)
 
 
 def predict_input_leakage(plan: AuditPlan, model, setup, derived: RunPlan) -> dict:
@@ -305,4 +327,5 @@ def audit_run(
         independent=derived.independent,
         white_box=outcome.white_box,
         per_step=outcome.per_step,
+        rungs=outcome.rungs,
     )

@@ -28,6 +28,7 @@ from dpaudit.accounting import AccountantEpsilon, engine_epsilons
 from dpaudit.attacks import StepScore
 from dpaudit.bugs import check_bug, plant_bug, plant_sampler_bug
 from dpaudit.capture import AuditHook
+from dpaudit.capture.final_state import rung_scores
 from dpaudit.capture.records import WhiteBoxRecords
 from dpaudit.experiment.settings import DPSettings
 from dpaudit.models import LOSS
@@ -48,6 +49,7 @@ class TrainingOutcome:
     seconds: float
     white_box: WhiteBoxRecords | None = None  # for ``experiment.judging.white_box``
     per_step: dict[str, np.ndarray] | None = None  # score name -> (K, T) per-step values
+    rungs: dict | None = None  # the weaker rungs' scores (``capture.final_state.rung_scores``)
 
 
 def make_optimizer(model: nn.Module, dp: DPSettings) -> torch.optim.Optimizer:
@@ -255,6 +257,7 @@ def train_audited(
         remove_bug()
     model.eval()
     acc = accuracy(model, test_set, device) if test_set is not None else float("nan")
+    rungs = rung_scores(hook, 0, 0, hook.num_canaries) if len(hook.canaries) == 1 else None
     return TrainingOutcome(
         scores=hook.scores(),
         inclusions=hook.inclusions(),
@@ -270,4 +273,5 @@ def train_audited(
             accountant=engine.accountant.mechanism(),
         ) if white_box else None,
         per_step=hook.per_step() if white_box else None,
+        rungs=rungs,
     )
