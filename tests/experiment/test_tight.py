@@ -119,7 +119,8 @@ def test_one_run_live_preset_reduced():
     groups = _live_preset(
         f"dp.steps={steps}", f"dp.noise_multiplier={float(sigma)!r}", "progress=false"
     )
-    assert groups["model"] == {"name": "cnn", "width": 16}
+    model = groups["model"]
+    assert (model["name"], model["width"], model["init"]) == ("cnn", 16, "random")
     assert groups["canary"]["count"] == 10000 and groups["canary"]["placement"] == "random_live"
     r = run_audit(**groups)
     info, truth = r["canary_info"], r["theory"]["gaussian_epsilon"]

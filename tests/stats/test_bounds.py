@@ -83,8 +83,14 @@ def test_coverage_over_repetitions():
             e = epsilon_lower_bound(a, b, delta=delta, confidence=conf, method=m).epsilon
             above[m] += e > truth
             means[m] += e / reps
-    for m in METHODS:
-        assert above[m] / reps <= limit, (m, above[m] / reps)
+    # anchor_gdp is the anchor's own figure (threshold maximised over every score without
+    # correction): an estimate by construction. Its excess is the counter-example that makes
+    # it one (measured: 33 / 300 = 11% above the truth at a nominal 95%), so it is asserted
+    # to exceed the level rather than to hold it; every other method holds it.
+    anchor = above.pop("anchor_gdp") / reps
+    assert anchor > 1 - conf, anchor
+    for m, count in above.items():
+        assert count / reps <= limit, (m, count / reps)
     # The bounds are not vacuous at this sample size (measured means: gdp ~1.3, cp ~0.6).
     assert means["gdp"] > 0.25 * truth and means["clopper_pearson"] > 0.1 * truth
 
