@@ -193,3 +193,24 @@ def test_profile_roc_inverse_envelope_equals_every_line(sigma, q, steps):
     brute, fast = roc_inverse_from_profile(y, e, d), ProfileRocInverse(e, d)(y)
     assert np.all(fast <= brute)
     np.testing.assert_allclose(fast, brute, rtol=1e-12, atol=0.0)
+
+
+@pytest.mark.parametrize("sigma,q,steps", [(1.2, 0.048, 100), (0.6, 0.28, 36), (0.5, 0.5, 48),
+                                           (0.3, 0.5, 100), (0.3, 0.01, 1000), (8.0, 0.5, 100),
+                                           (1.0, 1.0, 10), (3.0, 0.05, 2000)])
+def test_truncated_mean_equals_opacus_quadrature(sigma, q, steps):
+    """The discretisation's continuous mean by vectorised Gauss-Legendre (or, where its two
+    orders disagree, Opacus' own ``quad``) equals Opacus' ``mean`` within quad's tolerance:
+    measured within 3.4e-8 (sigma 0.3, q 0.5; 1.5e-12 at the default audit's sigma 1.2)."""
+    from opacus.accountants.analysis.prv import (
+        PoissonSubsampledGaussianPRV,
+        TruncatedPrivacyRandomVariable,
+    )
+
+    from dpaudit.accounting import _safe_domain, _truncated_mean
+
+    domain = _safe_domain(sigma, q, steps, 0.01, 1e-8)
+    with np.errstate(all="ignore"):
+        prv = TruncatedPrivacyRandomVariable(PoissonSubsampledGaussianPRV(q, sigma),
+                                             domain.t_min, domain.t_max)
+        assert _truncated_mean(prv) == pytest.approx(prv.mean(), rel=1e-7, abs=1e-7)

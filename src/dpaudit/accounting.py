@@ -21,11 +21,11 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from opacus.accountants import GaussianAccountant, PRVAccountant, RDPAccountant
 from opacus.accountants.analysis.prv import (
+    DiscretePRV,
     Domain,
     PoissonSubsampledGaussianPRV,
     TruncatedPrivacyRandomVariable,
     compose_heterogeneous,
-    discretize,
 )
 from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
@@ -349,8 +349,60 @@ def discrete_prv(noise_multiplier, sample_rate, steps, eps_error, delta_error):
         prv = PoissonSubsampledGaussianPRV(q, sigma)
         truncated = TruncatedPrivacyRandomVariable(prv, domain.t_min, domain.t_max)
         return compose_heterogeneous(
-            dprvs=[discretize(truncated, domain)], num_self_compositions=[steps]
+            dprvs=[_discretize(truncated, domain)], num_self_compositions=[steps]
         )
+
+
+def _discretize(truncated: TruncatedPrivacyRandomVariable, domain: Domain) -> DiscretePRV:
+    """Opacus' ``discretize`` (the PRV's mass per cell, the grid shifted so that its mean is
+    the continuous one), with the continuous mean from ``_truncated_mean``."""
+    t = domain.ts
+    pmf = truncated.cdf(t + domain.dt / 2) - truncated.cdf(t - domain.dt / 2)
+    shift = _truncated_mean(truncated) - np.dot(t, pmf)
+    if np.abs(shift) >= domain.dt / 2:
+        raise RuntimeError("Discrete mean differs significantly from continuous mean.")
+    return DiscretePRV(pmf=pmf, domain=domain.shift_right(shift))
+
+
+_MEAN_NODES = (128, 256)  # Gauss-Legendre nodes per piece: the two orders compared
+_MEAN_AGREE = 1e-10  # their largest difference accepted (a shift of the grid by as much)
+
+
+@functools.cache
+def _gauss_legendre(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """numpy's n-point Gauss-Legendre nodes and weights on [-1, 1], computed once (an
+    eigenproblem: 3 ms at n = 256)."""
+    x, w = np.polynomial.legendre.leggauss(n)
+    x.setflags(write=False)
+    w.setflags(write=False)
+    return x, w
+
+
+def _truncated_mean(truncated: TruncatedPrivacyRandomVariable) -> float:
+    """The truncated PRV's mean, as Opacus' ``TruncatedPrivacyRandomVariable.mean``
+    (E t = sum over pieces of [t F(t)] - integral of F, on its pieces), with the pieces' integrals
+    by Gauss-Legendre quadrature in one vectorised evaluation instead of ``scipy.integrate.quad``
+    on scalars (10 ms per PRV). log(1 - q), where the PRV's support starts, is one more piece
+    boundary (the same integral; F is smooth on each piece). Where two orders differ by more
+    than 1e-10 (small noise: sigma 0.3), Opacus' own ``mean`` is returned."""
+    t_min, t_max = truncated.t_min, truncated.t_max
+    points = np.concatenate([
+        [t_min], -np.logspace(int(np.log10(np.abs(t_min))), -5, 10), [0],
+        np.logspace(-5, int(np.log10(t_max)), 10), [t_max]])
+    q = float(truncated._prv.sample_rate)
+    if q < 1 and t_min < np.log1p(-q) < t_max:
+        points = np.sort(np.append(points, np.log1p(-q)))
+    a, b = points[:-1], points[1:]
+    half, mid = (b - a) / 2, (b + a) / 2
+    ends = np.sum(b * truncated.cdf(b) - a * truncated.cdf(a))
+    means = []
+    for n in _MEAN_NODES:
+        x, w = _gauss_legendre(n)
+        values = truncated.cdf(mid[:, None] + half[:, None] * x[None, :])
+        means.append(float(ends - np.sum((values @ w) * half)))
+    if abs(means[0] - means[1]) <= _MEAN_AGREE:
+        return means[1]
+    return float(truncated.mean())
 
 
 def prv_epsilon(

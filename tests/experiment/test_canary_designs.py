@@ -136,3 +136,21 @@ def test_the_cli_audits_a_design_from_a_plugin(tmp_path):
     result = json.loads((tmp_path / "results.json").read_text())
     assert result["settings"]["canary"]["options"] == {"support": 8}
     assert result["canary_info"]["support"] == 8
+
+
+def test_tensors_gathers_a_tensor_dataset_as_it_reads_any_dataset():
+    """``tensors``' one-gather path for a ``TensorDataset`` returns what reading the examples
+    one by one returns (the generic path, taken for any other dataset: here a ``Subset``)."""
+    import torch
+    from torch.utils.data import Subset, TensorDataset
+
+    from dpaudit.experiment.canary_designs.base import tensors
+
+    gen = torch.Generator().manual_seed(0)
+    ds = TensorDataset(torch.randn(20, 3, 4, generator=gen), torch.randint(0, 5, (20,)))
+    idx = np.array([7, 0, 19, 7, 3])
+    fast = tensors(ds, idx)
+    slow = tensors(Subset(ds, range(20)), idx)
+    assert len(fast) == 2
+    for a, b in zip(fast, slow, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)

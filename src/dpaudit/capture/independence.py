@@ -10,7 +10,8 @@ step: for independent canaries it is exactly zero (a sum of exact zeros). Where 
 record names the canaries, the coordinates and the first step, and the audit withdraws the
 statements that assume independent canaries (``experiment.judging``).
 
-Cost: O(|S|) per step on the model's device, no host synchronisation until ``record``.
+Cost: O(|S|) per step on the model's device, no host synchronisation until ``record`` (on
+CPU, where reading a flag costs nothing, an all-zero step returns after one ``any``).
 Dense gradient canaries and input canaries share coordinates with the data by construction;
 they are not watched (their sets are listed as not applicable).
 """
@@ -60,7 +61,10 @@ class IndependenceWatch:
         self._steps = step + 1
         if not self.active:
             return
-        data = self._insertion.data_on_support().abs_()
+        data = self._insertion.data_on_support()
+        if data.device.type == "cpu" and not bool(data.any()):
+            return  # all zeros (the independent case): nothing changes; a free check on CPU
+        data = data.to(torch.float64).abs_()  # take / cat made it ours: summed_grad is untouched
         self._first.masked_fill_((self._first < 0) & (data != 0), step)
         torch.maximum(self._largest, data.div_(float(bound)), out=self._largest)
 

@@ -374,8 +374,9 @@ class GradientInsertion:
     def data_on_support(self) -> torch.Tensor | None:
         """(|S|,) the optimizer's clipped sum ``p.summed_grad`` on the union S of the sparse
         canaries' supports, read before any canary is inserted (the data's own contribution
-        there: exactly zero at every step for canaries independent of the data), in float64
-        on the model's device; None without sparse canaries. O(|S|), no host sync."""
+        there: exactly zero at every step for canaries independent of the data), in the
+        parameters' dtype on the model's device; None without sparse canaries. O(|S|), no host
+        sync."""
         if self._support is None:
             return None
         if self._support_blocks is None:  # (parameter, its local indices), once
@@ -385,8 +386,7 @@ class GradientInsertion:
         parts = [p.summed_grad.take(local) if p.summed_grad is not None
                  else local.new_zeros(local.shape, dtype=p.dtype)
                  for p, local in self._support_blocks]  # take indexes as 1-D, like put_
-        out = parts[0] if len(parts) == 1 else torch.cat(parts)
-        return out.to(torch.float64)
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     # ------------------------------------------------------------------ per step
     def draw(self) -> np.ndarray:

@@ -186,7 +186,11 @@ class BuildContext:
 def tensors(ds, idx: np.ndarray) -> tuple:
     """The (inputs, targets) tensors of the examples ``idx`` of a dataset of (x, y) pairs."""
     import torch
+    from torch.utils.data import TensorDataset
 
+    if type(ds) is TensorDataset and len(ds.tensors) == 2:  # the loaders' data: one gather
+        rows = torch.as_tensor(np.asarray(idx, dtype=np.int64))
+        return tuple(t[rows.to(t.device)] for t in ds.tensors)
     xs, ys = zip(*(ds[int(i)] for i in idx), strict=True)
     return torch.stack(xs), torch.stack([torch.as_tensor(y) for y in ys])
 
