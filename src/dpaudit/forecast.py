@@ -102,6 +102,12 @@ def certifiable_ceiling(
     return out
 
 
+def per_side_points(forecast: dict) -> str:
+    """A forecast's ``epsilon_at_per_side`` in words: "1,000 per side 0.306, ..."."""
+    return ", ".join(f"{int(k):,} per side {v:.3g}"
+                     for k, v in forecast["epsilon_at_per_side"].items())
+
+
 def ceiling_sentence(ceiling: dict) -> str:
     """``certifiable_ceiling`` in words, for the report (empty when it is not below the claim)."""
     if not ceiling or ceiling.get("needed_per_side") == 0:

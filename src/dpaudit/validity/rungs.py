@@ -73,8 +73,18 @@ def _releases(n: int, steps: int, noise: float, signal: float, rng) -> np.ndarra
     return noise * rng.standard_normal((n, steps)) + signal
 
 
+class _HiddenState(_BoundedByGaussian):
+    """A canary's own coordinate after T steps of a base optimizer: ``_score`` maps the (n, T)
+    releases (noise plus the canary's signal when a member) to -(theta_T - theta_0); each
+    subclass defines it."""
+
+    def sample(self, n_in, n_out, rng):
+        return (self._score(_releases(n_in, self.steps, self.noise, self.signal, rng)),
+                self._score(_releases(n_out, self.steps, self.noise, 0.0, rng)))
+
+
 @dataclass(frozen=True)
-class HiddenStateMomentum(_BoundedByGaussian):
+class HiddenStateMomentum(_HiddenState):
     """SGD with momentum ``beta`` on a canary's own coordinate (module doc); exact truth."""
 
     noise: float = 6.0
@@ -110,13 +120,9 @@ class HiddenStateMomentum(_BoundedByGaussian):
             theta -= buf
         return -theta
 
-    def sample(self, n_in, n_out, rng):
-        return (self._score(_releases(n_in, self.steps, self.noise, self.signal, rng)),
-                self._score(_releases(n_out, self.steps, self.noise, 0.0, rng)))
-
 
 @dataclass(frozen=True)
-class HiddenStateAdam(_BoundedByGaussian):
+class HiddenStateAdam(_HiddenState):
     """Adam on a canary's own coordinate (module doc); truth bounded by the composition's."""
 
     noise: float = 6.0
@@ -145,10 +151,6 @@ class HiddenStateAdam(_BoundedByGaussian):
             v = b2 * v + (1 - b2) * g[:, t] ** 2
             theta -= (m / (1 - b1 ** (t + 1))) / (np.sqrt(v / (1 - b2 ** (t + 1))) + 1e-8)
         return -theta
-
-    def sample(self, n_in, n_out, rng):
-        return (self._score(_releases(n_in, self.steps, self.noise, self.signal, rng)),
-                self._score(_releases(n_out, self.steps, self.noise, 0.0, rng)))
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from dpaudit.experiment.judging.evaluation import (
     independence_broken,
     split_scores,
 )
+from dpaudit.forecast import per_side_points
 from dpaudit.names import THREAT_MODELS
 from dpaudit.report.results import PRIVACY_BUG
 from dpaudit.threat_model import ThreatModel
@@ -265,10 +266,9 @@ def ladder_report_blocks(block: dict | None) -> list[dict]:
             lines.append(f"{r['rung']}: {s['base_optimizer']}: {s['sums_releases_reason']}")
         fc = r.get("forecast")
         if fc:
-            at = ", ".join(f"{int(k):,} per side {v:.3g}" for k, v in
-                           fc["epsilon_at_per_side"].items())
             lines.append(f"{r['rung']}: more canaries scoring alike (AUC {fc['auc']:.3f}, mu "
-                         f"{fc['mu']:.3g}) would certify about {at} ({fc['method']}; "
+                         f"{fc['mu']:.3g}) would certify about {per_side_points(fc)} "
+                         f"({fc['method']}; "
                          f"{fc['kind']})")
     lines.append(f"claim on every rung: {block['accountant']}, epsilon "
                  f"{block['claimed_epsilon']:.4g}; {block['note']}")

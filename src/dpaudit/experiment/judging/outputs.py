@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from dpaudit.experiment.judging.ladder import ladder_report_blocks
-from dpaudit.forecast import ceiling_sentence
+from dpaudit.forecast import ceiling_sentence, per_side_points
 from dpaudit.report import (
     format_table,
     plot_roc,
@@ -192,9 +192,8 @@ def training_blocks(training: dict | None) -> list[dict]:
         lines.append(f"lower side: {lower['note']}")
     fc = lower.get("forecast")
     if fc:
-        at = ", ".join(f"{int(k):,} per side {v:.3g}" for k, v in
-                       fc["epsilon_at_per_side"].items())
-        lines.append(f"canaries inserted like an example would certify about: {at} "
+        lines.append(f"canaries inserted like an example would certify about: "
+                     f"{per_side_points(fc)} "
                      f"({fc['kind']})")
     if training.get("conditional_on"):
         lines.append("the upper side assumes the structure the checks test but cannot prove: "
