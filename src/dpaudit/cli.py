@@ -14,8 +14,11 @@ its JSON and plots there and returns its results. Around that call the CLI
 * ends by printing where the outputs are.
 
 An audit whose verdict is a PRIVACY BUG (certified evidence against the claim) exits with
-status 3, so an audit can gate CI; ``fail_on_bug=false`` turns that off. In a sweep (``-m``)
-every job runs and the status stays 0; read the jobs' verdicts with ``dpaudit-aggregate``.
+status 3, so an audit can gate CI; ``fail_on_bug=false`` turns that off. With
+``audit.require=verified`` an audit whose epsilon is not verified (a premise could not be
+seen: verdict ``not_verified``, or a finding that leaves the upper side unverified) exits with
+status 4. In a sweep (``-m``) every job runs and the status stays 0; read the jobs' verdicts
+with ``dpaudit-aggregate``.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from dpaudit.experiment.settings import AuditSettings
 from dpaudit.registry import load_plugins
 
 EXIT_PRIVACY_BUG = 3
+EXIT_NOT_VERIFIED = 4
 EXIT_USAGE = 2
 
 # hydra/launcher option -> (plugin module, pip package)
@@ -69,6 +73,14 @@ log = logging.getLogger("dpaudit.cli")
 def privacy_bug(result) -> bool:
     """Whether a task's result carries a PRIVACY BUG verdict."""
     return isinstance(result, dict) and bool(result.get("verdict", {}).get("privacy_bug"))
+
+
+def not_verified(result) -> bool:
+    """Whether a task's result carries a verdict about a claim that is not verified (an
+    audit without a verdict about training data is not gated)."""
+    if not isinstance(result, dict) or not isinstance(result.get("verdict"), dict):
+        return False
+    return result["verdict"].get("verified") is False
 
 
 def missing_launcher(argv: list[str]) -> str | None:
@@ -299,6 +311,11 @@ def _hydra_main(cfg: DictConfig):
         print(f"log: {_log_path(file_log)}")
     if privacy_bug(result) and cfg.get("fail_on_bug", True) and hc.mode == RunMode.RUN:
         raise SystemExit(EXIT_PRIVACY_BUG)
+    required = (cfg.get("audit") or {}).get("require", "none")
+    if required == "verified" and not_verified(result) and hc.mode == RunMode.RUN:
+        print("dpaudit: audit.require=verified: your epsilon is not verified (exit status "
+              f"{EXIT_NOT_VERIFIED})", file=sys.stderr)
+        raise SystemExit(EXIT_NOT_VERIFIED)
     return result
 
 

@@ -38,6 +38,8 @@ THREAT_MODELS = ("white_box", "hidden_state", "black_box")
 MODEL_INITS = ("random", "pretrained")
 # how workers sharing a many-trainings directory split the runs (experiment.trainings.engine)
 COORDINATIONS = ("locks", "static")
+# the CLI's gate on the verdict (audit.require): a PRIVACY BUG only, or a verified claim too
+REQUIREMENTS = ("none", "verified")
 
 # registry name -> (module, attribute) of the registry the tuple above mirrors
 REGISTRIES = {

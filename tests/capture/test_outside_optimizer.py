@@ -55,9 +55,19 @@ def test_the_hook_selects_the_dp_parameters_and_maps_whole_model_canaries():
     mapped = hook.canaries[0]
     assert mapped.dim == hook.full_dim
     assert (canaries.indices - mapped.indices).unique().tolist() == [0]  # the head is last
-    with pytest.raises(ValueError, match=r"touch \['head.weight'\]"):
+    with pytest.raises(ValueError, match=r"every gradient canary touches \['head.weight'\]"):
         AuditHook(opt, model, [GradientCanaries.dirac([trainable_dim(model) - 5], norm=1.0,
                                                       dim=trainable_dim(model))])
+    # canaries over the whole model: those on the head are dropped and named, the rest kept
+    d = trainable_dim(model)
+    mixed = GradientCanaries.dirac([*canaries.indices[:4, 0].tolist(), d - 5, d - 6],
+                                   norm=1.0, dim=d,
+                                   policy=["every_step", "never"] * 3)
+    hook = AuditHook(opt, model, [mixed])
+    assert len(hook.canaries[0]) == 4 and hook.canaries[0].policies == (
+        "every_step", "never", "every_step", "never")
+    assert hook.dropped_canaries == [{"count": 2, "of": 6, "parameters": ["head.weight"],
+                                      "why": hook.dropped_canaries[0]["why"]}]
     with pytest.raises(ValueError, match="not updated by the DP optimizer"):
         AuditHook(opt, model, [canaries], params=["head"])
 

@@ -12,6 +12,7 @@ from premise_loops import premise_loop
 
 from dpaudit.accounting import history_epsilon
 from dpaudit.experiment.judging.doors import loader_mismatch
+from dpaudit.report.numbers import point, upper
 
 
 def _premises(res: dict) -> dict:
@@ -20,10 +21,18 @@ def _premises(res: dict) -> dict:
 
 def test_the_verdict_opens_with_the_users_epsilon_from_both_sides():
     res = own_loop_audit("linear", seed=3)
-    td = res["verdict"]["training_data"]
-    assert res["verdict"]["message"].startswith(td["sentence"])
-    assert td["sentence"].startswith("Your training's epsilon (PRV, delta 1e-05): claimed")
+    v = res["verdict"]
+    td = v["training_data"]
+    assert v["message"].startswith(td["sentence"])
+    # no delta given: the first sentence says the delta is dpaudit's, not the user's
+    assert td["sentence"].startswith(
+        f"Your epsilon {point(td['epsilon_claimed'])} (PRV accountant, at dpaudit's default "
+        "delta 1e-05, not yours: pass delta=): verified at most "
+        f"{upper(td['epsilon_upper'])} (95%)")
     assert td["accountant"] == "prv" and td["upper_status"] == "verified"
+    assert v["status"] == "consistent" and v["verified"] is True
+    assert len(v["message"]) <= 400
+    assert v["claim"]["delta_given"] is False and v["claim"]["accountant"] == "prv"
     claimed = td["epsilon_claimed"]
     assert claimed == pytest.approx(res["theory"]["training_data"]["opacus_epsilon"])
     p = _premises(res)
@@ -62,12 +71,17 @@ def test_an_unrecorded_premise_is_said_not_assumed():
         return audit_report(r.hook, privacy_engine=r.engine, independent_canaries=True,
                             dataset_size=400)
 
-    td = run(record_noise=False)["verdict"]["training_data"]
+    v = run(record_noise=False)["verdict"]
+    td = v["training_data"]
     assert td["epsilon_upper"] is None and td["upper_status"] == "not measured"
-    assert "record_noise=False" in td["sentence"]
-    td = run()["verdict"]["training_data"]  # no loader given to the hook
+    assert v["status"] == "not_verified" and "record_noise=False" in v["message"]
+    v = run()["verdict"]  # no loader given to the hook
+    td = v["training_data"]
     assert td["upper_status"] == "not verified" and td["epsilon_upper"] is not None
-    assert any(r.startswith("poisson_sampling: which examples") for r in td["upper_reasons"])
+    assert v["status"] == "not_verified" and v["verified"] is False
+    assert any(r.startswith("poisson_sampling: the training loader was not given")
+               for r in td["upper_reasons"])
+    assert "NOT VERIFIED: Poisson sampling not seen" in v["message"]
 
 
 def test_a_loader_that_did_not_feed_the_training_is_named():

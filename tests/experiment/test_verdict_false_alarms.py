@@ -88,9 +88,14 @@ def verdicts(cfg: dict, seeds, tmp_path=None) -> list[dict]:
 def check(vs: list[dict]) -> None:
     n = len(vs)
     for v in vs:
-        assert v["status"] in ("privacy_bug", "estimate_above_claim", "consistent")
-        assert v["threat_model"] and v["threat_model"] in v["message"], v["message"]
-        assert v["accountant"] in v["message"], v["message"]
+        assert v["status"] in ("privacy_bug", "estimate_above_claim", "not_verified",
+                               "consistent")
+        # the canaries' own claim is in their own section, never in the user's paragraph
+        canaries = ((v.get("stress_test") or {}).get("message")
+                    or ((v.get("training_data") or {}).get("lower") or {}).get("canaries")
+                    or v["message"])
+        assert v["threat_model"] and v["threat_model"] in canaries, canaries
+        assert v["accountant"] in canaries, canaries
     bugs = [v["message"] for v in vs if v["privacy_bug"]]
     warned = [v["message"] for v in vs if v.get("white_box_warned")]
     se = math.sqrt(0.05 * 0.95 / n)

@@ -16,6 +16,7 @@ import pytest
 from dpaudit.experiment import run_audit
 from dpaudit.experiment.judging.outputs import report_blocks
 from dpaudit.report.files import cell_text
+from dpaudit.report.numbers import point, upper
 
 TINY = {"dp": {"steps": 20}, "canary": {"count": 200}, "progress": False}
 BUG = {"dp": {"steps": 20, "noise_multiplier": 10.0, "bug": "halved_noise"},
@@ -48,17 +49,21 @@ def test_the_audit_page_is_self_contained_and_holds_results_numbers(default_audi
     cells = [html.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", section)]
     expected = _bound_cells(result)
     assert cells == [c for row in expected for c in row]  # the console's cells, in order
-    order = [page.index(f'id="{i}"') for i in ("bracket", "verdict", "training_data",
-                                               "premises", "threat", "claim", "bounds",
+    order = [page.index(f'id="{i}"') for i in ("bracket", "verdict", "message", "premises",
+                                               "threat", "claim", "bounds", "stress_test",
                                                "white_box", "plots", "canaries", "timing",
                                                "provenance")]
     assert order == sorted(order)  # the bracket, then the console's order after the banner
+    assert page.count(html.escape(v["message"])) == 1  # the message, once
     # the page opens with the user's epsilon on a line: the claim between the certified
     # lower side (none: every-step canaries) and the measured upper side
     td = v["training_data"]
     bracket = page[page.index('<figure id="bracket">'):page.index("</figure>")]
-    assert "<svg" in bracket and f"claimed {td['epsilon_claimed']:.3g}" in bracket
-    assert f"verified &lt;= {td['epsilon_upper']:.3g}" in bracket
+    assert "<svg" in bracket and f"claimed {point(td['epsilon_claimed'])}" in bracket
+    assert f"verified &lt;= {upper(td['epsilon_upper'])}" in bracket
+    # one formatter: the banner rounds the upper side as the picture does (up)
+    banner = page[page.index('id="verdict"'):]
+    assert f"verified &lt;= {upper(td['epsilon_upper'])}" in banner[:banner.index("</div>")]
     assert "no certified lower side" in bracket
 
 

@@ -297,6 +297,7 @@ class AuditHook:
 
     def _set_canaries(self, canaries) -> None:
         """The canary sets, checked against the view and the clip norm."""
+        self.dropped_canaries: list[dict] = []
         self.canaries = [self._in_selection(c) for c in as_canary_list(canaries)]
         self.num_canaries = sum(len(c) for c in self.canaries)
         where = f"parameters {self.param_names}" + (
@@ -312,8 +313,10 @@ class AuditHook:
     def _in_selection(self, c):
         """Gradient canaries numbered over the whole model's trainable parameters (e.g. by
         ``dead_coordinates`` and ``trainable_dim(model)``) when some of those are outside the
-        DP optimizer: the same canaries in the selection's coordinates; one that touches a
-        parameter the DP optimizer does not update is refused, naming it."""
+        DP optimizer: the same canaries in the selection's coordinates. Canaries that touch a
+        parameter the DP optimizer does not update (no noise is added there, so none can be
+        inserted) are dropped and named in ``dropped_canaries``; those parameters are watched
+        by the integrity check, and their moving is the finding. A set left empty is refused."""
         from dpaudit.capture import GradientCanaries
 
         lookup = self._from_model
@@ -321,27 +324,38 @@ class AuditHook:
                 or c.dim != lookup.size or c.dim == self.full_dim):
             return c
         if c.is_sparse:
-            idx = lookup[c.indices.cpu().numpy()]
-            bad = (idx < 0) & (c.values.cpu().numpy() != 0)
-            cols = c.indices.cpu().numpy()[bad]
+            cols = c.indices.cpu().numpy()
+            off_rows = ((lookup[cols] < 0) & (c.values.cpu().numpy() != 0)).any(axis=1)
+            touched_cols = cols[off_rows][lookup[cols[off_rows]] < 0]
         else:
-            dense = c.vectors
             off = torch.from_numpy(lookup < 0)
-            cols = torch.nonzero(dense[:, off].ne(0).any(0)).reshape(-1).numpy()
-            cols = np.flatnonzero(lookup < 0)[cols]
-        if cols.size:
+            hits = c.vectors[:, off].ne(0)
+            off_rows = hits.any(1).cpu().numpy()
+            touched_cols = np.flatnonzero(lookup < 0)[
+                torch.nonzero(hits.any(0)).reshape(-1).cpu().numpy()]
+        keep = np.flatnonzero(~off_rows)
+        if off_rows.any():
             ends = np.cumsum([k for _, k in self._from_model_names])
             touched = sorted({self._from_model_names[int(np.searchsorted(ends, i, "right"))][0]
-                              for i in cols.tolist()})
-            raise ValueError(
-                f"canaries: gradient canaries touch {touched}, which the DP optimizer does not "
-                "update (no noise is added there, so no canary can be inserted); put them on "
-                f"parameters it updates: {self.param_names}")
-        kw = {"policy": list(c.policies), "inclusion_prob": c.inclusion_prob, "seed": c.seed}
+                              for i in np.unique(touched_cols).tolist()})
+            if keep.size == 0:
+                raise ValueError(
+                    f"canaries: every gradient canary touches {touched}, which the DP optimizer "
+                    "does not update (no noise is added there, so no canary can be inserted); "
+                    f"put them on parameters it updates: {self.param_names}")
+            self.dropped_canaries.append({
+                "count": int(off_rows.sum()), "of": len(c), "parameters": touched,
+                "why": "the DP optimizer does not update them (no noise is added there); they "
+                       "are watched by the model-integrity check instead"})
+        policies = [c.policies[i] for i in keep.tolist()]
+        kw = {"policy": policies, "inclusion_prob": c.inclusion_prob, "seed": c.seed}
+        rows = torch.from_numpy(keep)
         if c.is_sparse:
-            return GradientCanaries.sparse(torch.from_numpy(idx).to(c.indices.dtype), c.values,
+            idx = torch.from_numpy(lookup[c.indices.cpu().numpy()[keep]]).to(c.indices.dtype)
+            return GradientCanaries.sparse(idx, c.values[rows.to(c.values.device)],
                                            self.full_dim, **kw)
-        return GradientCanaries(c.vectors[:, torch.from_numpy(lookup >= 0)], **kw)
+        kept = c.vectors[rows.to(c.vectors.device)]
+        return GradientCanaries(kept[:, torch.from_numpy(lookup >= 0).to(kept.device)], **kw)
 
     def _set_scores(self, scores, keep_per_step, reference, sample_rate) -> None:
         """The scores' accumulator, their reference points, the process group and q."""

@@ -171,7 +171,8 @@ def help_text() -> str:
         "                                            slurm_gpu: pip install -e '.[launchers]')",
         "  dpaudit --cfg job [overrides]             print the composed config, run nothing",
         "Outputs go to Hydra's run directory (hydra.run.dir=DIR), log in <dir>/cli.log.",
-        "Exit status 3: the verdict is a PRIVACY BUG (fail_on_bug=false: 0).",
+        "Exit status 3: the verdict is a PRIVACY BUG (fail_on_bug=false: 0); 4 with "
+        "audit.require=verified: your epsilon is not verified.",
         "",
         "== Presets (experiment=NAME) ==",
     ]

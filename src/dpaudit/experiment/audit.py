@@ -25,6 +25,7 @@ from dpaudit.experiment.judging.ladder import (
     with_ladder_warnings,
 )
 from dpaudit.experiment.judging.outputs import audit_mode, write_audit_report
+from dpaudit.experiment.judging.user_claim import UserClaim, claim_of_run
 from dpaudit.experiment.plan import (
     AuditPlan,
     Judging,
@@ -102,7 +103,7 @@ def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None,
         run.membership,
         threat,
         independent=independent if rung is None else rung.independent,
-        engine_accountants=run.engine_accountants,
+        claim=run_claim(settings, run),
         white_box=run.white_box,
         white_box_reason=(MULTI_RUN_NO_RECORDS if j.mode == "multi_run" else None),
         per_step=run.per_step if rung is None else None,  # per-step scores: white-box ones
@@ -200,6 +201,18 @@ def worker_summary(settings: AuditSettings, out: Path, done: WorkerDone, seconds
             "wall_seconds": seconds}
 
 
+def run_claim(settings: AuditSettings, run: RunRecord) -> UserClaim:
+    """The claim of a training dpaudit ran: its engine's accountant (PRV, as the CLI's
+    trainings use) and history, at ``dp.delta``, on the training's data set."""
+    rec = run.white_box
+    sampling = (rec.sampling or {}) if rec is not None else {}
+    return claim_of_run(
+        run.engine_accountants, delta=settings.dp.delta,
+        accountant=(rec.accountant if rec is not None and rec.accountant else "prv"),
+        history=None if rec is None else rec.accountant_history,
+        dataset_size=sampling.get("n"))
+
+
 def audit_timing(run: RunRecord, run_seconds: float, evaluation_seconds: float) -> dict:
     """Where an audit's time went (``benchmarks/presets.py`` reads it): the trainings with the
     capture hook (``training_seconds``; a multi-run audit: the runs trained now), the rest of
@@ -221,7 +234,7 @@ def evaluate_audit(
     threat: ThreatModel,
     *,
     independent: bool,
-    engine_accountants: dict | None = None,
+    claim: UserClaim | None = None,
     white_box: WhiteBoxRecords | None = None,
     white_box_reason: str | None = None,
     per_step: dict | None = None,
@@ -229,8 +242,8 @@ def evaluate_audit(
     """``evaluate_scores`` for an audit's ``Judging`` record (methods, confidence, the PRIVACY
     BUG level, the membership design) on ``split`` (``run_split``; ``membership`` splits the
     per-step scores alike); ``independent``: each canary an independent experiment,
-    ``plan.independent_canaries``; ``white_box``: the run's records, or ``white_box_reason``
-    why there are none)."""
+    ``plan.independent_canaries``; ``claim``: the training's claim (``run_claim``);
+    ``white_box``: the run's records, or ``white_box_reason`` why there are none)."""
     steps_split = None if per_step is None else split_scores(per_step, membership)
     return evaluate_scores(
         split,
@@ -238,7 +251,7 @@ def evaluate_audit(
         methods=judging.methods,
         confidence=judging.confidence,
         independent=independent,
-        training_accountants=engine_accountants,
+        claim=claim,
         inclusion=judging.inclusion,
         white_box=white_box,
         white_box_reason=white_box_reason,

@@ -46,6 +46,7 @@ MODES = ("one_run", "multi_run")
 THREAT_MODELS = names.THREAT_MODELS
 MODEL_INITS = names.MODEL_INITS
 COORDINATIONS = names.COORDINATIONS
+REQUIREMENTS = names.REQUIREMENTS
 OPTIMIZERS = ("sgd", "adam")
 
 
@@ -359,6 +360,10 @@ class AuditGroupSettings:
         "hidden_state (the final parameters only; sparse gradient canaries) or black_box (the "
         "final model's outputs on input canaries); below white_box the report adds the "
         "ladder, every rung's evidence side by side (docs/threat_models.md)", THREAT_MODELS)
+    require: str = _opt(
+        "none", "the CLI's gate on the verdict: none (exit status 3 on a PRIVACY BUG only) or "
+        "verified (also exit status 4 when your epsilon's upper side is not verified: a "
+        "premise could not be seen)", REQUIREMENTS)
     worker: int = _opt(0, "multi_run: this worker's index among `workers` sharing the "
                        "directory (where it starts claiming runs; no effect on results)")
     workers: int = _opt(1, "multi_run: how many workers share the directory (with `worker`: "
@@ -373,6 +378,7 @@ class AuditGroupSettings:
         require_choice("audit.mode", self.mode, MODES)
         require_choice("audit.threat_model", self.threat_model, THREAT_MODELS)
         require_choice("audit.coordination", self.coordination, COORDINATIONS)
+        require_choice("audit.require", self.require, REQUIREMENTS)
         require_positive("audit.workers", self.workers, integer=True)
         require_integer("audit.worker", self.worker, 0, self.workers)
         require_positive("audit.runs", self.runs, integer=True)

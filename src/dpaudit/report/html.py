@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from dpaudit.report import numbers
 from dpaudit.report.files import cell_text
 from dpaudit.report.plots import verdict_colour as _plot_colour
 
@@ -107,7 +108,7 @@ def bracket_svg(training: Mapping | None, width: int = 720) -> str:
     ]
     for v in (0.0, top / 2, top):
         items.append(f'<text x="{x(v):.1f}" y="{y + 32}" font-size="11" text-anchor="middle" '
-                     f'fill="#555">{v:.3g}</text>')
+                     f'fill="#555">{numbers.point(v)}</text>')
 
     def bar(at: float, label: str, solid: bool, anchor: str, colour: str) -> str:
         dash = "" if solid else ' stroke-dasharray="4 3"'
@@ -115,15 +116,16 @@ def bracket_svg(training: Mapping | None, width: int = 720) -> str:
                 f'stroke="{colour}" stroke-width="3"{dash}/><text x="{at:.1f}" y="{y - 26}" '
                 f'font-size="12" text-anchor="{anchor}" fill="{colour}">{_e(label)}</text>')
 
-    items.append(bar(low_x, f"certified >= {lower:.3g}" if lower is not None else
+    items.append(bar(low_x, f"certified >= {numbers.lower(lower)}" if lower is not None else
                      "no certified lower side", lower is not None, "start", "#1a7f37"))
     if upper is not None:
-        items.append(bar(high_x, ("verified" if verified else "measured") + f" <= {upper:.3g}",
-                         verified, "end" if high_x > x1 - 80 else "middle", "#b42318"))
+        items.append(bar(high_x, ("verified" if verified else "measured")
+                         + f" <= {numbers.upper(upper)}", verified,
+                         "end" if high_x > x1 - 80 else "middle", "#b42318"))
     cx = x(claimed)
     items.append(f'<path d="M {cx:.1f} {y - 8} L {cx + 8:.1f} {y} L {cx:.1f} {y + 8} '
                  f'L {cx - 8:.1f} {y} Z" fill="#111"/><text x="{cx:.1f}" y="{y + 50}" '
-                 f'font-size="12" text-anchor="middle">claimed {claimed:.3g} '
+                 f'font-size="12" text-anchor="middle">claimed {numbers.point(claimed)} '
                  f'({_e(str(training.get("accountant", "")).upper())})</text>')
     caption = (f"your training's epsilon ({str(training.get('accountant', '')).upper()}, "
                f"delta {float(training.get('delta', 0)):.2g}): the diamond is the claim, the "

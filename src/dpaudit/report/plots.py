@@ -24,8 +24,10 @@ from dpaudit.stats.roc import theory_fpr
 
 MAX_BINS = 50
 # The verdict's colour on a figure: red for a certified violation, orange for an estimate
-# above the claim, green for no evidence against the claim.
-VERDICT_COLOURS = dict(zip(STATUSES, ("#c0392b", "#d68910", "#1e8449"), strict=True))
+# above the claim, grey-blue for a claim whose premises could not all be seen (never the
+# green of a verified claim), green for a verified claim with no evidence against it.
+VERDICT_COLOURS = dict(zip(STATUSES, ("#c0392b", "#d68910", "#5d6d7e", "#1e8449"),
+                           strict=True))
 
 
 def pyplot():

@@ -19,7 +19,11 @@ from pathlib import Path
 # (kind, level, warning_level, warning); refutation_per_statement
 # 5: the training data's epsilon from both sides: verdict.training_data (epsilon_claimed,
 # epsilon_upper, epsilon_lower, premises, sentence); white_box.canary_independence
-SCHEMA_VERSION = 5
+# 6: the verdict is the user's claim's: status not_verified (a premise unseen), verdict.claim
+# (accountant, history, delta and whether the user gave it, target epsilon), .verified, and
+# .stress_test (the every-step canaries' own claim and numbers, apart); the message's first
+# paragraph is the user's claim only
+SCHEMA_VERSION = 6
 _PACKAGES = ("dpaudit", "torch", "opacus", "numpy", "scipy", "hydra-core")
 
 

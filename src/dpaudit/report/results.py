@@ -22,8 +22,11 @@ from typing import Any
 
 from dpaudit.report.provenance import SCHEMA_VERSION
 
-PRIVACY_BUG, ESTIMATE_ABOVE_CLAIM, CONSISTENT = STATUSES = (
-    "privacy_bug", "estimate_above_claim", "consistent",
+# the user's claim's status (schema 6), worst first: certified evidence refutes it; an
+# estimate (or an uncertified claim test) exceeds it; a premise of it could not be observed;
+# nothing refutes it and every premise was measured
+PRIVACY_BUG, ESTIMATE_ABOVE_CLAIM, NOT_VERIFIED, CONSISTENT = STATUSES = (
+    "privacy_bug", "estimate_above_claim", "not_verified", "consistent",
 )
 KINDS = ("certified", "estimate", "not applicable")
 READS_FROM = 2  # the oldest schema version from_dict reads (release 0.1.0's results.json)
@@ -163,6 +166,12 @@ class Verdict(_Record):
     warnings: list = field(default_factory=list)
     white_box_warned: list = field(default_factory=list)
     training_data: dict | None = None  # schema 5; None: not measured, or an older file
+    # schema 6: the user's claim as resolved (accountant, history, delta, target), whether
+    # its upper side is verified, and the canaries of another threat model (the every-step
+    # stress test of the mechanism), reported apart with their own claim and numbers
+    claim: dict | None = None
+    verified: bool | None = None
+    stress_test: dict | None = None
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -171,7 +180,7 @@ class Verdict(_Record):
             d = {k: v for k, v in d.items() if k != "upper_bound"}
         known, extra = _typed(cls, d, "the verdict")
         optional = ("extra", "training_data_note", "refutation_level", "warnings",
-                    "white_box_warned", "training_data")
+                    "white_box_warned", "training_data", "claim", "verified", "stress_test")
         required = tuple(f.name for f in fields(cls) if f.name not in optional)
         _require(known, required, "the verdict")
         if known["status"] not in STATUSES:

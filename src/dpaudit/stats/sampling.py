@@ -94,7 +94,41 @@ def spread_tails(values, n: int, q: float) -> tuple[float, float]:
     return float(min(1.0, np.exp(log_low))), float(min(1.0, np.exp(log_high)))
 
 
-def poisson_sampling_test(batch_sizes, n: int, q: float, *, level: float) -> CheckResult:
+def _size_components(b: np.ndarray, n: int, q: float) -> dict[str, float]:
+    """The four exact p-values of ``poisson_sampling_test`` at one n (module doc)."""
+    t_n = b.size
+    total = int(b.sum())
+    p_sum = min(1.0, 2.0 * min(binom.cdf(total, n * t_n, q), binom.sf(total - 1, n * t_n, q)))
+    p_reg, p_spread = spread_tails(b, n, q)
+    k = np.arange(n + 1)
+    near = np.abs(k - n * q) <= 1.0
+    p_near_one = float(np.exp(binom.logpmf(k[near], n, q)).sum()) if near.any() else 0.0
+    hits = int((np.abs(b - n * q) <= 1.0).sum())
+    p_close = float(binom.sf(hits - 1, t_n, min(1.0, p_near_one))) if hits else 1.0
+    return {"rate": float(p_sum), "regularity": p_reg, "spread": p_spread,
+            "expected size": p_close, "hits": hits}
+
+
+# candidate sizes examined when n is known only to a range (every one when it is this narrow)
+_RANGE_POINTS = 41
+
+
+def _candidates(lo: int, hi: int, b: np.ndarray, q: float) -> list[int]:
+    """The sizes in [lo, hi] a range test examines: every one in a narrow range, else an even
+    grid with the ends and the size that fits the batches' mean best (each component's p is
+    a smooth function of n; its largest value on the range is taken)."""
+    lo = max(int(lo), int(b.max()))
+    if hi < lo:
+        return []
+    if hi - lo < _RANGE_POINTS:
+        return list(range(lo, hi + 1))
+    grid = set(np.linspace(lo, hi, _RANGE_POINTS).round().astype(int).tolist())
+    grid.add(int(min(hi, max(lo, round(float(b.mean()) / q)))))
+    return sorted(grid)
+
+
+def poisson_sampling_test(batch_sizes, n: int, q: float, *, level: float,
+                          n_high: int | None = None, test_rate: bool = True) -> CheckResult:
     """Were the batches drawn by Poisson sampling at rate ``q`` from ``n`` examples?
 
     Under the claim the batch sizes B_t are i.i.d. Binomial(n, q). Four exact tests, each at
@@ -111,32 +145,44 @@ def poisson_sampling_test(batch_sizes, n: int, q: float, *, level: float) -> Che
 
     Args:
         batch_sizes: the T realised batch sizes (integers >= 0).
-        n: the number of examples sampled from.
+        n: the number of examples sampled from (with ``n_high``: the smallest it may be).
         q: the claimed sample rate, in (0, 1]; at 1 (full batches) the test is exact
             (``_full_batch_test``).
         level: the test's error probability.
+        n_high: when n is known only to lie in [n, n_high] (e.g. from the optimizer's
+            expected batch size, int(n q)): each test's p-value is its largest over that
+            range, so the test stays valid for every n in it.
+        test_rate: False leaves the rate's test out (three tests at ``level`` / 3; its p-value
+            is still reported): where n is inferred rather than read, a total off the
+            expected one may be another data set at the claimed rate, not a wrong rate.
     """
     b = check_real_array(batch_sizes, "batch_sizes").reshape(-1)
     if b.size < 2 or np.any(b < 0) or np.any(b != np.round(b)):
         raise ValueError(f"batch_sizes must be >= 2 integers >= 0, got {b.size} values")
-    if isinstance(n, bool) or int(n) != n or n < 1 or np.any(b > n):
+    if isinstance(n, bool) or int(n) != n or n < 1 or np.any(b > (n if n_high is None
+                                                                      else n_high)):
         raise ValueError(f"n must be a positive integer >= every batch size, got {n!r}")
+    if n_high is not None and (isinstance(n_high, bool) or int(n_high) != n_high
+                               or n_high < n):
+        raise ValueError(f"n_high must be an integer >= n = {n}, got {n_high!r}")
     if q == 1.0:  # full batches: every example in every step, the sizes exactly n
+        if n_high is not None and n_high != n:
+            raise ValueError("n_high: at q = 1 every batch holds all n examples, so n must "
+                             "be known exactly")
         return _full_batch_test(b, int(n), check_open_unit(level, "level"))
     q = check_open_unit(q, "q")
     level = check_open_unit(level, "level")
-    n, t_n = int(n), b.size
-    total = int(b.sum())
-    p_sum = min(1.0, 2.0 * min(binom.cdf(total, n * t_n, q), binom.sf(total - 1, n * t_n, q)))
-    var = n * q * (1.0 - q)
-    p_reg, p_spread = spread_tails(b, n, q)
-    k = np.arange(n + 1)
-    near = np.abs(k - n * q) <= 1.0
-    p_near_one = float(np.exp(binom.logpmf(k[near], n, q)).sum()) if near.any() else 0.0
-    hits = int((np.abs(b - n * q) <= 1.0).sum())
-    p_close = float(binom.sf(hits - 1, t_n, min(1.0, p_near_one))) if hits else 1.0
-    p, which = bonferroni((("rate", p_sum), ("regularity", p_reg), ("spread", p_spread),
-                           ("expected size", p_close)))
+    t_n = b.size
+    lo, hi = int(n), int(n if n_high is None else n_high)
+    runs = [(m, _size_components(b, m, q)) for m in _candidates(lo, hi, b, q)]
+    names = ("rate", "regularity", "spread", "expected size")
+    worst = {k: max(r[k] for _, r in runs) for k in names}  # each at its least favourable n
+    tested = names if test_rate else names[1:]
+    p, which = bonferroni([(k, worst[k]) for k in tested])
+    m_best = min(runs, key=lambda r: abs(r[0] * q - float(b.mean())))[0]
+    var = m_best * q * (1.0 - q)
+    where = (f"n = {lo}" if lo == hi else f"n in [{lo}, {hi}], each test at its least "
+             "favourable n")
     return CheckResult(
         name="poisson_sampling",
         kind=STATISTICAL,
@@ -145,18 +191,21 @@ def poisson_sampling_test(batch_sizes, n: int, q: float, *, level: float) -> Che
         level=level,
         statement=(
             f"the {t_n} batches were drawn by Poisson sampling at rate q = {q:.4g} from "
-            f"n = {n} examples (batch sizes i.i.d. Binomial(n, q))"
+            f"{where} examples (batch sizes i.i.d. Binomial(n, q))"
         ),
         witness={
             "failed": which,
             "mean_batch": float(b.mean()),
-            "expected_mean": n * q,
+            "expected_mean": m_best * q,
             "batch_sd": float(b.std()),
             "expected_sd": float(np.sqrt(var)),
         },
         checked=[f"{t_n} realised batch sizes"],
-        details={"p_rate": float(p_sum), "p_regularity": p_reg, "p_spread": p_spread,
-                 "p_expected_size": p_close, "steps_at_expected_size": hits},
+        details={"p_rate": worst["rate"], "p_regularity": worst["regularity"],
+                 "p_spread": worst["spread"], "p_expected_size": worst["expected size"],
+                 "steps_at_expected_size": int(dict(runs)[m_best]["hits"]),
+                 "tests": len(tested), "rate_tested": bool(test_rate),
+                 "n_range": [lo, hi]},
     )
 
 

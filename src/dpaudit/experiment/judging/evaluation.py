@@ -37,6 +37,7 @@ import numpy as np
 from dpaudit.capture.records import WhiteBoxRecords
 from dpaudit.experiment.judging.levels import REFUTATION_LEVEL, split_levels
 from dpaudit.experiment.judging.premises import training_data_block
+from dpaudit.experiment.judging.user_claim import UserClaim
 from dpaudit.experiment.judging.verdict import verdict
 from dpaudit.experiment.judging.white_box import count_tests, not_checked, white_box_evidence
 from dpaudit.report.results import AuditResult, BoundRow, ClaimRow, Verdict
@@ -86,9 +87,10 @@ def attack_summaries(split: dict) -> dict:
     return out
 
 
-def theory_summary(threat: ThreatModel, training_accountants: dict | None = None) -> dict:
+def theory_summary(threat: ThreatModel, claim: UserClaim | None = None) -> dict:
     """The claim's numbers for reports: accountants for the threat model, the exact answer
-    where known, the claimed epsilon, and what Opacus reports for the training data."""
+    where known, the claimed epsilon, and what Opacus reports for the training data (the
+    user's own accountant first, ``claim``)."""
     acc = threat.accountants()
     out = {
         "threat_model": threat.to_dict(),
@@ -99,20 +101,23 @@ def theory_summary(threat: ThreatModel, training_accountants: dict | None = None
     if threat.every_step:
         out["gaussian_mu"] = threat.mu()
         out["gaussian_epsilon"] = threat.exact_epsilon()
-    if training_accountants:
-        prv = training_accountants.get("prv", {})
-        eps = prv.get("epsilon") if isinstance(prv, dict) else getattr(prv, "epsilon", None)
+    if claim is not None and claim.engine_epsilons:
+        eps = claim.epsilon()
         out["training_data"] = {
             "sample_rate": threat.training_sample_rate,
+            "accountant": claim.accountant,
+            "delta": claim.delta,
             "opacus_epsilon": eps,
-            "accountants": training_accountants,
-            "note": training_note(threat, eps),
+            "accountants": claim.engine_epsilons,
+            "note": training_note(threat, eps, claim.accountant),
         }
     return out
 
 
-def training_note(threat: ThreatModel, training_epsilon: float | None) -> str:
-    """How the audited threat model differs from Opacus' epsilon for the training data."""
+def training_note(threat: ThreatModel, training_epsilon: float | None,
+                  accountant: str = "prv") -> str:
+    """How the audited threat model differs from Opacus' epsilon for the training data (by
+    the user's ``accountant``)."""
     if training_epsilon is None:
         return ""
     same = (
@@ -122,12 +127,14 @@ def training_note(threat: ThreatModel, training_epsilon: float | None) -> str:
     )
     if same:
         return (
-            f"Opacus reports epsilon {training_epsilon:.3f} for the training data; the canaries "
-            "are inserted like a training example, so that is the same claim."
+            f"Opacus' {accountant.upper()} accountant reports epsilon {training_epsilon:.3f} for "
+            "the training data; the canaries are inserted like a training example, so that is "
+            "the same claim."
         )
     return (
-        f"Opacus reports epsilon {training_epsilon:.3f} for the training data (sample rate "
-        f"{threat.training_sample_rate:.4g}); the canaries realise a different threat model "
+        f"Opacus' {accountant.upper()} accountant reports epsilon {training_epsilon:.3f} for "
+        f"the training data (sample rate {threat.training_sample_rate:.4g}); the canaries "
+        "realise a different threat model "
         f"({threat.describe()}), whose claimed epsilon is {threat.claimed_epsilon():.3f}: the "
         "verdict tests that claim, not the training data's."
     )
@@ -410,13 +417,14 @@ def evaluate_scores(
     methods,
     confidence: float = 0.95,
     independent: bool = True,
-    training_accountants: dict | None = None,
+    claim: UserClaim | None = None,
     inclusion: float = 0.5,
     white_box: WhiteBoxRecords | None = None,
     white_box_reason: str | None = None,
     per_step: dict | None = None,
     refutation_level: float = REFUTATION_LEVEL,
     canary_set: int | None = None,
+    canary_notes: list[str] | None = None,
 ) -> Evidence:
     """Attack summaries, claim evidence, bounds, theory, white-box checks, the training data's
     epsilon (``premises``) and the verdict.
@@ -427,7 +435,9 @@ def evaluate_scores(
         methods: names of ``epsilon_lower_bound`` methods to report.
         confidence: the bounds' confidence; split over every statement (``levels``).
         independent: whether canaries' scores are independent one-canary experiments.
-        training_accountants: Opacus' epsilons for the training data (reported beside).
+        claim: the user's claim about the training data (``user_claim.UserClaim``: their
+            accountant, its history, their delta); the verdict is about it. None: no claim
+            about training data (raw scores and a threat model).
         inclusion: the probability with which each canary was made a member (the one-run
             methods' design; see ``bound_rows``).
         white_box: the run's ``WhiteBoxRecords`` for the white-box checks
@@ -439,6 +449,8 @@ def evaluate_scores(
             statements that can refute the claim (``levels``); in (0, 1 - confidence].
         canary_set: the index of the audited canary set in the hook (its independence record
             is read); None: every watched set.
+        canary_notes: what the audit's own set-up changed (canaries dropped), each reported
+            as a warning about the canaries.
     """
     check_split(split)
     broken = independence_broken(white_box, canary_set) if independent else None
@@ -465,15 +477,14 @@ def evaluate_scores(
         split, methods, threat.delta, per, independent=independent, inclusion=inclusion,
         design_mu=design_mu(threat),
     )
-    theory = theory_summary(threat, training_accountants)
+    theory = theory_summary(threat, claim)
     theory["histogram_pld"] = pld_estimates(per_step, threat.delta)
     checks = white_box_evidence(white_box, level=refute_each, warning_level=levels.warn_each,
                                 delta=threat.delta)
     unchecked = not_checked(white_box, independent, white_box_reason)
     training_data = training_data_block(
-        white_box, checks, training_accountants, threat=threat, bounds=bounds,
-        confidence=confidence, delta=threat.delta, reason=white_box_reason,
-        unchecked=unchecked)
+        white_box, checks, claim, threat=threat, bounds=bounds,
+        confidence=confidence, reason=white_box_reason, unchecked=unchecked)
     white = {
         "checks": {k: c.to_dict() for k, c in checks.items()},
         "statistical_tests": n_white,
@@ -497,6 +508,7 @@ def evaluate_scores(
             bounds, claims, threat, confidence, theory.get("training_data"), checks,
             one_run_claims, refutation_level=levels.refutation_level,
             training_data=training_data,
-            premise_warnings=[] if broken is None else [independence_sentence(broken)],
+            premise_warnings=([] if broken is None else [independence_sentence(broken)])
+            + list(canary_notes or []),
         ),
     )

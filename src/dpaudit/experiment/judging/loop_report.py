@@ -31,13 +31,16 @@ from dpaudit.experiment.judging.ladder import (
 )
 from dpaudit.experiment.judging.levels import REFUTATION_LEVEL
 from dpaudit.experiment.judging.outputs import audit_mode, write_audit_report
+from dpaudit.experiment.judging.user_claim import UserClaim, resolve_user_claim
 from dpaudit.experiment.plan import Realisation, threat_model
 from dpaudit.forecast import certifiable_ceiling
 from dpaudit.stats.inclusion import check_inclusion
 from dpaudit.threat_model import ThreatModel
 
 
-def _canary_slice(hook, canaries: int | None) -> tuple[int, int, object]:
+def check_canaries_index(hook, canaries: int | None) -> int:
+    """The index of the audited canary set: ``canaries``, or the hook's only set; a bad
+    index is refused, naming the argument."""
     sets = hook.canaries
     if canaries is None:
         if len(sets) != 1:
@@ -45,11 +48,18 @@ def _canary_slice(hook, canaries: int | None) -> tuple[int, int, object]:
                 f"canaries: the hook has {len(sets)} canary sets; pass canaries=<index> to say "
                 "which one to audit (each set has its own threat model)"
             )
-        canaries = 0
-    if not isinstance(canaries, int) or not 0 <= canaries < len(sets):
-        raise ValueError(f"canaries must be an index in [0, {len(sets)}), got {canaries!r}")
-    start = sum(len(c) for c in sets[:canaries])
-    return start, start + len(sets[canaries]), sets[canaries]
+        return 0
+    if (isinstance(canaries, bool) or not isinstance(canaries, (int, np.integer))
+            or not 0 <= canaries < len(sets)):
+        raise ValueError(f"canaries must be the index of one of the hook's {len(sets)} canary "
+                         f"sets, an integer in [0, {len(sets)}), got {canaries!r}")
+    return int(canaries)
+
+
+def _canary_slice(hook, index: int) -> tuple[int, int, object]:
+    sets = hook.canaries
+    start = sum(len(c) for c in sets[:index])
+    return start, start + len(sets[index]), sets[index]
 
 
 def threat_model_from_hook(
@@ -103,11 +113,6 @@ def auto_independence(hook, index: int) -> tuple[bool, str]:
                   f"every one of {hook.steps} steps")
 
 
-def canaries_index(hook, canaries: int | None) -> int:
-    """The index of the audited canary set (``canaries``, or the hook's only one)."""
-    return 0 if canaries is None else int(canaries)
-
-
 LOADER_TOO_LATE = (
     "the training loader was given to audit_report, after training: its batches were not "
     "recorded as they were drawn (give it to AuditHook(data_loader=...))"
@@ -123,11 +128,38 @@ def _loader_size(data_loader) -> int:
     return int(n)
 
 
+def dataset_size_from_optimizer(hook) -> tuple[tuple[int, int] | None, str]:
+    """The data set's size as the optimizer knows it, when no loader or size was given:
+    ``PrivacyEngine.make_private`` sets its expected batch size to int(n q) (per rank under
+    DPDDP) with the accountant's rate q, so n is one of the integers that rounding maps
+    there. (lo, hi) and where it was read; None when the rate was not read from the
+    accountant (the optimizer may not come from make_private) or nothing fits."""
+    from dpaudit.capture.hook import infer_sample_rate
+
+    opt = hook.optimizer
+    expected = getattr(opt, "expected_batch_size", None)
+    q = infer_sample_rate(getattr(hook, "_prev_step_hook", None) or opt.step_hook)
+    if expected is None or q is None or not 0.0 < q < 1.0:
+        return None, ""
+    per_rank = float(expected) * hook.world_size  # make_private divides it by the ranks
+    b = round(per_rank)
+    if abs(per_rank - b) > 1e-9 or b < 1:
+        return None, ""
+    fits = [n for n in range(max(1, int(b / q) - 2), int((b + 1) / q) + 3)
+            if int(n * q) == b]
+    if not fits:
+        return None, ""
+    return (min(fits), max(fits)), (
+        f"the optimizer's expected batch size {b} and the accountant's rate {q:.4g} "
+        "(make_private sets it to int(n q))")
+
+
 def loop_records(hook, privacy_engine=None, dataset_size: int | None = None,
                  data_loader=None):
     """The hook's ``WhiteBoxRecords`` with what the own loop knows besides: the sample rate
     (the hook's), the dataset size (the hook's loader's, ``dataset_size`` or
-    ``data_loader``'s), the accountant's history when the engine is given."""
+    ``data_loader``'s; else the range the optimizer's expected batch size gives,
+    ``dataset_size_from_optimizer``), the accountant's history when the engine is given."""
     if dataset_size is not None and (isinstance(dataset_size, bool) or not isinstance(
             dataset_size, (int, np.integer)) or dataset_size < 1):
         raise ValueError(f"dataset_size must be a positive integer (len(train_set)), got "
@@ -146,11 +178,14 @@ def loop_records(hook, privacy_engine=None, dataset_size: int | None = None,
     if dataset_size is not None and sizes and dataset_size < max(sizes):
         raise ValueError(f"dataset_size must be at least the largest batch ({max(sizes)}), got "
                          f"{dataset_size}: pass len(train_set)")
-    records = hook.white_box_records(
-        sampling={"n": None if dataset_size is None else int(dataset_size),
-                  "q": float(hook.sample_rate), "loader": "poisson"},
-        accountant_history=history, accountant=accountant,
-    )
+    sampling = {"n": None if dataset_size is None else int(dataset_size),
+                "q": float(hook.sample_rate), "loader": "poisson"}
+    if dataset_size is None:
+        fits, where = dataset_size_from_optimizer(hook)
+        if fits is not None and (not sizes or fits[1] >= max(sizes)):
+            sampling.update(n_range=[int(fits[0]), int(fits[1])], n_source=where)
+    records = hook.white_box_records(sampling=sampling, accountant_history=history,
+                                     accountant=accountant)
     if records.by_example is None and hook.dataset_size is None and data_loader is not None:
         records = replace(records, by_example_reason=LOADER_TOO_LATE)
     return records
@@ -164,7 +199,8 @@ def audit_report(
     privacy_engine=None,
     threat_model: ThreatModel | None = None,
     canaries: int | None = None,
-    delta: float = 1e-5,
+    delta: float | None = None,
+    target_epsilon: float | None = None,
     methods: Sequence[str] = DEFAULT_METHODS,
     confidence: float = 0.95,
     independent_canaries: bool | str = "auto",
@@ -179,6 +215,11 @@ def audit_report(
 ) -> dict:
     """Evidence, theory and verdict of an audit done in your own loop (module docstring).
 
+    The verdict is about your claim: the epsilon your accountant (the engine's) computes at
+    your ``delta``, bracketed by what was measured; its status is ``privacy_bug``,
+    ``estimate_above_claim``, ``not_verified`` (a premise could not be seen: named) or
+    ``consistent``.
+
     Args:
         hook: the ``AuditHook`` after training; its scores, steps, noise multiplier, clip
             norm and sample rate are read from it. Or pass ``scores`` instead.
@@ -186,12 +227,18 @@ def audit_report(
             taken from the hook when omitted.
         membership: (K,) booleans, True for member canaries. Required for input canaries
             and raw scores; for gradient canaries it defaults to "policy is not 'never'".
-        privacy_engine: the ``opacus.PrivacyEngine``; its epsilons for the training data are
-            reported beside the canaries' threat model.
+        privacy_engine: the ``opacus.PrivacyEngine``: its accountant (RDP, PRV or GDP) and
+            history are your claim; without it the verdict is ``not_verified`` (the steps the
+            accountant counted are unknown).
         threat_model: the ``ThreatModel`` under test; derived from the hook when omitted
             (required with raw ``scores``).
         canaries: index of the hook's canary set to audit (needed when it has several).
-        delta: the delta of the threat model and of every epsilon.
+        delta: your claim's delta (e.g. ``make_private_with_epsilon``'s ``target_delta``:
+            Opacus does not keep it). None: the ``threat_model``'s, else 1e-5, and the verdict
+            says it is dpaudit's default, not yours. One that differs from a given
+            ``threat_model``'s is refused.
+        target_epsilon: the epsilon you aimed at, when you want it named beside your
+            accountant's (the verdict says when your accountant exceeds it).
         methods: ``epsilon_lower_bound`` methods to report.
         confidence: confidence of all certified bounds together.
         independent_canaries: True when every canary's (score, membership) is an independent
@@ -208,9 +255,10 @@ def audit_report(
             membership split implausible under it (e.g. members chosen by a fixed rule such as
             "every other canary" with unequal counts) makes their rows "not applicable".
         dataset_size: the number of training examples the loader samples from (e.g.
-            ``len(train_set)``): the Poisson sampling check needs it; taken from the loader
-            given to ``AuditHook(data_loader=...)`` when there is one; None and no loader:
-            that check is listed as not run.
+            ``len(train_set)``): the Poisson sampling check and the rate need it; taken from
+            the loader given to ``AuditHook(data_loader=...)`` when there is one; else
+            inferred to within rounding from the optimizer's expected batch size (int(n q)
+            under ``make_private``), and said so.
         data_loader: the training loader, when it was not given to the hook: its data set's
             size serves the Poisson sampling check (its batches were not recorded, so the
             sampling by example is named as not checked, with that reason).
@@ -218,7 +266,7 @@ def audit_report(
             split over the statements that can refute the claim; evidence at ``confidence``
             only is a warning.
         white_box: run the white-box checks on the hook's records (default); False leaves
-            them out of the report, which says so.
+            them out of the report, which says so (the claim is then not verified).
         output_dir: where to write results.json, plots and print the table (optional).
         quiet: do not print the table when writing.
         rung: the threat-model ladder's rung the verdict is about (``judging.ladder``):
@@ -234,26 +282,94 @@ def audit_report(
     if rung != "white_box" and (hook is None or scores is not None):
         raise ValueError(f"rung={rung!r} reads the hook's records of the final model: pass "
                          "the AuditHook and no scores")
+    index = None if hook is None else check_canaries_index(hook, canaries)
+    claim = resolve_user_claim(privacy_engine=privacy_engine, delta=delta,
+                               target_epsilon=target_epsilon, threat_model=threat_model)
     if independent_canaries == "auto":
-        independent_canaries = (hook is not None
-                                and auto_independence(hook, canaries_index(hook, canaries))[0])
+        independent_canaries = hook is not None and auto_independence(hook, index)[0]
     elif not isinstance(independent_canaries, bool):
         raise ValueError(f"independent_canaries must be True, False or 'auto', got "
                          f"{independent_canaries!r}")
+    loop = _loop_scores(hook, index, scores, membership, threat_model, claim.delta, rung,
+                        independent_canaries)
+    records, reason = None, "scores passed without a hook: no per-step records"
+    if hook is not None and not white_box:
+        reason = "white-box checks turned off (audit_report(..., white_box=False))"
+    elif hook is not None:
+        records = loop_records(hook, privacy_engine, dataset_size, data_loader)
+        claim = _with_dataset_size(claim, records)
+    if hook is None and privacy_engine is None:
+        claim = None  # raw scores and a threat model: no claim about training data
+    split = split_scores(loop.scores, loop.membership)
+    evidence = evaluate_scores(
+        split, loop.threat, methods=methods, confidence=confidence,
+        independent=loop.independent, claim=claim, inclusion=inclusion, white_box=records,
+        white_box_reason=reason, refutation_level=refutation_level, canary_set=index,
+        canary_notes=None if hook is None else dropped_notes(hook))
+    context = {}
+    if loop.rungs is not None:  # below white box: every rung side by side on this training
+        block = ladder_block(loop.rungs, loop.membership, loop.threat, methods=methods,
+                             confidence=confidence, inclusion=inclusion,
+                             refutation_level=refutation_level, selected=rung, records=records,
+                             canary_set=index)
+        evidence = dataclasses.replace(evidence,
+                                       verdict=with_ladder_warnings(evidence.verdict, block))
+        context["threat_model_ladder"] = block
+    n_in, n_out = int(loop.membership.sum()), int((~loop.membership).sum())
+    result = evidence.result(
+        settings=None,
+        audit_mode=audit_mode("own_loop"),
+        steps=loop.threat.steps,
+        sample_rate=loop.threat.training_sample_rate,
+        engine_accountants=None if claim is None else claim.engine_epsilons,
+        canary_info={"certifiable_ceiling": certifiable_ceiling(
+            n_in, n_out, loop.threat.claimed_epsilon(), confidence, loop.threat.delta)},
+        **context,
+    ).to_dict()
+    if output_dir is not None:
+        device = None
+        if hook is not None:
+            device = str(next(iter(hook.model.parameters())).device)
+        write_audit_report(result, split, output_dir, quiet=quiet, device=device)
+    return result
+
+
+def dropped_notes(hook) -> list[str]:
+    """The hook's dropped canaries, in words (``AuditHook.dropped_canaries``)."""
+    return [f"{d['count']} of {d['of']} gradient canaries were dropped: they touch "
+            f"{d['parameters']}, which {d['why']}" for d in getattr(hook, "dropped_canaries", [])]
+
+
+@dataclasses.dataclass(frozen=True)
+class _LoopScores:
+    """What ``audit_report`` audits: the scores by attack, the membership, the threat model,
+    whether the canaries are independent, and (below white box) every rung's inputs."""
+
+    scores: dict[str, np.ndarray]
+    membership: np.ndarray
+    threat: ThreatModel
+    independent: bool
+    rungs: dict | None
+
+
+def _loop_scores(hook, index, scores, membership, threat, delta, rung,
+                 independent) -> _LoopScores:
+    """The audited canary set's scores, membership and threat model, from the hook (or the
+    raw ``scores``), checked against each other."""
     member = None if membership is None else np.asarray(membership, dtype=bool)
     inputs = None
     if hook is not None:
-        start, stop, canary_set = _canary_slice(hook, canaries)
+        start, stop, canary_set = _canary_slice(hook, index)
         if scores is None:
             scores = {k: v[start:stop] for k, v in hook.scores().items()}
         if rung != "white_box":
             from dpaudit.capture.final_state import rung_scores
 
-            rec = rung_scores(hook, canaries_index(hook, canaries), start, stop)
-            inputs = rung_inputs(scores, rec, independent=independent_canaries, per_run=False)
+            rec = rung_scores(hook, index, start, stop)
+            inputs = rung_inputs(scores, rec, independent=independent, per_run=False)
             if inputs[rung].scores is None:
                 raise ValueError(f"rung={rung!r}: {inputs[rung].reason}")
-            scores, independent_canaries = inputs[rung].scores, inputs[rung].independent
+            scores, independent = inputs[rung].scores, inputs[rung].independent
         if member is None:
             pols = getattr(canary_set, "policies", None)
             if pols is None:
@@ -262,11 +378,11 @@ def audit_report(
                     "canaries you added to the training data"
                 )
             member = np.asarray(pols) != "never"
-        if threat_model is None:
-            threat_model = threat_model_from_hook(hook, canary_set, delta, member)
+        if threat is None:
+            threat = threat_model_from_hook(hook, canary_set, delta, member)
     if scores is None:
         raise ValueError("scores: pass an AuditHook or per-canary scores")
-    if threat_model is None:
+    if threat is None:
         raise ValueError("threat_model is required with raw scores (a dpaudit.ThreatModel)")
     if member is None:
         raise ValueError("membership is required: (K,) booleans, True for member canaries")
@@ -278,53 +394,16 @@ def audit_report(
             raise ValueError(
                 f"scores[{name!r}] has {arr.size} entries but membership has {member.size}"
             )
-    records, reason = None, "scores passed without a hook: no per-step records"
-    if hook is not None and not white_box:
-        reason = "white-box checks turned off (audit_report(..., white_box=False))"
-    elif hook is not None:
-        records = loop_records(hook, privacy_engine, dataset_size, data_loader)
-    training = None
-    if privacy_engine is not None:
-        from dpaudit.accounting import engine_epsilons
+    return _LoopScores(arrays, member, threat, independent, inputs)
 
-        training = {k: v.to_dict() for k, v in engine_epsilons(privacy_engine, delta).items()}
-    split = split_scores(arrays, member)
-    evidence = evaluate_scores(
-        split,
-        threat_model,
-        methods=methods,
-        confidence=confidence,
-        independent=independent_canaries,
-        training_accountants=training,
-        inclusion=inclusion,
-        white_box=records,
-        white_box_reason=reason,
-        refutation_level=refutation_level,
-        canary_set=None if hook is None else canaries_index(hook, canaries),
-    )
-    context = {}
-    if inputs is not None:  # below white box: every rung side by side on this training
-        block = ladder_block(inputs, member, threat_model, methods=methods,
-                             confidence=confidence, inclusion=inclusion,
-                             refutation_level=refutation_level, selected=rung, records=records,
-                             canary_set=canaries_index(hook, canaries))
-        evidence = dataclasses.replace(evidence,
-                                       verdict=with_ladder_warnings(evidence.verdict, block))
-        context["threat_model_ladder"] = block
-    n_in, n_out = int(member.sum()), int((~member).sum())
-    result = evidence.result(
-        settings=None,
-        audit_mode=audit_mode("own_loop"),
-        steps=threat_model.steps,
-        sample_rate=threat_model.training_sample_rate,
-        engine_accountants=training,
-        canary_info={"certifiable_ceiling": certifiable_ceiling(
-            n_in, n_out, threat_model.claimed_epsilon(), confidence, threat_model.delta)},
-        **context,
-    ).to_dict()
-    if output_dir is not None:
-        device = None
-        if hook is not None:
-            device = str(next(iter(hook.model.parameters())).device)
-        write_audit_report(result, split, output_dir, quiet=quiet, device=device)
-    return result
+
+def _with_dataset_size(claim: UserClaim, records) -> UserClaim:
+    """The claim with the data set's size the records know (exact, or its range)."""
+    s = records.sampling or {}
+    if s.get("n"):
+        return dataclasses.replace(claim, dataset_size=int(s["n"]),
+                                   dataset_size_source="the training loader's data set")
+    if s.get("n_range"):
+        return dataclasses.replace(claim, dataset_size_range=tuple(s["n_range"]),
+                                   dataset_size_source=s.get("n_source"))
+    return claim

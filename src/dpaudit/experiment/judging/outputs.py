@@ -23,6 +23,8 @@ from dpaudit.report import (
     write_json,
 )
 from dpaudit.report.files import p_cell
+from dpaudit.report.numbers import level as level_words
+from dpaudit.report.numbers import lower, point, upper
 from dpaudit.report.provenance import stamped
 from dpaudit.report.results import AuditResult
 from dpaudit.stats import gdp_tradeoff
@@ -97,9 +99,14 @@ def report_blocks(result: dict) -> list[dict]:
         for b in result["bounds"]
     ]
     per = result.get("per_test_confidence")
-    blocks = training_blocks(v.get("training_data"))
+    blocks = [{"id": "message", "title": verdict_title(v), "lines": [v["message"]]}]
+    blocks += training_blocks(v.get("training_data"))
+    stress = v.get("stress_test")
     blocks += [
-        {"id": "threat", "gap": bool(blocks), "lines": [
+        {"id": "threat", "gap": True,
+         "title": ("the mechanism's stress test (canaries of another threat model: their "
+                   "claim is not your epsilon):" if stress else "the canaries:"),
+         "lines": [
             f"threat model: {v['threat_model']}",
             f"claim: {v['accountant']}, epsilon {v['claimed_epsilon']:.3f}"
             + (f" (RDP {th['accountants']['rdp']['epsilon']:.3f}, "
@@ -115,6 +122,9 @@ def report_blocks(result: dict) -> list[dict]:
          "title": "epsilon lower bounds (certified) and estimates (under the model named):",
          "table": bound_rows},
     ]
+    if stress:
+        blocks.append({"id": "stress_test", "gap": True,
+                       "lines": [f"stress test: {stress['message']}"]})
     pld = {a: r for a, r in (th.get("histogram_pld") or {}).items() if r.get("epsilon")}
     if pld:
         blocks.append({"id": "pld", "gap": True, "lines": [
@@ -149,8 +159,23 @@ def report_blocks(result: dict) -> list[dict]:
     if note:
         notes.append(note)
     blocks += [{"id": "note", "gap": True, "lines": [n]} for n in notes]
-    blocks.append({"id": "verdict", "gap": True, "lines": [v["message"]]})
     return blocks
+
+
+STATUS_WORDS = {"privacy_bug": "PRIVACY BUG", "estimate_above_claim": "ESTIMATE ABOVE CLAIM",
+                "not_verified": "NOT VERIFIED", "consistent": "CONSISTENT"}
+
+
+def verdict_title(v: dict) -> str:
+    """The verdict's heading (the console's first line, the report's title): about the
+    user's claim when there is one."""
+    word = STATUS_WORDS.get(v["status"], v["status"].replace("_", " ").upper())
+    if v.get("training_data") is None:
+        return f"verdict: {word}"
+    return {"privacy_bug": "verdict: PRIVACY BUG: your epsilon is refuted",
+            "estimate_above_claim": "verdict: ESTIMATE ABOVE CLAIM (not certified)",
+            "not_verified": "verdict: NOT VERIFIED: a premise of your epsilon was not seen",
+            "consistent": "verdict: VERIFIED, CONSISTENT"}.get(v["status"], f"verdict: {word}")
 
 
 def _premise_value(p: dict) -> str:
@@ -186,7 +211,7 @@ def training_blocks(training: dict | None) -> list[dict]:
     rows = [{"premise": p["name"], "status": p["status"], "measured": _premise_value(p),
              "note": p.get("reason") or p.get("assumes") or ""}
             for p in training.get("premises", [])]
-    lines = [training["sentence"]]
+    lines = []
     lower = training.get("lower") or {}
     if lower.get("note"):
         lines.append(f"lower side: {lower['note']}")
@@ -198,11 +223,9 @@ def training_blocks(training: dict | None) -> list[dict]:
     if training.get("conditional_on"):
         lines.append("the upper side assumes the structure the checks test but cannot prove: "
                      + "; ".join(training["conditional_on"]))
-    return [{"id": "training_data",
-             "title": "your training's epsilon (the training data's threat model):",
-             "lines": lines[:1]},
-            {"id": "premises", "title": "the accountant's premises, measured:", "table": rows,
-             "lines": lines[1:]}]
+    return [{"id": "premises", "gap": True, "title": "your accountant's premises, measured "
+             f"({training['accountant'].upper()}, delta {training['delta']:.2g}):",
+             "table": rows, "lines": lines}]
 
 
 def _rejected_word(claim: dict) -> str:
@@ -308,49 +331,43 @@ def confidence_block(result: dict) -> dict:
 
 
 def _verdict_line(v: dict) -> str:
-    """The verdict in a few words, led by the statement that decided it (for the figures):
-    a white-box check, the claim test (the effective noise against the configured sigma), or
-    the certified epsilon against the claim; then the numbers of the tables."""
-    word = {
-        "privacy_bug": "PRIVACY BUG",
-        "estimate_above_claim": "ESTIMATE ABOVE CLAIM",
-        "consistent": "CONSISTENT",
-    }.get(v["status"], v["status"].replace("_", " ").upper())
-    cert, est, claimed = (_fmt(v.get(k)) for k in ("best_lower_bound", "best_estimate",
-                                                   "claimed_epsilon"))
-    sigma, configured = v.get("sigma_upper"), v.get("noise_multiplier")
-    noise = ""
-    if isinstance(sigma, (int, float)) and np.isfinite(sigma) and configured is not None:
-        noise = f"canaries' effective sigma <= {sigma:.3g} (configured {configured:g})"
+    """The verdict in a few words (the report's banner, the figures' note), led by what
+    decided it, every number through ``report.numbers`` and each level where it is used:
+    the user's claim first; the canaries' stress test after it, apart."""
+    word = STATUS_WORDS.get(v["status"], v["status"].replace("_", " ").upper())
+    bug = level_words(failure=v["refutation_level"]) if v.get("refutation_level") else None
+    head = f"{word} ({bug})" if v["status"] == "privacy_bug" and bug else word
     decided = []
-    fired = v.get("white_box_fired") or []
-    if fired:
-        decided.append(f"white-box check refuted the claim: {', '.join(fired)}")
+    if v.get("white_box_fired"):
+        decided.append(f"white-box check refuted the claim: {', '.join(v['white_box_fired'])}")
     if v.get("claim_rejected_by"):
-        decided.append(f"claim test rejected the claimed curve ({noise or 'certified'})")
-    if v["status"] == "estimate_above_claim":
-        decided.append(f"estimate {est} > claimed {claimed} (not certified)")
+        decided.append("the canaries' claim test refuted their claimed curve")
     if v["status"] != "privacy_bug" and v.get("warnings"):
         decided.append(f"{len(v['warnings'])} warning(s) short of a PRIVACY BUG")
-    lead = "; ".join(decided)
-    nums = f"certified eps >= {cert}, estimate {est}, claimed {claimed}"
-    if not lead and noise:
-        nums = f"{nums}; {noise}"
-    level = v.get("refutation_level")
-    head = (f"{word} (failure probability {level:.2g})" if v["status"] == "privacy_bug"
-            and level is not None else f"{word} at {v['confidence']:.0%}")
-    line = f"{head}: " + (f"{lead} | {nums}" if lead else nums)
     td = v.get("training_data")
-    if td:
-        up, low = td.get("epsilon_upper"), td.get("epsilon_lower")
-        words = {"verified": "verified <=", "not verified": "measured <= (not verified)",
-                 "refuted": "measured <= (premise refuted)"}.get(td["upper_status"])
-        yours = (f"your epsilon ({td['accountant'].upper()}): claimed "
-                 f"{_fmt(td['epsilon_claimed'])}, "
-                 + (f"{words} {_fmt(up)}" if up is not None and words else "upper not measured")
-                 + (f", certified >= {_fmt(low)}" if low is not None else
-                    ", no certified lower side"))
-        line = f"{yours} | canaries: {line}"
+    conf = level_words(v["confidence"])
+    if not td:  # no claim about training data: the canaries' own verdict
+        nums = (f"certified eps >= {lower(v.get('best_lower_bound'))} ({conf}), estimate "
+                f"{point(v.get('best_estimate'))}, claimed {point(v.get('claimed_epsilon'))}")
+        return f"{head}: " + " | ".join([*decided, nums])
+    if v["status"] == "not_verified":
+        decided.insert(0, "not seen: " + ", ".join(u["plain"] for u in td.get("unseen") or [])
+                       if td.get("unseen") else "not verified")
+    up, low = td.get("epsilon_upper"), td.get("epsilon_lower")
+    words = {"verified": "verified <=", "not verified": "measured <=",
+             "refuted": "measured <="}.get(td["upper_status"])
+    yours = (f"your epsilon {point(td['epsilon_claimed'])} ({td['accountant'].upper()}, delta "
+             f"{td['delta']:.2g}): "
+             + (f"{words} {upper(up)} ({conf})" if up is not None and words
+                else "upper side not measured")
+             + (f", certified >= {lower(low)} ({conf})" if low is not None
+                else ", no certified lower side"))
+    line = f"{head}: " + " | ".join([*decided, yours])
+    stress = v.get("stress_test")
+    if stress:
+        line += (f" || stress test ({stress['status']}): certified eps >= "
+                 f"{lower(stress['certified_epsilon'])} vs its claim "
+                 f"{point(stress['claimed_epsilon'])}")
     return line
 
 
@@ -407,8 +424,8 @@ def write_page(result: dict, out: Path, banner: str, staged: dict[str, Path]) ->
     from dpaudit.report.html import audit_page
 
     images = {PLOT_CAPTIONS.get(k, k): path for k, path in staged.items() if path.exists()}
-    text = audit_page(result, report_blocks(result), banner, images,
-                      title=f"dpaudit audit: {result['verdict']['status'].replace('_', ' ')}")
+    title = verdict_title(result["verdict"]).replace("verdict: ", "dpaudit audit: ", 1)
+    text = audit_page(result, report_blocks(result), banner, images, title=title)
     return atomic_text(out / "report.html", text)
 
 

@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpaudit.accounting import ACCOUNTANTS, history_epsilon, prv_epsilon
+from dpaudit.accounting import history_epsilon, prv_epsilon
 from dpaudit.capture.records import WhiteBoxRecords
+from dpaudit.experiment.judging.claim_words import bracket_words, claim_head, sentence_case
+from dpaudit.experiment.judging.user_claim import UserClaim
 from dpaudit.forecast import poisson_canaries_forecast
 from dpaudit.stats.checks import CheckResult
 from dpaudit.stats.premises import rate_interval, rate_upper, scale_interval, scale_lower
@@ -37,7 +39,6 @@ MEASURED, TESTED, WARNING, REFUTED, NOT_OBSERVED = (
     "measured", "tested", "warning", "refuted", "not observed")
 VERIFIED, NOT_VERIFIED, UPPER_REFUTED, NOT_MEASURED = (
     "verified", "not verified", "refuted", "not measured")
-DEFAULT_ACCOUNTANT = "prv"  # what the CLI's trainings use, and Opacus' default
 # the noise's share of the upper side's failure probability (the rate takes the rest): the
 # noise's interval is the tighter by far (T x d draws against n T q examples), so a small share
 # widens it little and leaves the rate's, the one that binds, narrower
@@ -62,6 +63,31 @@ STRUCTURE = (
     ("release_is_the_noised_sum", "the release is the noised clipped sum over a constant "
      "divisor", ("normalisation",)),
 )
+
+
+# each premise in plain words, for the verdict's sentence
+PLAIN = {"noise_multiplier": "the noise's scale", "sample_rate": "the sampling rate",
+         "clipping": "the clipping", "steps": "the steps", "poisson_sampling": "Poisson "
+         "sampling", "one_row_per_example": "one row per example", "noise_law": "the noise's "
+         "law", "noise_independent_of_data": "the noise's independence from the data",
+         "only_private_step_moves_model": "nothing but the private step moving the model",
+         "release_is_the_noised_sum": "the release's normalisation"}
+
+
+def warning_words(premise: dict) -> str:
+    """A premise at warning level, briefly, for the verdict's sentence ("the clipping reached
+    1.008 C"); its evidence is in the premise table and the checks."""
+    name = premise["name"]
+    if name == "clipping" and premise.get("ratio"):
+        return f"the clipping reached {premise['ratio']:.4g} C"
+    if name == "sample_rate" and premise.get("interval"):
+        lo, hi = premise["interval"]
+        return (f"the sampling rate (measured in [{lo:.4g}, {hi:.4g}], configured "
+                f"{premise.get('configured') or 0:.4g})")
+    if name == "noise_multiplier" and premise.get("interval"):
+        lo, hi = premise["interval"]
+        return f"the noise's scale ([{lo:.4g}, {hi:.4g}] x the configured one)"
+    return PLAIN.get(name, name)
 
 
 def _status(checks: dict[str, CheckResult], names) -> tuple[str, list[str]]:
@@ -134,26 +160,57 @@ def rate_premise(records: WhiteBoxRecords, checks: dict, confidence: float,
                  bound_confidence: float) -> dict:
     """The sampling rate q: the exact interval of the examples the batches held over n T
     draws at ``confidence`` (``stats.premises``), and its one-sided upper bound at
-    ``bound_confidence`` (``least_favourable``, what the upper side uses)."""
+    ``bound_confidence`` (``least_favourable``, what the upper side uses). Where n is known
+    only to a range (``sampling["n_range"]``: inferred from the optimizer's expected batch
+    size), each end takes the least favourable n. Judged on its own evidence: the rate's test
+    inside ``poisson_sampling`` (the total of the batch sizes), never the sampling's law,
+    which is the structural premise ``poisson_sampling``."""
     s = records.sampling or {}
     out = {"name": "sample_rate", "what": "the probability that an example enters a step",
            "configured": s.get("q")}
     sizes, where = _sizes(records)
-    n = s.get("n")
+    n, n_range = s.get("n"), s.get("n_range")
     if sizes is None:
         return {**out, "status": NOT_OBSERVED, "reason": "the batch sizes are unknown (ghost "
                 "clipping under DPDDP without the loader given to the hook)"}
-    if not n:
+    if not n and not n_range:
         return {**out, "status": NOT_OBSERVED, "reason": "the data set's size is unknown "
                 "(AuditHook(data_loader=...) or audit_report(..., dataset_size=...))"}
-    k, trials = int(sizes.sum()), int(n) * int(sizes.size)
-    lo, hi = rate_interval(k, trials, confidence)
-    status, ran = _status(checks, ("poisson_sampling", "sampling_by_example"))
-    return {**out, "status": MEASURED if status in (TESTED, NOT_OBSERVED) else status,
-            "measured": k / trials, "interval": [lo, hi], "examples": k, "draws": trials,
-            "least_favourable": rate_upper(k, trials, bound_confidence),
-            "bound_confidence": float(bound_confidence), "confidence": float(confidence),
-            "source": where, "checks": ran}
+    lo_n, hi_n = (int(n), int(n)) if n else (int(n_range[0]), int(n_range[1]))
+    k, steps = int(sizes.sum()), int(sizes.size)
+    lo = rate_interval(k, hi_n * steps, confidence)[0]
+    hi = rate_interval(k, lo_n * steps, confidence)[1]
+    status = _rate_status(checks.get("poisson_sampling"))
+    entry = {**out, "status": status,
+             "measured": k / (0.5 * (lo_n + hi_n) * steps), "interval": [lo, hi],
+             "examples": k, "draws": lo_n * steps,
+             "least_favourable": rate_upper(k, lo_n * steps, bound_confidence),
+             "bound_confidence": float(bound_confidence), "confidence": float(confidence),
+             "source": where, "checks": ["poisson_sampling"] if "poisson_sampling" in checks
+             else []}
+    if not n:
+        entry["dataset_size_range"] = [lo_n, hi_n]
+        entry["assumes"] = (f"n in [{lo_n}, {hi_n}], inferred from the optimizer's expected "
+                            "batch size and the accountant's rate (Opacus sets it to int(n q)): "
+                            "the training sampled from the data set make_private was given")
+    return entry
+
+
+def _rate_status(check: CheckResult | None) -> str:
+    """The rate's own evidence: the rate test inside ``poisson_sampling`` (its p-value times
+    the check's own Bonferroni factor) at the check's levels; measured when it holds. Where
+    n was inferred (the rate's test is not part of the check) it can only warn."""
+    if check is None or not check.statistical:
+        return MEASURED
+    d = check.details or {}
+    if "p_rate" not in d:
+        return MEASURED
+    p = min(1.0, float(d["p_rate"]) * int(d.get("tests", 4)))
+    if d.get("rate_tested", True) and check.level is not None and p < check.level:
+        return REFUTED
+    if check.warning_level is not None and p < check.warning_level:
+        return WARNING
+    return MEASURED
 
 
 def clipping_premise(records: WhiteBoxRecords, checks: dict) -> dict:
@@ -182,11 +239,31 @@ def steps_premise(records: WhiteBoxRecords, checks: dict) -> dict:
     if hist is None:
         return {"name": "steps", "what": "the optimizer steps training took",
                 "measured": records.num_steps, "accountant_steps": None,
-                "status": NOT_OBSERVED, "reason": "the accountant's history was not given "
-                "(audit_report(..., privacy_engine=engine))"}
+                "status": NOT_OBSERVED, "reason": "no PrivacyEngine given, so the steps its "
+                "accountant counted are unknown (audit_report(..., privacy_engine=engine))"}
     return {"name": "steps", "what": "the optimizer steps training took",
             "measured": records.num_steps, "accountant_steps": counted,
             "status": MEASURED if status in (TESTED, NOT_OBSERVED) else status, "checks": ran}
+
+
+# the report's "not checked" lines that say why a structural premise's checks did not run,
+# by the words that lead them
+UNCHECKED_LEADS = {
+    "one_row_per_example": ("sampling by example",),
+    "noise_law": ("the noise's scale, law", "noise freshness"),
+    "noise_independent_of_data": ("the noise's independence from the data",),
+    "only_private_step_moves_model": ("model integrity",),
+    "release_is_the_noised_sum": ("normalisation",),
+}
+
+
+def _sampling_unseen(records: WhiteBoxRecords) -> str:
+    """Why which examples each step used is unknown."""
+    if records.by_example is None:
+        return records.by_example_reason or ("the training loader was not given "
+                                             "(AuditHook(data_loader=...))")
+    return ("the loader given to the hook did not feed the training, so which examples each "
+            "step used is unknown")
 
 
 def structure_premises(checks: dict, records: WhiteBoxRecords,
@@ -200,11 +277,13 @@ def structure_premises(checks: dict, records: WhiteBoxRecords,
         entry = {"name": name, "what": words, "status": status, "checks": ran}
         if name == "poisson_sampling" and "sampling_by_example" not in ran:
             entry["status"] = REFUTED if status == REFUTED else NOT_OBSERVED
-            entry["reason"] = ("which examples each step used was not recorded: "
-                               + (records.by_example_reason or "the loader given did not "
-                                  "feed the training"))
+            entry["reason"] = _sampling_unseen(records)
         elif status == NOT_OBSERVED:
-            said = [u for u in unchecked or [] if u.split(":", 1)[0].strip() in tests]
+            leads = UNCHECKED_LEADS.get(name, ())
+            said = [u.split(":", 1)[1].strip() for u in unchecked or []
+                    if u.split(":", 1)[0].strip() in tests or u.startswith(leads)]
+            if name == "one_row_per_example" and not said:
+                said = [_sampling_unseen(records)]
             entry["reason"] = ("; ".join(said) if said else
                                "not checked in this audit (the report's 'not checked' says why)")
         out.append(entry)
@@ -223,27 +302,21 @@ def _history(records: WhiteBoxRecords, noise_factor: float, rate: float) -> list
     return [(float(sigmas[i]), float(rate), int(k)) for i, k in zip(starts, counts, strict=True)]
 
 
-def _accountant(records: WhiteBoxRecords) -> str:
-    name = records.accountant or DEFAULT_ACCOUNTANT
-    return name if name in ACCOUNTANTS else DEFAULT_ACCOUNTANT
-
-
-def claimed_epsilon(records: WhiteBoxRecords | None, training: dict | None,
-                    accountant: str, delta: float) -> tuple[float | None, str]:
-    """Opacus' epsilon for the training data (its accountant on its history), or, without
+def claimed_epsilon(records: WhiteBoxRecords | None, claim: UserClaim
+                    ) -> tuple[float | None, str]:
+    """The user's epsilon: their accountant on its history (the engine given), or, without
     the engine, the same accountant on the optimizer's settings as recorded."""
-    row = (training or {}).get(accountant)
-    eps = row.get("epsilon") if isinstance(row, dict) else getattr(row, "epsilon", None)
-    if eps is not None and np.isfinite(eps):
-        return float(eps), f"Opacus' {accountant.upper()} accountant on its history"
+    eps = claim.epsilon()
+    if eps is not None:
+        return eps, f"Opacus' {claim.accountant.upper()} accountant on its history"
     if records is None or not (records.sampling or {}).get("q"):
         return None, "unknown"
     hist = _history(records, 1.0, float(records.sampling["q"]))
-    res = history_epsilon(hist, delta, accountant)
+    res = history_epsilon(hist, claim.delta, claim.accountant)
     if not np.isfinite(res.epsilon):
         return None, res.note
-    return float(res.epsilon), (f"the {accountant.upper()} accountant on the optimizer's "
-                                "settings as recorded (no PrivacyEngine given)")
+    return float(res.epsilon), (f"the {claim.accountant.upper()} accountant on the "
+                                "optimizer's settings as recorded (no PrivacyEngine given)")
 
 
 def upper_side(records: WhiteBoxRecords, noise: dict, rate: dict, clip: dict,
@@ -302,41 +375,39 @@ def lower_side(threat, bounds, confidence: float, training_rate: float | None) -
 
 
 def training_data_block(records: WhiteBoxRecords | None, checks: dict[str, CheckResult],
-                        training: dict | None, *, threat=None, bounds=(),
-                        confidence: float = 0.95, delta: float = 1e-5,
-                        reason: str | None = None,
+                        claim: UserClaim | None, *, threat=None, bounds=(),
+                        confidence: float = 0.95, reason: str | None = None,
                         unchecked: list[str] | None = None) -> dict | None:
-    """``verdict.training_data``: the training's epsilon claimed, bracketed from above by the
+    """``verdict.training_data``: the user's epsilon claimed, bracketed from above by the
     measured premises and from below by canaries of the data's threat model (module doc).
 
     Args:
         records: the training's white-box records (None: none kept, ``reason`` says why).
         checks: the white-box checks run on them, by name.
-        training: Opacus' epsilons for the training data by accountant (to_dict form), when
-            the engine was given.
+        claim: the user's claim (``user_claim.UserClaim``: accountant, history, delta);
+            None: no claim about training data (scores passed without a hook or an engine).
         threat: the audited canaries' ``ThreatModel`` (its ``training_sample_rate`` is the
             data's rate).
         bounds: the audit's ``BoundRow`` s (the lower side's certified bound).
         confidence: the upper side's confidence (split over the noise and the rate).
-        delta: the delta of every epsilon.
         reason: why there are no records, when ``records`` is None.
         unchecked: the report's "not checked" lines (the reasons of unobserved premises).
     """
-    if records is None and not training:
+    if claim is None or (records is None and claim.history is None):
         return None
-    accountant = _accountant(records) if records is not None else (
-        records_accountant(training))
-    claimed, source = claimed_epsilon(records, training, accountant, delta)
+    accountant, delta = claim.accountant, claim.delta
+    claimed, source = claimed_epsilon(records, claim)
     rate_q = None if threat is None else threat.training_sample_rate
     block = {"accountant": accountant, "delta": float(delta), "confidence": float(confidence),
              "epsilon_claimed": claimed, "epsilon_claimed_source": source,
-             "epsilon_upper": None, "epsilon_lower": None}
+             "epsilon_upper": None, "epsilon_lower": None, "claim": claim.to_dict(),
+             "notes": [n for n in (claim.delta_note(), claim.target_note()) if n]}
     lower = lower_side(threat, bounds, confidence, rate_q)
     block["epsilon_lower"] = lower.get("epsilon")
     block["lower"] = lower
     if records is None or not records.steps:
         block.update(upper_status=NOT_MEASURED, upper_reasons=[
-            reason or "no per-step records were kept"], premises=[])
+            reason or "no per-step records were kept"], premises=[], warnings=[], unseen=[])
         block["sentence"] = training_sentence(block)
         return block
     # the noise's and the rate's one-sided bounds share 1 - confidence, split in advance by
@@ -354,58 +425,27 @@ def training_data_block(records: WhiteBoxRecords | None, checks: dict[str, Check
             f"RDP, not {accountant.upper()}: the effective noise multiplier at the measured "
             f"values is below {PRV_FLOOR}, where the PRV accountant's grid explodes")
     refuted = [p["name"] for p in premises if p["status"] == REFUTED]
-    unseen = [f"{p['name']}: {p['reason']}" for p in premises if p["status"] == NOT_OBSERVED]
+    unseen = [p for p in premises if p["status"] == NOT_OBSERVED]
     if refuted:
         status, reasons = UPPER_REFUTED, [f"refuted: {', '.join(refuted)}"]
     elif upper is None:
         status, reasons = NOT_MEASURED, [why]
     elif unseen:
-        status, reasons = NOT_VERIFIED, unseen
+        status, reasons = NOT_VERIFIED, [f"{p['name']}: {p['reason']}" for p in unseen]
     else:
         status, reasons = VERIFIED, []
     block.update(epsilon_upper=upper, upper_status=status, upper_reasons=reasons,
+                 unseen=[{"name": p["name"], "plain": PLAIN.get(p["name"], p["name"]),
+                          "reason": p["reason"]} for p in unseen],
                  premises=premises,
+                 warnings=[warning_words(p) for p in premises if p["status"] == WARNING],
                  conditional_on=[p["what"] for p in premises if p["name"] in
                                  {n for n, _, _ in STRUCTURE}])
     block["sentence"] = training_sentence(block)
     return block
 
 
-def records_accountant(training: dict | None) -> str:
-    """The accountant named first among Opacus' epsilons (PRV when present)."""
-    names = list(training or {})
-    return DEFAULT_ACCOUNTANT if DEFAULT_ACCOUNTANT in names or not names else names[0]
-
-
-def _num(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3g}"
-
-
 def training_sentence(block: dict) -> str:
-    """The verdict's first sentence: the training's epsilon in the user's numbers."""
-    acc = block["accountant"].upper()
-    head = (f"Your training's epsilon ({acc}, delta {block['delta']:.2g}): claimed "
-            f"{_num(block['epsilon_claimed'])}")
-    status = block["upper_status"]
-    conf = f"{block['confidence']:.0%}"
-    if block["epsilon_upper"] is not None:
-        words = {VERIFIED: f"verified at most {_num(block['epsilon_upper'])} ({conf}, from "
-                 "the measured noise, rate, clipping and steps; conditional on the structure "
-                 "the checks test)",
-                 NOT_VERIFIED: f"as measured at most {_num(block['epsilon_upper'])} ({conf}), "
-                 "not verified: " + "; ".join(block["upper_reasons"]),
-                 UPPER_REFUTED: f"as measured at most {_num(block['epsilon_upper'])} ({conf}) "
-                 "but " + "; ".join(block["upper_reasons"])}[status]
-    else:
-        words = "no measured upper side: " + "; ".join(block["upper_reasons"])
-    low = block["epsilon_lower"]
-    lower = block.get("lower") or {}
-    if low is not None:
-        lw = f"certified at least {low:.3g} ({lower.get('by') or 'no certified row'})"
-    else:
-        fc = lower.get("forecast") or {}
-        need = fc.get("per_side_for_positive")
-        lw = ("no certified lower side (the canaries realise another threat model"
-              + (f"; about {need:,} canaries per side inserted like an example would certify "
-                 "a positive epsilon, a forecast" if need else "") + ")")
-    return f"{head}; {words}; {lw}."
+    """The user's epsilon and its bracket in one sentence, before the verdict (which opens
+    its message with its own, status-first version: ``verdict.claim_paragraph``)."""
+    return f"{sentence_case(claim_head(block))}: {bracket_words(block)}."

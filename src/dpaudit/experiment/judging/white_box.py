@@ -101,7 +101,7 @@ def batch_sizes(records: WhiteBoxRecords) -> tuple[list[int] | None, str]:
 def _sampling_known(records: WhiteBoxRecords) -> bool:
     s = records.sampling or {}
     sizes, _ = batch_sizes(records)
-    return bool(s.get("n")) and sizes is not None and len(sizes) >= 2
+    return bool(s.get("n") or s.get("n_range")) and sizes is not None and len(sizes) >= 2
 
 
 def statistical_tests(records: WhiteBoxRecords | None) -> list[str]:
@@ -303,9 +303,18 @@ def white_box_evidence(
     sampling = records.sampling or {}
     if "poisson_sampling" in run:
         sizes, where = batch_sizes(records)
-        res = poisson_sampling_test(sizes, int(sampling["n"]), float(sampling["q"]),
-                                    level=level)
-        out["poisson_sampling"] = replace(res, checked=[f"{len(sizes)} {where}"])
+        if sampling.get("n"):
+            res = poisson_sampling_test(sizes, int(sampling["n"]), float(sampling["q"]),
+                                        level=level)
+            checked = [f"{len(sizes)} {where}"]
+        else:  # n inferred to a range: each test at its least favourable n, the rate's
+            # test a warning at most (another data set at the claimed rate looks the same)
+            lo, hi = (int(v) for v in sampling["n_range"])
+            res = poisson_sampling_test(sizes, lo, float(sampling["q"]), level=level,
+                                        n_high=hi, test_rate=False)
+            checked = [f"{len(sizes)} {where}", f"n in [{lo}, {hi}] from "
+                       f"{sampling.get('n_source') or 'the optimizer'}"]
+        out["poisson_sampling"] = replace(res, checked=checked)
     out.update(door_checks(records, level, delta))
     out.update(adaptive_checks(records, level, delta))
     out = {k: v.at_levels(level, warning_level) for k, v in out.items()}
@@ -359,7 +368,7 @@ def not_checked(records: WhiteBoxRecords | None, independent: bool,
             out.append("Poisson sampling: the batch sizes are unknown (ghost clipping keeps "
                        "no per-sample gradients to count; AuditHook(data_loader=...) records "
                        "the loader's)")
-        elif not sampling.get("n"):
+        elif not (sampling.get("n") or sampling.get("n_range")):
             out.append("Poisson sampling: the dataset size is unknown (AuditHook(data_loader="
                        "...) or audit_report(..., dataset_size=len(train_set)))")
         else:
