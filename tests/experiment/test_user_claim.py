@@ -82,7 +82,7 @@ def test_bad_arguments_name_themselves(rdp_loop):
         audit_report(rdp_loop.hook, privacy_engine=rdp_loop.engine, canaries=3)
     tm = ThreatModel(canary_kind="gradient", noise_multiplier=1.0, max_grad_norm=1.0,
                      sample_rate=1.0, steps=10, delta=1e-5)
-    with pytest.raises(ValueError, match="delta: 1e-06 conflicts with threat_model.delta"):
+    with pytest.raises(ValueError, match=r"delta: 1e-06 conflicts with threat_model\.delta"):
         resolve_user_claim(delta=1e-6, threat_model=tm)
     assert resolve_user_claim(threat_model=tm).delta == 1e-5
     with pytest.raises(ValueError, match="target_epsilon must be a positive number"):
