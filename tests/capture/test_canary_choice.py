@@ -69,7 +69,7 @@ def test_the_hook_picks_them_and_the_report_certifies_them_as_independent():
     assert res["verdict"]["best_lower_bound"] > 0
     # no loader given to the hook: which examples each step used is unseen, and said
     assert res["verdict"]["status"] == "not_verified"
-    assert "Poisson sampling not seen" in res["verdict"]["message"]
+    assert "not seen: Poisson sampling" in res["verdict"]["message"]
 
 
 def test_auto_is_false_where_the_data_reach_the_canaries():

@@ -81,7 +81,7 @@ def test_an_unrecorded_premise_is_said_not_assumed():
     assert v["status"] == "not_verified" and v["verified"] is False
     assert any(r.startswith("poisson_sampling: the training loader was not given")
                for r in td["upper_reasons"])
-    assert "NOT VERIFIED: Poisson sampling not seen" in v["message"]
+    assert "NOT VERIFIED, not seen: Poisson sampling (the training loader" in v["message"]
 
 
 def test_a_loader_that_did_not_feed_the_training_is_named():

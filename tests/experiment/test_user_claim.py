@@ -43,7 +43,8 @@ def test_a_correct_loop_is_verified_and_consistent_in_the_users_numbers(rdp_loop
 def test_without_the_engine_the_claim_is_not_verified_and_said_so(rdp_loop):
     v = audit_report(rdp_loop.hook, delta=1e-6)["verdict"]
     assert v["status"] == "not_verified" and v["verified"] is False
-    assert "NOT VERIFIED: the steps not seen" in v["message"]
+    assert "NOT VERIFIED, not seen: the steps (no PrivacyEngine given" in v["message"]
+    assert "(PRV accountant (Opacus' default: no engine given), delta 1e-06)" in v["message"]
     assert "privacy_engine=engine" in v["message"]
     assert "NOT VERIFIED" in verdict_title(v) and _verdict_line(v).startswith("NOT VERIFIED")
 

@@ -20,8 +20,11 @@ def claim_head(td: dict) -> str:
     delta = f"{td['delta']:.2g}"
     where = (f"at dpaudit's default delta {delta}, not yours: pass delta="
              if claim and not claim.get("delta_given", True) else f"delta {delta}")
-    return (f"your epsilon {point(td.get('epsilon_claimed'))} "
-            f"({td['accountant'].upper()} accountant, {where})")
+    which = f"{td['accountant'].upper()} accountant"
+    if claim and claim.get("history") is None and claim.get("accountant_source", "").startswith(
+            "no PrivacyEngine"):
+        which += " (Opacus' default: no engine given)"
+    return f"your epsilon {point(td.get('epsilon_claimed'))} ({which}, {where})"
 
 
 def bracket_words(td: dict) -> str:

@@ -293,16 +293,16 @@ def claim_paragraph(status, td, white_box, white_fired, refuted_by, has_stress, 
         text = (f"{sentence_case(head)}: ESTIMATE ABOVE CLAIM (not certified): {what}. "
                 f"{sentence_case(bracket)}.")
     elif status == NOT_VERIFIED:
-        unseen = [f"{u['plain']} not seen ({u['reason']})" for u in td.get("unseen") or []]
+        unseen = [f"{u['plain']} ({u['reason']})" for u in td.get("unseen") or []]
         if not unseen:  # no premise unseen: the upper side itself could not be computed
             unseen = list(td.get("upper_reasons") or [])
-        text = (f"{sentence_case(head)}: NOT VERIFIED: {'; '.join(unseen)}. "
+        text = (f"{sentence_case(head)}: NOT VERIFIED, not seen: {'; '.join(unseen)}. "
                 f"{sentence_case(bracket)}.")
     else:
         text = (f"{sentence_case(head)}: {bracket}. Nothing refutes it at the PRIVACY BUG "
                 f"level ({level_words(failure=refutation_level)}).")
+    text += "".join(f" {sentence_case(n)}." for n in td.get("notes") or [])
     if td.get("warnings") and status != PRIVACY_BUG:
         text += (" Warning, short of a PRIVACY BUG: " + ", ".join(td["warnings"])
                  + " at the bounds' level.")
-    text += "".join(f" {sentence_case(n)}." for n in td.get("notes") or [])
     return text
