@@ -152,10 +152,17 @@ def _first_tensor(out):
     return None, None
 
 
-def add_canary_block(model: nn.Module, size: int = 1024) -> CanaryBlock:
+def add_canary_block(model: nn.Module, size: int | None = None) -> CanaryBlock:
     """Give ``model`` a block of ``size`` parameters no data gradient reaches (module doc);
     call it before ``make_private`` and before building the optimizer. Returns the block
-    (``block.canaries(model)`` after ``make_private``; ``block.remove()`` after training)."""
+    (``block.canaries(model)`` after ``make_private``; ``block.remove()`` after training).
+    ``size``: default ``canary_choice.BLOCK_SIZE`` (21,000: the hook's default canaries, the
+    every-step stress test's 1,000 and 10,000 per side inserted like an example); it costs
+    each step a per-example gradient of ``size`` zeros and ``size`` noise draws."""
+    if size is None:
+        from dpaudit.capture.canary_choice import BLOCK_SIZE
+
+        size = BLOCK_SIZE
     if not isinstance(model, nn.Module):
         raise ValueError(f"model must be a torch nn.Module, got {type(model).__name__}")
     if hasattr(model, "_module"):

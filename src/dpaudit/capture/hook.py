@@ -149,9 +149,14 @@ class AuditHook:
     ``hook = AuditHook(optimizer, model, canaries, scores=(ScalarProduct(),))`` then
     ``hook.attach()`` (or ``with hook:``) around the unchanged training loop; afterwards
     ``hook.scores()`` gives each score's (K,) accumulated values. ``canaries=None`` picks
-    Dirac canaries no data gradient can reach at any step (``canary_choice.pick_canaries``:
+    Dirac canaries no data gradient can reach at any step (``canary_choice.default_canaries``:
     on the model's canary block, ``add_canary_block``, or on coordinates its structure keeps
-    dead on the loader's data), each a member with probability 1/2. ``params`` selects parameter
+    dead on the loader's data), each a member with probability 1/2, in two sets: the
+    every-step stress test of the mechanism, and canaries inserted like an example (each
+    member at the data's rate q per step: the training data's threat model, the lower side of
+    the user's epsilon; ``canary_note`` says when the coordinates held fewer than 10^4 per
+    side). ``scores=None``: the scalar product, and the per-step mixture likelihood ratio
+    (``MixtureLR``, q_c = q) when a set is inserted like an example. ``params`` selects parameter
     or module names (default: every trainable parameter the DP optimizer updates; trainable
     ones it does not update, ``outside_optimizer``, are watched by the integrity check) for
     everything the canaries insert and scores read.
@@ -214,7 +219,7 @@ class AuditHook:
         optimizer: DPOptimizer,
         model: nn.Module,
         canaries: Canaries | Sequence[Canaries] | None = None,
-        scores: Sequence[StepScore] = (ScalarProduct(),),
+        scores: Sequence[StepScore] | None = None,
         params: str | Sequence[str] | None = None,
         keep_per_step: bool = False,
         trace: Trace | None = None,
@@ -238,12 +243,25 @@ class AuditHook:
         self.model = model
         self.max_grad_norm = clip_bound(optimizer)
         self._select_parameters(params, coordinates)
+        self.canary_note = ""
         if canaries is None:  # picked: canaries no data gradient can reach at any step
-            from dpaudit.capture.canary_choice import pick_canaries
+            from dpaudit.capture.canary_choice import default_canaries
 
             data = None if data_loader is None else getattr(data_loader, "dataset", None)
-            canaries = pick_canaries(model, data, seed=seed, norm=self.max_grad_norm,
-                                     params=params)
+            q = sample_rate if sample_rate is not None else infer_sample_rate(
+                optimizer.step_hook)
+            if q is None or not 0.0 < float(q) <= 1.0:
+                raise ValueError(
+                    "sample_rate must be in (0, 1]; it could not be read from the optimizer's "
+                    f"accountant hook, got {q!r}: pass sample_rate=")
+            canaries, self.canary_note = default_canaries(
+                model, data, sample_rate=float(q), seed=seed, norm=self.max_grad_norm,
+                params=params)
+        if scores is None:  # the scalar product; the mixture LR for canaries inserted like
+            # an example too (their optimal per-step test, O(K) per step on Dirac canaries)
+            bernoulli = any("bernoulli" in getattr(c, "policies", ()) for c in
+                            as_canary_list(canaries))
+            scores = (ScalarProduct(), MixtureLR()) if bernoulli else (ScalarProduct(),)
         self._set_canaries(canaries)
         self._set_scores(scores, keep_per_step, reference, sample_rate)
         self._set_trace(trace)

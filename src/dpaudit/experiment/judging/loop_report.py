@@ -38,17 +38,48 @@ from dpaudit.stats.inclusion import check_inclusion
 from dpaudit.threat_model import ThreatModel
 
 
+def inserted_like_an_example(hook, index: int) -> bool:
+    """Whether canary set ``index`` realises the training data's threat model: Dirac
+    gradient canaries of norm C on distinct coordinates, every member inserted with
+    probability q (the hook's rate) per step, the others never (the hook's default second
+    set, ``canary_choice.default_canaries``): their evidence is the lower side of the user's
+    epsilon."""
+    from dpaudit.capture import GradientCanaries
+
+    c = hook.canaries[index]
+    if not isinstance(c, GradientCanaries) or not c.is_sparse or c.indices.shape[1] != 1:
+        return False
+    pols = set(c.policies)
+    if "bernoulli" not in pols or not pols <= {"bernoulli", "never"}:
+        return False
+    q = float(c.inclusion_prob)
+    norms = c.norms()
+    return (abs(q - hook.sample_rate) <= 1e-12 * max(1.0, q)
+            and bool(torch_allclose(norms, hook.max_grad_norm)))
+
+
+def torch_allclose(values, target: float) -> bool:
+    """Every value within float32 rounding of ``target``."""
+    v = np.asarray(values.detach().cpu().numpy() if hasattr(values, "detach") else values,
+                   dtype=np.float64)
+    return bool(np.all(np.abs(v - target) <= 1e-6 * max(1.0, abs(target))))
+
+
 def check_canaries_index(hook, canaries: int | None) -> int:
-    """The index of the audited canary set: ``canaries``, or the hook's only set; a bad
-    index is refused, naming the argument."""
+    """The index of the audited canary set: ``canaries``, or the hook's only set, or its only
+    set that is not inserted like an example (the hook's default pair: the stress test is
+    audited, the other gives the lower side); a bad index is refused, naming the argument."""
     sets = hook.canaries
     if canaries is None:
-        if len(sets) != 1:
+        if len(sets) == 1:
+            return 0
+        others = [i for i in range(len(sets)) if not inserted_like_an_example(hook, i)]
+        if len(others) != 1:
             raise ValueError(
                 f"canaries: the hook has {len(sets)} canary sets; pass canaries=<index> to say "
                 "which one to audit (each set has its own threat model)"
             )
-        return 0
+        return others[0]
     if (isinstance(canaries, bool) or not isinstance(canaries, (int, np.integer))
             or not 0 <= canaries < len(sets)):
         raise ValueError(f"canaries must be the index of one of the hook's {len(sets)} canary "
