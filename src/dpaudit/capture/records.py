@@ -77,6 +77,31 @@ class NoiseRun:
 
 
 @dataclass(frozen=True)
+class RanksRelease:
+    """Under DPDDP, one step's release against the ranks' noised sums, through a linear sketch
+    (``capture.ranks_release``): P folds every tensor to at most ``ranks_release.BUCKETS``
+    buckets (bucket i mod K, K prime), so P(sum over ranks of x_r) = sum over ranks of
+    P(x_r): the ranks' sketches are summed by one all-reduce of O(tensors x K) numbers.
+
+    Attributes:
+        released: ||P(release x divisor)||^2 (the all-reduced release each rank applies).
+        noised: ||P(S)||^2, S the sum over the ranks of their noised clipped sums (each read
+            right after its ``add_noise``).
+        cross: <P(release x divisor), P(S)>.
+        error: a bound on ||P(release x divisor) / c - P(S)|| when release x divisor = c S
+            up to the float rounding of the division and the all-reduce (the ranks' sum of
+            P(|noised sum|) times (ranks + 2) x the dtype's epsilon / 2, plus float64's).
+        ranks: the processes whose noised sums were summed.
+    """
+
+    released: float
+    noised: float
+    cross: float
+    error: float
+    ranks: int
+
+
+@dataclass(frozen=True)
 class StepRecord:
     """One optimizer step as the white-box checks read it.
 
@@ -92,11 +117,14 @@ class StepRecord:
             there, or None.
         noise: the sketch of the noise the optimizer added, or None when not recorded.
         noised_sq: the squared norm of the noised clipped sum right after ``add_noise`` (all
-            tensors; the release times the divisor must equal it), or None (DPDDP).
+            tensors; the release times the divisor must equal it), or None (DPDDP: the
+            release is the ranks' sum, compared through ``ranks_release``).
         dtype_eps: the coarsest machine epsilon of the optimizer's parameters (the release's
             rounding).
         clip_bound: the clip bound C the step's noise is scaled by (adaptive clipping: C_t;
             None: the run's one ``max_grad_norm``).
+        ranks_release: under DPDDP, the release against the sum of the ranks' noised sums
+            (``RanksRelease``), or None.
     """
 
     step: int
@@ -109,6 +137,7 @@ class StepRecord:
     noised_sq: float | None = None
     dtype_eps: float = float(np.finfo(np.float32).eps)
     clip_bound: float | None = None
+    ranks_release: RanksRelease | None = None
 
 
 @dataclass(frozen=True)
