@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 
 from dpaudit.bugs import BUG_ZOO
-from dpaudit.capture.records import RanksRelease, StepRecord, WhiteBoxRecords
+from dpaudit.capture.records import (
+    ExampleSampling,
+    RanksRelease,
+    StepRecord,
+    WhiteBoxRecords,
+)
 from dpaudit.experiment import run_audit
 from dpaudit.experiment.judging.white_box import (
     bookkeeping_check,
@@ -154,6 +159,32 @@ def test_normalisation_by_hand():
     check = real["normalisation"]
     assert check.rejected and check.witness["steps"] == [2, 0]
     assert "batches of 70 and 60 examples" in describe(check)
+
+
+def test_full_batches_at_rate_one_are_checked_by_example():
+    # q = 1: Poisson sampling is every example in every batch, so the recorded batches are
+    # checked exactly (p 0 or 1), not left unchecked as "rate 1"
+    def records(counts, sizes):
+        by = ExampleSampling(
+            n=4, source="a full-batch loader", counts=np.array(counts), sizes=np.array(sizes),
+            signatures=np.zeros((len(sizes), 1)), bucket_sizes=np.array([4]),
+            bucket_signed=np.array([0]), set_hashes=np.zeros(len(sizes), dtype=np.uint64),
+            duplicate_batches=0, duplicate_witness={}, out_of_range=0,
+            optimizer_steps=len(sizes))
+        return _records(steps=len(sizes), sizes=sizes, sampling={"n": 4, "q": 1.0},
+                        by_example=by)
+
+    full = records([3, 3, 3, 3], [4, 4, 4])
+    checks = white_box_evidence(full, 1e-7, 0.05)
+    assert checks["sampling_by_example"].p_value == 1.0
+    assert not checks["sampling_by_example"].rejected
+    assert not any(u.startswith("sampling by example") for u in not_checked(full, True))
+    short = white_box_evidence(records([3, 3, 3, 2], [4, 4, 3]), 1e-7, 0.05)
+    check = short["sampling_by_example"]
+    assert check.rejected and check.p_value == 0.0
+    assert check.witness["sampling_seen"] == ("1 of 4 examples were not in every batch, 1 of 3 "
+                                              "batches did not hold all 4 examples")
+    assert short["poisson_sampling"].rejected  # the sizes say it too
 
 
 def test_ranks_normalisation_by_hand():
