@@ -166,6 +166,17 @@ def _run(rank, data, hook_fn, ghost=False, cancel=False, with_loader=False, alik
         if "normalisation" in checks:
             out["normalisation"] = checks["normalisation"].details
         block = training_data_block(rec, checks, None, unchecked=not_checked(rec, True))
+        # what a multi-run audit's run file would keep of them, through JSON
+        import json
+
+        from dpaudit._jsonable import to_jsonable
+        from dpaudit.capture.records_io import compact, records_from_dict, records_to_dict
+
+        back = records_from_dict(json.loads(json.dumps(to_jsonable(records_to_dict(
+            compact(rec))))))
+        out["round_trip"] = {k: (c.rejected, c.details) for k, c in
+                             white_box_evidence(back, 1e-7, 0.05).items()
+                             if k == "normalisation"}
         out["upper"] = (block["upper_status"], block["upper_reasons"], block["epsilon_upper"])
         out["ranks_release"] = [s.ranks_release for s in rec.steps]
         out["noise_sq"] = np.stack([s.sq for s in rec.noise_steps])
@@ -417,6 +428,8 @@ def test_the_release_is_the_ranks_sum_and_the_upper_side_is_verified(ranks):
         # Opacus' release x (B_exp x world size) is the ranks' sum itself, up to float32
         assert norm["median_ratio"] == pytest.approx(1.0, abs=1e-6)
         assert norm["spread"] < 1e-5 and norm["largest_residual"] < 1e-5
+        # the records a run file keeps give the same check, exactly
+        assert run["round_trip"]["normalisation"] == (False, norm)
     # the ranks hold the same record of every step (the sketch is summed over them)
     a, b = (r["loader"]["ranks_release"] for r in ranks)
     assert len(a) == len(ranks[0]["loader"]["applied"]) and all(x is not None for x in a)

@@ -29,24 +29,25 @@ class NoiseStep:
             moment: every term is bounded, so its sum has an exact Bernstein tail).
         counts: (B,) counts of the step's sampled coordinates in
             ``stats.noise_law.marginal_edges()``'s bins, pooled over tensors (``NoiseRun``
-            keeps them per tensor, summed over the steps).
+            keeps them per tensor, summed over the steps); None in compact records
+            (``records_io.compact``: only the run's counts per tensor are kept).
         rounding: the largest error of one recovered coordinate (the release is rounded to
             the parameters' dtype before the sum is subtracted).
         lag_z: vector name -> the largest Hoeffding statistic over its lags this step.
         lag_at: vector name -> the lag where it was found.
         sketch: (K,) every tensor folded to at most 256 buckets, concatenated (long runs
             fold every stored sketch further to keep T x K bounded: ``NoiseRun.segments``
-            gives the final layout).
+            gives the final layout; compact records fold it to a few numbers), or None.
         sketch_error: the largest error of one sketch entry.
     """
 
     sq: np.ndarray
     m4: np.ndarray
-    counts: np.ndarray
+    counts: np.ndarray | None
     rounding: float
     lag_z: dict[str, float]
     lag_at: dict[str, int]
-    sketch: np.ndarray
+    sketch: np.ndarray | None
     sketch_error: float
 
 

@@ -86,6 +86,11 @@ def _noise_steps(records: WhiteBoxRecords):
     return [s for s in records.steps if s.noise is not None]
 
 
+def _sketched(steps) -> bool:
+    """Whether every noise step kept its sketch (compact records of a run file may not)."""
+    return all(s.noise.sketch is not None for s in steps)
+
+
 def batch_sizes(records: WhiteBoxRecords) -> tuple[list[int] | None, str]:
     """The batch sizes the Poisson sampling test reads, and where they come from: each step's
     clipped rows (the logical batch under BatchMemoryManager), or the loader's (union over
@@ -120,7 +125,7 @@ def statistical_tests(records: WhiteBoxRecords | None) -> list[str]:
         out += ["noise_scale", "noise_marginal"]
         if records.noise.lags:
             out.append("noise_alignment")
-        if len(steps) >= 2:
+        if len(steps) >= 2 and _sketched(steps):
             out.append("noise_freshness")
     elif records.probe_noise is not None and len(noised) >= 2:
         out.append("noise_independence")
@@ -320,8 +325,10 @@ def _noise_law(records: WhiteBoxRecords, level: float) -> dict[str, CheckResult]
     out["noise_scale"] = noise_scale_test(sq, noise.dims, 1.0, rounding, level=level,
                                           names=noise.names,
                                           scale_rounding=_scale_rounding(records, 1))
+    per_step = all(s.noise.counts is not None for s in steps)
     out["noise_marginal"] = noise_marginal_test(
-        np.stack([s.noise.counts for s in steps]), noise.tensor_counts, rounding,
+        np.stack([s.noise.counts for s in steps]) if per_step else None,
+        noise.tensor_counts, rounding,
         level=level, names=noise.names, moments=np.stack([s.noise.m4 for s in steps]),
         dims=noise.dims)
     if noise.lags:
@@ -330,7 +337,7 @@ def _noise_law(records: WhiteBoxRecords, level: float) -> dict[str, CheckResult]
                  if v in s.noise.lag_z] for v in noise.lags},
             noise.run_z, noise.lags, level=level, where=noise.vectors,
             describe_lag=_lag_words(noise))
-    if len(steps) >= 2:
+    if len(steps) >= 2 and _sketched(steps):
         out["noise_freshness"] = noise_freshness_test(
             np.stack([s.noise.sketch for s in steps]),
             np.array([s.noise.sketch_error for s in steps]), noise.segments, level=level)
@@ -421,7 +428,9 @@ def not_checked(records: WhiteBoxRecords | None, independent: bool,
                 + ")"
             )
     elif "noise_freshness" not in run:
-        out.append("noise freshness across steps: a single step")
+        out.append("noise freshness across steps: " + (
+            "a single step" if len(_noise_steps(records)) < 2 else
+            "the records keep no sketch of each step's noise"))
     sampling = records.sampling or {}
     if "poisson_sampling" not in run:
         sizes, _ = batch_sizes(records)
