@@ -455,3 +455,19 @@ def test_planted_ddp_bugs_are_refuted_by_the_normalisation_on_every_rank(ranks):
         assert "not a multiple of the sum of the 2 ranks' noised sums" in (
             bug["described"]["normalisation"])
         assert bug["upper"][0] == "refuted"
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ddp")
+def test_the_own_loops_audit_report_verifies_the_upper_side_under_dpddp():
+    # the user's path: an own Opacus loop under DPDDP (2 gloo processes), audit_report on
+    # every rank with the engine and the loader: every premise seen, none refuted
+    from own_loop_models import own_loop_ddp_audit
+
+    res = own_loop_ddp_audit(seed=0)
+    td = res["verdict"]["training_data"]
+    assert res["verdict"]["status"] == "consistent", res["verdict"]["message"]
+    assert td["upper_status"] == "verified" and td["upper_reasons"] == [], td["upper_reasons"]
+    norm = res["white_box"]["checks"]["normalisation"]
+    assert not norm["rejected"] and "sum of the 2 ranks' noised sums" in norm["checked"][0]
+    assert td["epsilon_claimed"] < td["epsilon_upper"] < 1.25 * td["epsilon_claimed"]

@@ -90,8 +90,9 @@ class RanksRelease:
             right after its ``add_noise``).
         cross: <P(release x divisor), P(S)>.
         error: a bound on ||P(release x divisor) / c - P(S)|| when release x divisor = c S
-            up to the float rounding of the division and the all-reduce (the ranks' sum of
-            P(|noised sum|) times (ranks + 2) x the dtype's epsilon / 2, plus float64's).
+            up to the float rounding of the division and the all-reduce: (ranks + 2) x the
+            dtype's epsilon / 2 (plus float64's) times sqrt(sum_j m_j N_j^2), N_j the sum over
+            the ranks of their tensor j's norm and m_j its coordinates per bucket.
         ranks: the processes whose noised sums were summed.
     """
 
