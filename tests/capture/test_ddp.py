@@ -10,6 +10,10 @@ gradient, inclusions and scores agree across ranks, input canaries leave trainin
 their gradients equal a per-example autograd reference clipped at C. The noise the hook
 records is the released one, summed over the ranks after the all-reduce: the same on every
 rank, the claimed scale for Opacus' own noise, and nothing where two ranks' noises cancel.
+The release is checked against the sum of the ranks' noised sums (``normalisation``, through a
+sketch summed over the ranks): on a correct run the training data's upper side is verified,
+and two planted DDP bugs (every rank dividing by its realised batch size; every other step not
+all-reduced) are refuted by it on every rank.
 """
 
 from __future__ import annotations
@@ -58,7 +62,34 @@ def _cancel_noise(opt, rank):
     InstancePatch(opt, "add_noise", add_noise, owner="test").apply()
 
 
-def _run(rank, data, hook_fn, ghost=False, cancel=False, with_loader=False, alike=False):
+def _unreduced_steps(opt):
+    """A DDP bug: every other step is not all-reduced (a ``no_sync`` left open around the
+    step): each rank applies its own sum divided as if it were the average, rank 1 its clipped
+    sum without noise."""
+    from dpaudit.capture.patching import InstancePatch
+
+    steps = [0]
+
+    def reduce_gradients():
+        steps[0] += 1
+        if steps[0] % 2:
+            type(opt).reduce_gradients(opt)
+            return
+        for p in opt.params:
+            p.grad /= opt.world_size
+
+    InstancePatch(opt, "reduce_gradients", reduce_gradients, owner="test").apply()
+
+
+def _realised_batch_size(opt):
+    """The zoo's ``realised_batch_size`` on every rank: each divides by its own batch."""
+    from dpaudit.bugs import plant_bug
+
+    plant_bug(opt, "realised_batch_size")
+
+
+def _run(rank, data, hook_fn, ghost=False, cancel=False, with_loader=False, alike=False,
+         bug=None):
     from opacus import PrivacyEngine
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
     from torch.utils.data import DataLoader
@@ -67,7 +98,8 @@ def _run(rank, data, hook_fn, ghost=False, cancel=False, with_loader=False, alik
     nf = data.tensors[0].shape[1]
     model = DPDDP(nn.Linear(nf, 10))
     extra = {"criterion": nn.CrossEntropyLoss(), "grad_sample_mode": "ghost"} if ghost else {}
-    made = PrivacyEngine().make_private(
+    engine = PrivacyEngine()
+    made = engine.make_private(
         module=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
         data_loader=DataLoader(data, batch_size=BATCH),
@@ -90,6 +122,8 @@ def _run(rank, data, hook_fn, ghost=False, cancel=False, with_loader=False, alik
     opt.original_optimizer.register_step_pre_hook(pre)
     if cancel:
         _cancel_noise(opt, rank)
+    if bug is not None:
+        bug(opt)
     hook = (hook_fn(opt, model, loader) if with_loader else hook_fn(opt, model)) if hook_fn \
         else None
     if hook:
@@ -117,11 +151,34 @@ def _run(rank, data, hook_fn, ghost=False, cancel=False, with_loader=False, alik
             scores=hook.scores()["keep"],
             folded=hook.folded_steps,
         )
-        from dpaudit.experiment.judging.white_box import not_checked, white_box_evidence
+        from dpaudit.experiment.judging.premises import training_data_block
+        from dpaudit.experiment.judging.white_box import (
+            describe,
+            not_checked,
+            white_box_evidence,
+        )
 
-        rec = hook.white_box_records()
-        out["white_box"] = {k: (c.rejected, c.p_value) for k, c in
-                            white_box_evidence(rec, 1e-7, 0.05).items()}
+        rec = hook.white_box_records(accountant_history=engine.accountant.history,
+                                     accountant=engine.accountant.mechanism())
+        checks = white_box_evidence(rec, 1e-7, 0.05)
+        out["white_box"] = {k: (c.rejected, c.p_value) for k, c in checks.items()}
+        out["described"] = {k: describe(c) for k, c in checks.items() if c.rejected}
+        if "normalisation" in checks:
+            out["normalisation"] = checks["normalisation"].details
+        block = training_data_block(rec, checks, None, unchecked=not_checked(rec, True))
+        # what a multi-run audit's run file would keep of them, through JSON
+        import json
+
+        from dpaudit._jsonable import to_jsonable
+        from dpaudit.capture.records_io import compact, records_from_dict, records_to_dict
+
+        back = records_from_dict(json.loads(json.dumps(to_jsonable(records_to_dict(
+            compact(rec))))))
+        out["round_trip"] = {k: (c.rejected, c.details) for k, c in
+                             white_box_evidence(back, 1e-7, 0.05).items()
+                             if k == "normalisation"}
+        out["upper"] = (block["upper_status"], block["upper_reasons"], block["epsilon_upper"])
+        out["ranks_release"] = [s.ranks_release for s in rec.steps]
         out["noise_sq"] = np.stack([s.sq for s in rec.noise_steps])
         out["noise_dims"] = rec.noise.dims
         out["noise_source"] = rec.noise.source
@@ -206,6 +263,11 @@ def ddp_results(rank: int) -> dict:
         rank, data, lambda o, m, loader: AuditHook(o, m, grad, scores=(Keep(),),
                                                    data_loader=loader), with_loader=True,
         alike=True)
+    for name, bug in (("divisor", _realised_batch_size), ("unreduced", _unreduced_steps)):
+        results[name] = _run(
+            rank, data, lambda o, m, loader: AuditHook(o, m, grad, scores=(Keep(),),
+                                                       data_loader=loader),
+            with_loader=True, bug=bug)
     results["coords"], results["x"], results["y"] = coords[:k], x[:3], y[:3]
     results["refusal"] = _refusal(data, grad)
     return results
@@ -337,7 +399,9 @@ def test_the_noise_is_read_after_the_all_reduce_on_every_rank(ranks, key):
         ratio = r["noise_sq"] / np.asarray(r["noise_dims"])[None, :]
         assert np.median(ratio[:, 0]) == pytest.approx(1.0, abs=0.15)
         assert not any(rejected for rejected, _ in r["white_box"].values()), r["white_box"]
-        assert any("DPDDP" in s for s in r["not_checked"])  # normalisation, said why
+        # the release against the ranks' noised sums: checked, no line says it was not
+        assert "normalisation" in r["white_box"]
+        assert not any(s.startswith("normalisation") for s in r["not_checked"])
     np.testing.assert_allclose(runs[0]["noise_sq"], runs[1]["noise_sq"], rtol=1e-10)
 
 
@@ -347,3 +411,63 @@ def test_noise_that_cancels_between_ranks_is_refuted(ranks):
     for r in ranks:
         assert r["cancel"]["white_box"]["noise_scale"][0]
         assert r["cancel"]["white_box"]["noise_scale"][1] < 1e-12
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ddp")
+def test_the_release_is_the_ranks_sum_and_the_upper_side_is_verified(ranks):
+    # a correct DPDDP run with the loader given: every premise of the training data's epsilon
+    # is seen, the release against the sum of the two ranks' noised sums included
+    for r in ranks:
+        run = r["loader"]
+        assert not any(rejected for rejected, _ in run["white_box"].values()), run["white_box"]
+        status, reasons, upper = run["upper"]
+        assert status == "verified" and reasons == [] and upper > 0, run["upper"]
+        norm = run["normalisation"]
+        assert norm["ranks"] == WORLD
+        # Opacus' release x (B_exp x world size) is the ranks' sum itself, up to float32
+        assert norm["median_ratio"] == pytest.approx(1.0, abs=1e-6)
+        assert norm["spread"] < 1e-5 and norm["largest_residual"] < 1e-5
+        # the records a run file keeps give the same check, exactly
+        assert run["round_trip"]["normalisation"] == (False, norm)
+    # the ranks hold the same record of every step (the sketch is summed over them)
+    a, b = (r["loader"]["ranks_release"] for r in ranks)
+    assert len(a) == len(ranks[0]["loader"]["applied"]) and all(x is not None for x in a)
+    for x, y in zip(a, b, strict=True):
+        assert x.noised == pytest.approx(y.noised, rel=1e-12) and x.ranks == WORLD
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ddp")
+def test_planted_ddp_bugs_are_refuted_by_the_normalisation_on_every_rank(ranks):
+    for r in ranks:
+        # every rank divides by its own realised batch size: the ranks' sums are weighted
+        # differently (the release is no multiple of their sum) and the ratio changes
+        bug = r["divisor"]
+        assert bug["white_box"]["normalisation"] == (True, 0.0), bug["white_box"]
+        assert "divided differently or not all-reduced" in bug["described"]["normalisation"]
+        norm = bug["normalisation"]
+        assert norm["largest_residual"] > 1e-2 and norm["spread"] > 1e-2
+        assert bug["upper"][0] == "refuted"
+        # every other step not all-reduced: what each rank applies is not the ranks' sum
+        bug = r["unreduced"]
+        assert bug["white_box"]["normalisation"] == (True, 0.0), bug["white_box"]
+        assert "not a multiple of the sum of the 2 ranks' noised sums" in (
+            bug["described"]["normalisation"])
+        assert bug["upper"][0] == "refuted"
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ddp")
+def test_the_own_loops_audit_report_verifies_the_upper_side_under_dpddp():
+    # the user's path: an own Opacus loop under DPDDP (2 gloo processes), audit_report on
+    # every rank with the engine and the loader: every premise seen, none refuted
+    from own_loop_models import own_loop_ddp_audit
+
+    res = own_loop_ddp_audit(seed=0)
+    td = res["verdict"]["training_data"]
+    assert res["verdict"]["status"] == "consistent", res["verdict"]["message"]
+    assert td["upper_status"] == "verified" and td["upper_reasons"] == [], td["upper_reasons"]
+    norm = res["white_box"]["checks"]["normalisation"]
+    assert not norm["rejected"] and "sum of the 2 ranks' noised sums" in norm["checked"][0]
+    assert td["epsilon_claimed"] < td["epsilon_upper"] < 1.25 * td["epsilon_claimed"]

@@ -68,18 +68,23 @@ def test_unclipped_example_is_flagged_by_a_crafted_canary(tmp_path):
         "audit": {"mode": "multi_run", "runs": 40, "methods": ["gdp", "clopper_pearson"]},
         "progress": False,
     }
-    # A multi-run audit keeps no per-step records, so only the canary's scores can refute
-    # the claim, and 40 runs cannot reach the PRIVACY BUG level 1e-6: at the default level the
-    # bug is a warning (certified evidence at 95%); judged at the bounds' own 5%, a PRIVACY BUG.
+    # The canary's scores refute the claim at the bounds' own 5% (40 runs cannot reach the
+    # PRIVACY BUG level 1e-6 by scores alone: the claim test is a warning there). Every run
+    # also keeps its white-box records, and run 0's clipping probes see the unclipped example
+    # (deterministic): a PRIVACY BUG at the default level too; the correct runs pass both.
     cfg["dp"]["bug"] = "unclipped_example"
     cfg["audit"]["refutation_level"] = 0.05
     bad, ok = audit_both(cfg, tmp_path)
     assert bad["canary_info"]["source"] == "crafted"
     assert bad["verdict"]["privacy_bug"], bad["verdict"]
     assert bad["verdict"]["best_attack"] == "scalar"
+    assert bad["claim"]["scalar"]["rejected"]
+    assert "clipping" in bad["verdict"]["white_box_fired"]
+    assert bad["verdict"]["training_data"]["upper_status"] == "refuted"
     assert not ok["verdict"]["privacy_bug"], ok["verdict"]
+    assert ok["verdict"]["training_data"]["upper_status"] == "verified"
     default = evaluate_at(bad, tmp_path / "unclipped_example")
-    assert not default["privacy_bug"] and default["warnings"], default
+    assert default["privacy_bug"] and default["white_box_fired"] == ["clipping"], default
 
 
 # Multi-run on 4 examples (q = 1/2), one mislabeled canary, 40 runs; the scale of the released
@@ -107,10 +112,15 @@ def test_realised_batch_size_is_flagged_by_the_batch_size_score(tmp_path, bug):
     assert res["theory"]["claimed_epsilon"] == pytest.approx(0.239, abs=0.01)
     assert res["verdict"]["privacy_bug"] == (bug != "none"), res["verdict"]
     default = evaluate_at(res, tmp_path)
-    assert not default["privacy_bug"]
+    # run 0's white-box records see the divisor change with the batch (normalisation,
+    # deterministic): a PRIVACY BUG at the default level, where the scores only warn
+    assert default["privacy_bug"] == (bug != "none"), default
+    assert default["training_data"]["upper_status"] == (
+        "refuted" if bug != "none" else "verified")
     if bug != "none":
         assert res["verdict"]["best_attack"] == "batch_size"
-        assert default["warnings"], default
+        assert res["claim"]["batch_size"]["rejected"]
+        assert "normalisation" in default["white_box_fired"], default
 
 
 def test_crafted_inputs_use_blank_features_and_leave_data_weights_untouched():

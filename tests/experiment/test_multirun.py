@@ -120,6 +120,7 @@ def test_run_files_round_trip_and_describe_themselves(tmp_path):
     record_keys |= {"test_accuracy", "train_seconds", "canary_info", "chosen", "canary_norm"}
     record_keys |= {"run", "bit", "fingerprint", "threat_model", "independent"}
     record_keys |= {"rungs"}  # the weaker rungs' scores of the threat-model ladder
+    record_keys |= {"white_box"}  # the run's white-box records, compacted
     self_description = {"schema_version", "settings", "provenance", "checksum", "worker"}
     assert set(saved) == record_keys | self_description  # candidate_scores left out
     assert saved["worker"]["index"] == 0 and saved["worker"]["pid"] == os.getpid()
@@ -210,6 +211,88 @@ def test_damaged_run_files_are_named_set_aside_and_redone(finished, tmp_path, ca
         old = json.loads(raw)
         assert redone[name]["scores"] == old["scores"] and redone[name]["bit"] == old["bit"]
     assert again["bounds"] == first["bounds"] and again["claim"] == first["claim"]
+
+
+def test_each_run_keeps_its_records_and_the_first_runs_premises_are_judged(finished):
+    from dpaudit.capture.records import WhiteBoxRecords
+    from dpaudit.experiment.judging.white_box import white_box_evidence
+
+    out, result = finished
+    td = result["verdict"]["training_data"]
+    # a correct multi-run audit measures and verifies the training data's upper side
+    assert td["upper_status"] == "verified" and td["upper_reasons"] == []
+    assert td["epsilon_claimed"] < td["epsilon_upper"] < 2 * td["epsilon_claimed"]
+    source = result["white_box_records"]
+    assert (source["run"], source["runs_with_records"], source["runs"]) == (0, 6, 6)
+    assert "lowest-numbered" in source["note"]
+    settings = AuditSettings.from_mappings(**MULTI)
+    for r in range(6):  # every run file keeps its own records, read back typed
+        rec = read_run(run_path(out, r), settings).white_box
+        assert isinstance(rec, WhiteBoxRecords) and rec.num_steps == 8
+    # the report's checks are run 0's, judged again from its file
+    rec = read_run(run_path(out, 0), settings).white_box
+    again = white_box_evidence(rec, result["refutation_per_statement"])
+    assert set(again) == set(result["white_box"]["checks"])
+    assert not any(c.rejected for c in again.values())
+
+
+def _strip_records(path: Path) -> None:
+    """A run file as dpaudit wrote it before runs kept their records (checksum consistent)."""
+    d = json.loads(path.read_text())
+    d.pop("white_box")
+    d["checksum"] = checksum(d)
+    path.write_text(json.dumps(d))
+
+
+def test_run_files_without_records_are_read_as_before(finished, tmp_path):
+    from dpaudit.experiment.audit import MULTI_RUN_NO_RECORDS
+    from dpaudit.experiment.collect import reaggregate
+
+    src, first = finished
+    out = tmp_path / "audit"
+    shutil.copytree(src, out)
+    for r in (0, 1):  # older files first: the lowest-numbered run with records is judged
+        _strip_records(run_path(out, r))
+    mixed = reaggregate(out)
+    assert mixed["white_box_records"]["run"] == 2
+    assert mixed["white_box_records"]["runs_with_records"] == 4
+    assert mixed["verdict"]["training_data"]["upper_status"] == "verified"
+    assert mixed["bounds"] == first["bounds"]  # the scores are pooled as before
+    for r in range(2, 6):
+        _strip_records(run_path(out, r))
+    old = reaggregate(out)
+    assert "white_box_records" not in old
+    td = old["verdict"]["training_data"]
+    assert td["upper_status"] == "not measured" and td["upper_reasons"] == [
+        MULTI_RUN_NO_RECORDS]
+    assert old["white_box"]["not_checked"] == [MULTI_RUN_NO_RECORDS]
+
+
+def test_malformed_records_in_a_run_file_are_named(finished, tmp_path):
+    src, _ = finished
+    out = tmp_path / "audit"
+    shutil.copytree(src, out)
+    path = run_path(out, 3)
+    d = json.loads(path.read_text())
+    d["white_box"]["format"] = 99  # a later dpaudit's layout, checksum consistent
+    d["checksum"] = checksum(d)
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=r"run_00003\.json: run record's white-box records: "
+                       "format 99"):
+        read_run(path, AuditSettings.from_mappings(**MULTI))
+
+
+def test_a_planted_bug_is_refuted_by_the_first_runs_records(tmp_path):
+    # the realised batch size as divisor, in every run: run 0's records refute it
+    # (normalisation, deterministic), whatever the canaries' scores say
+    bugged = {**MULTI, "dp": {**MULTI["dp"], "bug": "realised_batch_size"}}
+    res = run_audit(output_dir=tmp_path, **bugged)
+    norm = res["white_box"]["checks"]["normalisation"]
+    assert norm["rejected"] and norm["p_value"] == 0.0
+    assert res["verdict"]["privacy_bug"]
+    td = res["verdict"]["training_data"]
+    assert td["upper_status"] == "refuted"
+    assert "release_is_the_noised_sum" in td["upper_reasons"][0]
 
 
 def test_bit_is_checked_against_the_seed_even_with_a_valid_checksum(finished, tmp_path):

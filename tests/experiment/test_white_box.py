@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 
 from dpaudit.bugs import BUG_ZOO
-from dpaudit.capture.records import StepRecord, WhiteBoxRecords
+from dpaudit.capture.records import (
+    ExampleSampling,
+    RanksRelease,
+    StepRecord,
+    WhiteBoxRecords,
+)
 from dpaudit.experiment import run_audit
 from dpaudit.experiment.judging.white_box import (
     bookkeeping_check,
@@ -154,6 +159,70 @@ def test_normalisation_by_hand():
     check = real["normalisation"]
     assert check.rejected and check.witness["steps"] == [2, 0]
     assert "batches of 70 and 60 examples" in describe(check)
+
+
+def test_full_batches_at_rate_one_are_checked_by_example():
+    # q = 1: Poisson sampling is every example in every batch, so the recorded batches are
+    # checked exactly (p 0 or 1), not left unchecked as "rate 1"
+    def records(counts, sizes):
+        by = ExampleSampling(
+            n=4, source="a full-batch loader", counts=np.array(counts), sizes=np.array(sizes),
+            signatures=np.zeros((len(sizes), 1)), bucket_sizes=np.array([4]),
+            bucket_signed=np.array([0]), set_hashes=np.zeros(len(sizes), dtype=np.uint64),
+            duplicate_batches=0, duplicate_witness={}, out_of_range=0,
+            optimizer_steps=len(sizes))
+        return _records(steps=len(sizes), sizes=sizes, sampling={"n": 4, "q": 1.0},
+                        by_example=by)
+
+    full = records([3, 3, 3, 3], [4, 4, 4])
+    checks = white_box_evidence(full, 1e-7, 0.05)
+    assert checks["sampling_by_example"].p_value == 1.0
+    assert not checks["sampling_by_example"].rejected
+    assert not any(u.startswith("sampling by example") for u in not_checked(full, True))
+    short = white_box_evidence(records([3, 3, 3, 2], [4, 4, 3]), 1e-7, 0.05)
+    check = short["sampling_by_example"]
+    assert check.rejected and check.p_value == 0.0
+    assert check.witness["sampling_seen"] == ("1 of 4 examples were not in every batch, 1 of 3 "
+                                              "batches did not hold all 4 examples")
+    assert short["poisson_sampling"].rejected  # the sizes say it too
+
+
+def test_ranks_normalisation_by_hand():
+    # DPDDP: P(release x divisor) against P(S), S the ranks' noised sums. A release that is
+    # c S (c constant, up to the rounding bound) passes; one whose factor changes between steps,
+    # or that is not parallel to S (a rank's sum left out), is refuted, naming the step
+    def records(factors, cosines, error=1e-6):
+        steps = []
+        for t, (c, cos) in enumerate(zip(factors, cosines, strict=True)):
+            noised, released = 100.0, 100.0 * c * c  # ||P(S)||^2, ||P(R)||^2
+            steps.append(StepRecord(
+                step=t, noise_std=1.0, divisor=64.0, batch_size=60 + t,
+                released_sq=np.array([1e4]), ranks_release=RanksRelease(
+                    released=released, noised=noised, cross=cos * np.sqrt(released * noised),
+                    error=error, ranks=2)))
+        return WhiteBoxRecords(names=["w"], dims=[100], max_grad_norm=1.0, steps=tuple(steps))
+
+    ok = white_box_evidence(records([0.5] * 3, [1.0, 1.0, 1.0 - 1e-12]), 1e-7, 0.05)
+    assert not ok["normalisation"].rejected
+    assert "sum of the 2 ranks' noised sums at 3 steps" in ok["normalisation"].checked[0]
+    # within the rounding's bound (e_t = error / ||P(S)|| = 1e-3 here) is not a refutation
+    assert not white_box_evidence(records([1.0, 1.0005, 1.0], [1.0, 1.0, 1.0], error=1e-2),
+                                  1e-7, 0.05)["normalisation"].rejected
+    varying = white_box_evidence(records([1.0, 64 / 61, 1.0], [1.0] * 3), 1e-7, 0.05)
+    check = varying["normalisation"]
+    assert check.rejected and check.witness["steps"] == [0, 1]
+    assert "a divisor that changed between steps 0 and 1" in describe(check)
+    skew = white_box_evidence(records([1.0, 1.0, 1.0], [1.0, 0.99, 1.0]), 1e-7, 0.05)
+    check = skew["normalisation"]
+    assert check.rejected and check.witness["step"] == 1
+    assert check.witness["cosine"] == pytest.approx(0.99)
+    assert "not a multiple of the sum of the 2 ranks' noised sums" in describe(check)
+    # DPDDP records without the sketch (an older dpaudit): named, not checked
+    old = WhiteBoxRecords(names=["w"], dims=[100], max_grad_norm=1.0, steps=tuple(
+        StepRecord(step=t, noise_std=1.0, divisor=1.0, batch_size=None,
+                   released_sq=np.array([1e4])) for t in range(3)))
+    assert "normalisation" not in white_box_evidence(old, 1e-7, 0.05)
+    assert any(u.startswith("normalisation: under DPDDP") for u in not_checked(old, True))
 
 
 def test_the_floor_allows_the_dtypes_rounding_of_the_std_and_the_release():

@@ -14,13 +14,16 @@ and keeps, per step, a ``records.StepRecord``:
   state saved and restored) at seeded steps;
 * ``after_noise`` (right after the optimizer's ``add_noise``): the noise it really added,
   ``p.grad - p.summed_grad`` on every tensor, sketched by ``noise_record.NoiseRecorder``, the
-  squared norm of the noised sum itself (what the release must be, over the divisor), and the
-  probe's comparison of that noise with the zero sum's;
+  squared norm of the noised sum itself (what the release must be, over the divisor; under
+  DPDDP, where the release is the ranks' sum, every rank's noised sum sketched and summed over
+  the ranks: ``ranks_release``), and the probe's comparison of that noise with the zero
+  sum's;
 * under adaptive clipping, the bound C_t each step used and its count of unclipped examples,
   before and after the optimizer's noise (``records.AdaptiveRecord``);
 * ``on_release`` (after the accountant, or after DPDDP's all-reduce): every tensor's released
   sum (squared norm), the released sum at the noise probes (coordinates no example touches)
-  minus the canaries inserted there, and the loader's batches since the last step
+  minus the canaries inserted there, under DPDDP the release against the ranks' noised sums
+  (``records.RanksRelease``), and the loader's batches since the last step
   (``sampling_record.SamplingRecorder``).
 
 While attached it also compares the model with its copy around every private step
@@ -42,6 +45,7 @@ from dpaudit.capture.integrity import ModelIntegrity
 from dpaudit.capture.noise_probe import NoiseProbe
 from dpaudit.capture.noise_record import NoiseRecorder
 from dpaudit.capture.patching import InstancePatch
+from dpaudit.capture.ranks_release import RanksReleaseRecorder
 from dpaudit.capture.records import AdaptiveRecord, StepRecord, WhiteBoxRecords
 from dpaudit.capture.sampling_record import SamplingRecorder
 from dpaudit.capture.support import clip_bound, gradient_noise_multiplier, is_adaptive
@@ -100,6 +104,8 @@ class WhiteBoxRecorder:
         self._rows_patch: InstancePatch | None = None
         self._pending_noised: float | None = None
         self._distributed = bool(distributed)
+        # DPDDP: the release against the ranks' noised sums, through a summed sketch
+        self._ranks = RanksReleaseRecorder(list(optimizer.params)) if distributed else None
         if post_step is not None and not check_integrity:
             raise ValueError("post_step needs check_integrity=True (it declares what the "
                              "integrity check may see change between steps)")
@@ -232,10 +238,13 @@ class WhiteBoxRecorder:
     @torch.no_grad()
     def after_noise(self, opt: DPOptimizer) -> None:
         """Right after ``add_noise``: the noise it added, and the noised sum's squared norm
-        (not under DPDDP, whose release is the ranks' sum: the normalisation check is off)."""
+        (under DPDDP, whose release is the ranks' sum, this rank's noised sum sketched and
+        summed over the ranks: ``ranks_release``)."""
         if self._probe is not None:
             self._probe.after(opt)
-        if not self._distributed:
+        if self._ranks is not None:
+            self._ranks.noised(opt)
+        else:
             self._pending_noised = float(sum(
                 torch.linalg.vector_norm(p.grad, dtype=torch.float64) ** 2
                 for p in opt.params))
@@ -258,12 +267,13 @@ class WhiteBoxRecorder:
             probe = values - np.bincount(j, weights=included * v, minlength=n)
         if self._sampling is not None:
             self._sampling.step()
+        ranks = None if self._ranks is None else self._ranks.released(opt, divisor)
         self._steps.append(StepRecord(
             step=step, noise_std=float(noise_std), divisor=float(divisor),
             batch_size=self._pending_batch, released_sq=sq.cpu().numpy() * divisor * divisor,
             probe_noise=probe, noised_sq=self._pending_noised,
             dtype_eps=max(float(torch.finfo(p.dtype).eps) for p in opt.params),
-            clip_bound=clip_bound(opt),
+            clip_bound=clip_bound(opt), ranks_release=ranks,
         ))
         if self._adaptive is not None:
             self._adaptive.append(self._pending_count)

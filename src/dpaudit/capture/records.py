@@ -29,24 +29,25 @@ class NoiseStep:
             moment: every term is bounded, so its sum has an exact Bernstein tail).
         counts: (B,) counts of the step's sampled coordinates in
             ``stats.noise_law.marginal_edges()``'s bins, pooled over tensors (``NoiseRun``
-            keeps them per tensor, summed over the steps).
+            keeps them per tensor, summed over the steps); None in compact records
+            (``records_io.compact``: only the run's counts per tensor are kept).
         rounding: the largest error of one recovered coordinate (the release is rounded to
             the parameters' dtype before the sum is subtracted).
         lag_z: vector name -> the largest Hoeffding statistic over its lags this step.
         lag_at: vector name -> the lag where it was found.
         sketch: (K,) every tensor folded to at most 256 buckets, concatenated (long runs
             fold every stored sketch further to keep T x K bounded: ``NoiseRun.segments``
-            gives the final layout).
+            gives the final layout; compact records fold it to a few numbers), or None.
         sketch_error: the largest error of one sketch entry.
     """
 
     sq: np.ndarray
     m4: np.ndarray
-    counts: np.ndarray
+    counts: np.ndarray | None
     rounding: float
     lag_z: dict[str, float]
     lag_at: dict[str, int]
-    sketch: np.ndarray
+    sketch: np.ndarray | None
     sketch_error: float
 
 
@@ -77,6 +78,32 @@ class NoiseRun:
 
 
 @dataclass(frozen=True)
+class RanksRelease:
+    """Under DPDDP, one step's release against the ranks' noised sums, through a linear sketch
+    (``capture.ranks_release``): P folds every tensor to at most ``ranks_release.BUCKETS``
+    buckets (bucket i mod K, K prime), so P(sum over ranks of x_r) = sum over ranks of
+    P(x_r): the ranks' sketches are summed by one all-reduce of O(tensors x K) numbers.
+
+    Attributes:
+        released: ||P(release x divisor)||^2 (the all-reduced release each rank applies).
+        noised: ||P(S)||^2, S the sum over the ranks of their noised clipped sums (each read
+            right after its ``add_noise``).
+        cross: <P(release x divisor), P(S)>.
+        error: a bound on ||P(release x divisor) / c - P(S)|| when release x divisor = c S
+            up to the float rounding of the division and the all-reduce: (ranks + 2) x the
+            dtype's epsilon / 2 (plus float64's) times sqrt(sum_j m_j N_j^2), N_j the sum over
+            the ranks of their tensor j's norm and m_j its coordinates per bucket.
+        ranks: the processes whose noised sums were summed.
+    """
+
+    released: float
+    noised: float
+    cross: float
+    error: float
+    ranks: int
+
+
+@dataclass(frozen=True)
 class StepRecord:
     """One optimizer step as the white-box checks read it.
 
@@ -92,11 +119,14 @@ class StepRecord:
             there, or None.
         noise: the sketch of the noise the optimizer added, or None when not recorded.
         noised_sq: the squared norm of the noised clipped sum right after ``add_noise`` (all
-            tensors; the release times the divisor must equal it), or None (DPDDP).
+            tensors; the release times the divisor must equal it), or None (DPDDP: the
+            release is the ranks' sum, compared through ``ranks_release``).
         dtype_eps: the coarsest machine epsilon of the optimizer's parameters (the release's
             rounding).
         clip_bound: the clip bound C the step's noise is scaled by (adaptive clipping: C_t;
             None: the run's one ``max_grad_norm``).
+        ranks_release: under DPDDP, the release against the sum of the ranks' noised sums
+            (``RanksRelease``), or None.
     """
 
     step: int
@@ -109,6 +139,7 @@ class StepRecord:
     noised_sq: float | None = None
     dtype_eps: float = float(np.finfo(np.float32).eps)
     clip_bound: float | None = None
+    ranks_release: RanksRelease | None = None
 
 
 @dataclass(frozen=True)

@@ -42,9 +42,8 @@ from dpaudit.threat_model import ThreatModel
 __all__ = ["audit_split", "evaluate", "evaluate_audit", "run_audit", "write_report"]
 
 MULTI_RUN_NO_RECORDS = (
-    "a multi-run audit: its evidence is each canary's score across the runs, and the runs "
-    "keep no per-step records (audit one training with audit.mode=one_run for the white-box "
-    "checks)"
+    "a multi-run audit whose run files keep no per-step records (written before dpaudit kept "
+    "them: rerun the audit into a fresh directory for the white-box checks)"
 )
 
 
@@ -97,6 +96,8 @@ def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None,
                    else recorded_independence(plan, run.canary_info))
     j = plan.judging
     rung = verdict_rung(plan, run, independent) if j.threat_model != "white_box" else None
+    if run.white_box_source is not None:  # pooled runs: whose records are judged, and why
+        extra = {**(extra or {}), "white_box_records": dict(run.white_box_source)}
     evidence = evaluate_audit(
         j,
         run_split(run, rung) if split is None else split,
@@ -105,7 +106,8 @@ def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None,
         independent=independent if rung is None else rung.independent,
         claim=run_claim(settings, run),
         white_box=run.white_box,
-        white_box_reason=(MULTI_RUN_NO_RECORDS if j.mode == "multi_run" else None),
+        white_box_reason=(MULTI_RUN_NO_RECORDS if j.mode == "multi_run"
+                          and run.white_box is None else None),
         per_step=run.per_step if rung is None else None,  # per-step scores: white-box ones
     )
     if rung is not None:  # below white box: every rung side by side on the same training

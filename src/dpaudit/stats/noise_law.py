@@ -187,7 +187,9 @@ def noise_marginal_test(
 
     Args:
         step_counts: (T, B) counts of the sampled noise / (sigma C) in ``marginal_edges()``'s
-            B bins at each step, pooled over tensors.
+            B bins at each step, pooled over tensors; None when only the run's counts per
+            tensor were kept (a multi-run audit's compact records): the cells are then the
+            tensors' and the run's.
         tensor_counts: (J, B) the same per tensor, summed over the steps.
         step_rounding: (T,) the largest recovery error of a sampled coordinate at each step,
             in units of sigma C (0 for exact recovery).
@@ -200,21 +202,26 @@ def noise_marginal_test(
             moment (Bernstein; power against heavy or light tails on every coordinate).
         dims: (J,) coordinates per tensor (with ``moments``).
     """
-    st = np.asarray(check_real_array(step_counts, "step_counts"), dtype=np.float64)
+    b_n = len(marginal_edges()) + 1
+    per_step = step_counts is not None
+    st = (np.asarray(check_real_array(step_counts, "step_counts"), dtype=np.float64)
+          if per_step else np.zeros((0, b_n)))
     te = np.asarray(check_real_array(tensor_counts, "tensor_counts"), dtype=np.float64)
     r = check_real_array(step_rounding, "step_rounding").reshape(-1)
-    b_n = len(marginal_edges()) + 1
     if st.ndim != 2 or st.shape[1] != b_n or te.ndim != 2 or te.shape[1] != b_n:
         raise ValueError(f"step_counts and tensor_counts must be (., {b_n}) arrays of counts")
-    if r.size != st.shape[0] or np.any(r < 0):
+    if (per_step and r.size != st.shape[0]) or np.any(r < 0):
         raise ValueError(f"step_rounding must be {st.shape[0]} numbers >= 0")
+    t_n = r.size  # the steps (their counts or not)
     level = check_open_unit(level, "level")
     names = [f"tensor {j}" for j in range(te.shape[0])] if names is None else list(names)
     worst = float(r.max()) if r.size else 0.0
-    cells = np.concatenate([st, te, st.sum(axis=0, keepdims=True)])
+    run = st.sum(axis=0, keepdims=True) if per_step else te.sum(axis=0, keepdims=True)
+    cells = np.concatenate([st, te, run])
     labels = ([{"step": t} for t in range(st.shape[0])]
               + [{"tensor": n, "step": "all"} for n in names] + [{"step": "all"}])
-    rounding = np.concatenate([r, np.full(te.shape[0] + 1, worst)])
+    rounding = np.concatenate([r if per_step else np.zeros(0),
+                               np.full(te.shape[0] + 1, worst)])
     keep = cells.sum(axis=1) > 0
     cells, rounding = cells[keep], rounding[keep]
     labels = [lab for lab, k in zip(labels, keep, strict=True) if k]
@@ -234,9 +241,8 @@ def noise_marginal_test(
     if moments is not None:
         m = np.asarray(check_real_array(moments, "moments"), dtype=np.float64)
         d = np.asarray(check_real_array(dims, "dims"), dtype=np.float64).reshape(-1)
-        if m.shape != (st.shape[0], d.size):
-            raise ValueError(f"moments must be (T, J) = ({st.shape[0]}, {d.size}), got "
-                             f"{m.shape}")
+        if m.shape != (t_n, d.size):
+            raise ValueError(f"moments must be (T, J) = ({t_n}, {d.size}), got {m.shape}")
         n_cell = np.broadcast_to(d, m.shape)
         r_cell = np.broadcast_to(r[:, None], m.shape)
         sums = np.concatenate([m.ravel(), m.sum(axis=0), [m.sum()]])
@@ -258,7 +264,8 @@ def noise_marginal_test(
                 where = {"step": "all"}
             witness = {**where, "fourth_moment": float(sums[k] / ns[k]),
                        "expected_moment": truncated_moment()[0], "values": int(ns[k])}
-    run_counts = cells[-1] if labels and labels[-1] == {"step": "all"} else st.sum(axis=0)
+    run_counts = (cells[-1] if labels and labels[-1] == {"step": "all"}
+                  else run.reshape(-1))
     return _corrected(
         "noise_marginal", best, tests, level,
         statement=(
@@ -267,8 +274,10 @@ def noise_marginal_test(
             f"{b_n} bins per step, per tensor and over the run)"
         ),
         witness=witness,
-        checked=[f"{int(st.sum())} noise values sampled over {st.shape[0]} steps and "
-                 f"{te.shape[0]} tensors, in {b_n} bins", *moment_note],
+        checked=[f"{int(te.sum())} noise values sampled over {t_n} steps and "
+                 f"{te.shape[0]} tensors, in {b_n} bins"
+                 + ("" if per_step else " (per tensor and over the run; no counts per step "
+                    "kept)"), *moment_note],
         details={
             "tests": int(tests),
             "bins": b_n,

@@ -8,7 +8,9 @@ DP-SGD code breaks around them, from the hook's records (``capture.records``):
   yielded are fresh Poisson samples at the claimed rate: participation counts and batch
   overlaps at every lag. When it refutes, the accountant's premise (Poisson sampling) is false;
   the sampling that ran is named, and for shuffled fixed-size batches a sound lower bound on the
-  true epsilon (``stats.shuffle_bound``, Chua et al. 2024) is reported beside the claim;
+  true epsilon (``stats.shuffle_bound``, Chua et al. 2024) is reported beside the claim. At
+  q = 1 (full batches) Poisson sampling is every example in every batch, which the counts
+  show exactly (``full_batch_check``: p 0 or 1);
 * ``loader_fed_training`` (deterministic, a warning when it fails: a premise unseen, not a
   refutation): the loader given to the hook fed the training: its batches are the steps'
   batches (each step's rows are a run of consecutive recorded batches, in order). When it
@@ -33,8 +35,8 @@ import numpy as np
 
 from dpaudit.capture.integrity import KINDS
 from dpaudit.capture.records import WhiteBoxRecords
-from dpaudit.stats.checks import CheckResult, deterministic
-from dpaudit.stats.sampling import sampling_by_example_test
+from dpaudit.stats.checks import STATISTICAL, CheckResult, deterministic
+from dpaudit.stats.sampling import SAMPLING_STATEMENT, sampling_by_example_test
 from dpaudit.stats.shuffle_bound import shuffled_batches_epsilon_lower_bound
 
 CHUA = ("Chua et al. 2024, 'How Private are DP-SGD Implementations?': one pair of neighbours "
@@ -89,11 +91,40 @@ def loader_check(records: WhiteBoxRecords) -> CheckResult:
 
 def by_example_runs(records: WhiteBoxRecords) -> bool:
     """Whether the sampling by example can be tested: a loader that fed the training, its
-    batches and a claimed rate."""
+    batches and a claimed rate (1 included: full batches, ``full_batch_check``)."""
     by = records.by_example
     q = (records.sampling or {}).get("q")
-    return bool(by is not None and by.batches >= 2 and q and 0.0 < float(q) < 1.0
+    return bool(by is not None and by.batches >= 2 and q and 0.0 < float(q) <= 1.0
                 and loader_mismatch(records) is None)
+
+
+def full_batch_check(records: WhiteBoxRecords, level: float) -> CheckResult:
+    """``sampling_by_example`` at q = 1: Poisson sampling at rate 1 puts every example in
+    every batch exactly once, so the recorded batches are checked exactly (the participation
+    counts all equal the number of batches, every batch holds n examples): p = 0 when one did
+    not, else 1 (``stats.sampling.poisson_sampling_test`` does the same with the sizes)."""
+    by = records.by_example
+    counts = np.asarray(by.counts, dtype=np.int64)
+    sizes = np.asarray(by.sizes, dtype=np.int64)
+    missed = int((counts != by.batches).sum())
+    short = int((sizes != by.n).sum())
+    failed = missed > 0 or short > 0 or by.duplicate_batches > 0
+    seen = (f"{missed} of {by.n} examples were not in every batch, {short} of {by.batches} "
+            f"batches did not hold all {by.n} examples" if failed else
+            f"every one of the {by.batches} batches held all {by.n} examples")
+    return CheckResult(
+        name="sampling_by_example", kind=STATISTICAL, rejected=failed,
+        p_value=0.0 if failed else 1.0, level=level, statement=SAMPLING_STATEMENT,
+        witness={"failed": "full batches" if failed else None,
+                 "participation_sd": float(counts.std()), "expected_sd": 0.0,
+                 "counts_range": [int(counts.min()), int(counts.max())] if counts.size
+                 else [0, 0], "sampling_seen": seen},
+        checked=[f"which of n = {by.n} examples each of {by.batches} batches used: at q = 1 "
+                 f"every example in every batch (recorded from {by.source})"],
+        details={"q": 1.0, "examples_missed": missed, "batches_not_full": short,
+                 "sampling_seen": {"kind": "full batches" if not failed else "not full "
+                                   "batches", "text": seen}},
+    )
 
 
 def sampling_check(records: WhiteBoxRecords, level: float, delta: float | None) -> CheckResult:
@@ -101,6 +132,8 @@ def sampling_check(records: WhiteBoxRecords, level: float, delta: float | None) 
     batches' lower bound when the sampling seen is shuffled fixed-size batches."""
     by = records.by_example
     q = float(records.sampling["q"])
+    if q == 1.0:
+        return full_batch_check(records, level)
     res = sampling_by_example_test(by.counts, by.sizes, by.signatures, by.bucket_sizes,
                                    by.bucket_signed, q, level=level, set_hashes=by.set_hashes,
                                    duplicate_batches=by.duplicate_batches,
@@ -254,7 +287,7 @@ def door_not_checked(records: WhiteBoxRecords) -> list[str]:
     elif by.batches < 2:
         out.append(f"sampling by example: {by.batches} batch recorded from {by.source}")
     elif not by_example_runs(records):
-        out.append("sampling by example: the claimed sample rate is unknown or 1")
+        out.append("sampling by example: the claimed sample rate is unknown")
     rec = records.integrity
     if rec is None:
         out.append("model integrity: not checked (AuditHook(check_integrity=False))")

@@ -27,7 +27,10 @@ checks test the mechanism itself, each certified on its own terms:
 * ``normalisation`` (deterministic): the release is the noised sum divided by the claimed
   divisor (expected batch size x accumulated iterations), up to one factor constant over the
   run: a divisor that changes from step to step (the realised batch size) is not the
-  mechanism the accountant accounted, and reveals what it depends on.
+  mechanism the accountant accounted, and reveals what it depends on. Under DPDDP the noised
+  sum is the sum of the ranks' noised sums, compared through a sketch summed over the ranks
+  (``capture.ranks_release``): a release that is not that sum (a step not all-reduced) is
+  refuted too.
 * the other doors (``doors``): ``sampling_by_example`` (statistical), ``sampling_duplicates``,
   ``model_integrity`` and ``noise_ignores_data`` (deterministic).
 * adaptive clipping's own release (``adaptive``): ``count_noise`` (statistical),
@@ -83,6 +86,11 @@ def _noise_steps(records: WhiteBoxRecords):
     return [s for s in records.steps if s.noise is not None]
 
 
+def _sketched(steps) -> bool:
+    """Whether every noise step kept its sketch (compact records of a run file may not)."""
+    return all(s.noise.sketch is not None for s in steps)
+
+
 def batch_sizes(records: WhiteBoxRecords) -> tuple[list[int] | None, str]:
     """The batch sizes the Poisson sampling test reads, and where they come from: each step's
     clipped rows (the logical batch under BatchMemoryManager), or the loader's (union over
@@ -117,7 +125,7 @@ def statistical_tests(records: WhiteBoxRecords | None) -> list[str]:
         out += ["noise_scale", "noise_marginal"]
         if records.noise.lags:
             out.append("noise_alignment")
-        if len(steps) >= 2:
+        if len(steps) >= 2 and _sketched(steps):
             out.append("noise_freshness")
     elif records.probe_noise is not None and len(noised) >= 2:
         out.append("noise_independence")
@@ -177,12 +185,21 @@ def bookkeeping_check(history, noise_multipliers, sample_rate: float, steps: int
 
 
 NORMALISATION_TOLERANCE = 1e-4  # relative, plus 64 machine epsilons of the parameters' dtype
+NORMALISATION_STATEMENT = (
+    "every step releases the noised clipped sum divided by the claimed divisor (the expected "
+    "batch size x accumulated iterations), up to one factor for the whole run")
 
 
 def normalisation_check(records: WhiteBoxRecords) -> CheckResult | None:
     """The release against the noised sum (deterministic): r_t = ||release_t x divisor_t|| /
     ||noised sum_t|| must be one constant over the run (a constant != 1 is a learning rate;
-    varying, the divisor depends on the step). None when the noised sums were not recorded."""
+    varying, the divisor depends on the step). Under DPDDP the noised sum is the ranks' sum S,
+    seen through a linear sketch P (``records.RanksRelease``): release x divisor must be c S,
+    so each step's P(release x divisor) must be parallel to P(S) (``_ranks_normalisation``).
+    None when neither was recorded."""
+    if any(s.ranks_release is not None for s in records.steps) and not any(
+            s.noised_sq is not None for s in records.steps):
+        return _ranks_normalisation(records)
     steps = [s for s in records.steps if s.noised_sq is not None and s.noised_sq > 0]
     if len(steps) < 2:
         return None
@@ -197,13 +214,71 @@ def normalisation_check(records: WhiteBoxRecords) -> CheckResult | None:
                    "ratios": [float(ratio[lo]), float(ratio[hi])],
                    "batch_sizes": [steps[lo].batch_size, steps[hi].batch_size]}
     return deterministic(
-        "normalisation", spread > tol,
-        "every step releases the noised clipped sum divided by the claimed divisor (the "
-        "expected batch size x accumulated iterations), up to one factor for the whole run",
+        "normalisation", spread > tol, NORMALISATION_STATEMENT,
         witness=witness,
         checked=[f"the release against the noised sum at {len(steps)} steps (spread "
                  f"{spread:.2g}, tolerance {tol:.2g})"],
         details={"spread": spread, "tolerance": tol, "median_ratio": float(np.median(ratio))},
+    )
+
+
+def _ranks_normalisation(records: WhiteBoxRecords) -> CheckResult | None:
+    """``normalisation`` under DPDDP. Each step's least-squares factor c_t = <P(R), P(S)> /
+    ||P(S)||^2 (R: release x divisor, S: the ranks' noised sums) and its residual
+    ||P(R) - c_t P(S)|| are read from ``RanksRelease``. Under the claim R = c (S + E), E the
+    float rounding, with ||P(E)|| <= error_t, so |c_t / c - 1| and the residual over
+    c_t ||P(S)|| are at most e_t = error_t / ||P(S)|| (over 1 - e_t): refuted when a residual
+    exceeds that plus the tolerance (the release is not a multiple of the ranks' sum), or when
+    the c_t spread beyond it (the divisor changed between steps). None below two steps."""
+    steps = [s for s in records.steps if s.ranks_release is not None
+             and s.ranks_release.noised > 0]
+    if len(steps) < 2:
+        return None
+    rr = [s.ranks_release for s in steps]
+    noised = np.array([r.noised for r in rr])
+    ratio = np.array([r.cross for r in rr]) / noised
+    resid = np.sqrt(np.maximum(np.array([r.released for r in rr]) - ratio * ratio * noised,
+                               0.0))
+    err = np.array([r.error for r in rr]) / np.sqrt(noised)
+    usable = err < 0.5  # a step whose rounding's bound is half its sketch says nothing
+    if usable.sum() < 2:
+        return None
+    steps = [s for s, u in zip(steps, usable, strict=True) if u]
+    rr = [r for r, u in zip(rr, usable, strict=True) if u]
+    ratio, resid, err, noised = ratio[usable], resid[usable], err[usable], noised[usable]
+    tol = NORMALISATION_TOLERANCE + 64 * max(s.dtype_eps for s in steps)
+    slack = err / (1.0 - err)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        off = np.where(ratio > 0, resid / (ratio * np.sqrt(noised)), np.inf)
+    excess = off - (tol + slack)
+    lo, hi = int(np.argmin(ratio)), int(np.argmax(ratio))
+    spread = float(ratio[hi] / ratio[lo] - 1.0) if ratio[lo] > 0 else float("inf")
+    spread_tol = tol + 2.0 * float(slack.max())
+    witness = {}
+    worst = int(np.argmax(excess))
+    ranks = rr[0].ranks
+    if excess[worst] > 0:
+        r = rr[worst]
+        witness = {"kind": "not the ranks' sum", "step": steps[worst].step,
+                   "residual": float(off[worst]), "ranks": ranks,
+                   "cosine": float(r.cross / np.sqrt(max(r.released * r.noised, 1e-300))),
+                   "batch_size": steps[worst].batch_size}
+    elif spread > spread_tol:
+        witness = {"steps": [steps[lo].step, steps[hi].step],
+                   "ratios": [float(ratio[lo]), float(ratio[hi])],
+                   "batch_sizes": [steps[lo].batch_size, steps[hi].batch_size],
+                   "ranks": ranks}
+    return deterministic(
+        "normalisation", bool(witness), NORMALISATION_STATEMENT + (
+            f"; under DPDDP the release is the sum of the {ranks} ranks' noised sums"),
+        witness=witness,
+        checked=[f"the release against the sum of the {ranks} ranks' noised sums at "
+                 f"{len(steps)} steps, through a sketch of every tensor summed over the ranks "
+                 f"(largest residual {float(np.max(off)):.2g}, spread {spread:.2g}; "
+                 f"tolerances {float(np.max(tol + slack)):.2g} and {spread_tol:.2g})"],
+        details={"spread": spread, "tolerance": spread_tol, "median_ratio":
+                 float(np.median(ratio)), "largest_residual": float(np.max(off)),
+                 "ranks": ranks},
     )
 
 
@@ -250,8 +325,10 @@ def _noise_law(records: WhiteBoxRecords, level: float) -> dict[str, CheckResult]
     out["noise_scale"] = noise_scale_test(sq, noise.dims, 1.0, rounding, level=level,
                                           names=noise.names,
                                           scale_rounding=_scale_rounding(records, 1))
+    per_step = all(s.noise.counts is not None for s in steps)
     out["noise_marginal"] = noise_marginal_test(
-        np.stack([s.noise.counts for s in steps]), noise.tensor_counts, rounding,
+        np.stack([s.noise.counts for s in steps]) if per_step else None,
+        noise.tensor_counts, rounding,
         level=level, names=noise.names, moments=np.stack([s.noise.m4 for s in steps]),
         dims=noise.dims)
     if noise.lags:
@@ -260,7 +337,7 @@ def _noise_law(records: WhiteBoxRecords, level: float) -> dict[str, CheckResult]
                  if v in s.noise.lag_z] for v in noise.lags},
             noise.run_z, noise.lags, level=level, where=noise.vectors,
             describe_lag=_lag_words(noise))
-    if len(steps) >= 2:
+    if len(steps) >= 2 and _sketched(steps):
         out["noise_freshness"] = noise_freshness_test(
             np.stack([s.noise.sketch for s in steps]),
             np.array([s.noise.sketch_error for s in steps]), noise.segments, level=level)
@@ -360,7 +437,9 @@ def not_checked(records: WhiteBoxRecords | None, independent: bool,
                 + ")"
             )
     elif "noise_freshness" not in run:
-        out.append("noise freshness across steps: a single step")
+        out.append("noise freshness across steps: " + (
+            "a single step" if len(_noise_steps(records)) < 2 else
+            "the records keep no sketch of each step's noise"))
     sampling = records.sampling or {}
     if "poisson_sampling" not in run:
         sizes, _ = batch_sizes(records)
@@ -380,9 +459,12 @@ def not_checked(records: WhiteBoxRecords | None, independent: bool,
                    "privacy_engine=engine))")
     elif not sampling.get("q"):
         out.append("bookkeeping: the sample rate is unknown")
-    if not any(s.noised_sq is not None for s in records.steps):
-        out.append("normalisation: under DPDDP the release is the ranks' all-reduced sum; "
-                   "the release is checked against the claimed noise floor only")
+    if not any(s.noised_sq is not None or s.ranks_release is not None
+               for s in records.steps):
+        out.append("normalisation: under DPDDP the release is the ranks' all-reduced sum, and "
+                   "these records keep no sketch of the ranks' noised sums (recorded before "
+                   "dpaudit kept them); the release is checked against the claimed noise "
+                   "floor only")
     elif normalisation_check(records) is None:
         out.append("normalisation: a single step")
     return out + door_not_checked(records)
@@ -458,6 +540,12 @@ def describe(check: CheckResult) -> str:
         return describe_clipping(check)
     if name == "bookkeeping":
         return "bookkeeping: " + "; ".join(w.get("problems", []))
+    if name == "normalisation" and w.get("kind") == "not the ranks' sum":
+        return (f"normalisation: at step {w.get('step')} the release is not a multiple of the "
+                f"sum of the {w.get('ranks')} ranks' noised sums (cosine "
+                f"{w.get('cosine', 0):.6g} between their sketches, relative residual "
+                f"{w.get('residual', 0):.3g}): the ranks' sums were divided differently or "
+                "not all-reduced")
     if name == "normalisation":
         (t, s), (a, b) = w.get("steps", [0, 0]), w.get("ratios", [1.0, 1.0])
         sizes = w.get("batch_sizes") or [None, None]

@@ -2,7 +2,10 @@
 
 Each run r trains with the same data split, initial model and canaries (``settings.seed``)
 and its own sampling / noise seed; all its canaries share one bit b_r ~ Bernoulli(inclusion).
-Runs are independent jobs: each writes ``runs/run_<r>.json`` (r zero-padded) atomically.
+Runs are independent jobs: each writes ``runs/run_<r>.json`` (r zero-padded) atomically,
+with its white-box records compacted (``capture.records_io``: O(steps x tensors) numbers;
+files written before dpaudit kept them have none and are read as before). The pooled record
+carries the records of one run, the lowest-numbered that has them (``WHITE_BOX_RUN``).
 
 A run file describes and checks itself: it carries the settings' fingerprint, the full resolved
 settings, the provenance block (versions, git revision, time, device) and a ``checksum``
@@ -74,6 +77,12 @@ __all__ = [
 ]
 
 SETTINGS_FILE = "settings.json"
+WHITE_BOX_RUN = (
+    "every run is a training with the same claim, so the premises of the training data's "
+    "epsilon hold, or fail, per training: the white-box checks and the training data's upper "
+    "side are those of one run, the lowest-numbered whose file keeps its records (chosen "
+    "before any record is judged, so its checks keep their levels; the other runs' records "
+    "stay in their files)")
 QUARANTINE_DIR = "quarantine"
 
 log = logging.getLogger(__name__)
@@ -163,7 +172,7 @@ def run_one(
         run_seed=seeds.run_seed(plan.seed, r),
         membership=membership,
         prepared=cache[bit],
-        white_box=False,  # the runs' evidence is their scores; per-step records are not kept
+        per_step=False,  # the scores are pooled across runs; the white-box records are kept
     )
     record = dataclasses.replace(
         record, candidate_scores=None, run=r, bit=int(bit), fingerprint=fingerprint(settings)
@@ -452,6 +461,7 @@ def aggregate(out: str | Path, settings: AuditSettings | None = None,
         membership.extend(rec.membership)
     rungs = pooled_rungs([rec.rungs for rec in records])
     first = records[0]
+    recorded = [rec for rec in records if rec.white_box is not None]
     threat = first.threat_model
     if threat is None and settings is not None:  # run files written before threat models
         threat = recorded_threat_model(plan_audit(settings), first.sample_rate, first.steps,
@@ -470,6 +480,10 @@ def aggregate(out: str | Path, settings: AuditSettings | None = None,
         runs=sorted(good),
         train_seconds=_summed([r.train_seconds for r in records]),
         rungs=rungs,
+        white_box=recorded[0].white_box if recorded else None,
+        white_box_source=None if not recorded else {
+            "run": recorded[0].run, "runs_with_records": len(recorded), "runs": len(records),
+            "note": WHITE_BOX_RUN},
     )
 
 

@@ -4,15 +4,16 @@
 the run's plan once (``plan.derive``: q, T, the threat model) and builds the attack scores;
 ``audit_run`` trains a copy of the prepared state and returns a ``RunRecord``. Both take the
 audit's ``plan.AuditPlan``, never its settings. The record is what a multi-run audit writes
-to ``runs/run_<r>.json`` (``to_dict`` / ``from_dict``) and what the evaluation reads, for one
-run or for runs pooled by ``multirun.aggregate``.
+to ``runs/run_<r>.json`` (``to_dict`` / ``from_dict``; its white-box records compacted,
+``capture.records_io``) and what the evaluation reads, for one run or for runs pooled by
+``multirun.aggregate``.
 """
 
 from __future__ import annotations
 
 import copy
 import warnings
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from torch.utils.data import Dataset
 from dpaudit.attacks import StepScore
 from dpaudit.canaries import predicted_leakage
 from dpaudit.capture.records import WhiteBoxRecords
+from dpaudit.capture.records_io import compact, records_from_dict, records_to_dict
 from dpaudit.experiment.plan import AuditPlan, RunPlan, derive, membership_counts
 from dpaudit.experiment.trainings.canary_setup import CanarySetup, setup_canaries
 from dpaudit.experiment.trainings.pretrain import pretrain
@@ -98,6 +100,10 @@ class RunRecord:
     accountant's claim for one canary of this run (None for records written before it was
     stored). ``run`` / ``bit`` / ``fingerprint`` tag a multi-run audit's run file;
     ``candidate_scores`` (Algorithm 3's ranking, the same in every run) is left out of those.
+    ``white_box``: the run's white-box records; a run file keeps them compacted
+    (``capture.records_io``: O(T J) numbers, the same checks run on them; files written before
+    they were kept have none), a pooled record those of one run (``white_box_source`` says
+    which: ``multirun.aggregate``). Equality ignores them (they hold arrays).
     """
 
     scores: dict[str, list[float]]
@@ -121,8 +127,11 @@ class RunRecord:
     # the weaker rungs of the threat-model ladder (capture.final_state.rung_scores): per rung
     # its scores by name, or why it has none; pooled runs: the scores run after run
     rungs: dict | None = None
-    white_box: WhiteBoxRecords | None = None  # the white-box checks' records (not saved)
+    white_box: WhiteBoxRecords | None = field(default=None, compare=False)
     per_step: dict | None = None  # score name -> (K, T) per-step values (not saved)
+    # a pooled record: {"run": whose white-box records it carries, "runs_with_records",
+    # "runs"} (not saved)
+    white_box_source: dict | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready dictionary (the run file's keys); optional tags are left out when unset."""
@@ -132,6 +141,8 @@ class RunRecord:
             if f.name in _RUNTIME_ONLY or (value is None and f.name in _OMITTED_WHEN_NONE):
                 continue  # raw per-step arrays: evaluated, not stored
             out[f.name] = value
+        if self.white_box is not None:  # compacted: a run file stays small
+            out["white_box"] = records_to_dict(compact(self.white_box))
         if self.threat_model is not None:
             out["threat_model"] = self.threat_model.to_dict()
         return out
@@ -149,6 +160,15 @@ class RunRecord:
         if missing:
             raise ValueError(f"{where}run record lacks {missing}")
         values = {k: v for k, v in d.items() if k in _FIELDS}
+        wb = values.get("white_box")
+        if isinstance(wb, dict):
+            try:
+                values["white_box"] = records_from_dict(wb)
+            except ValueError as err:
+                raise ValueError(f"{where}run record's {err}") from err
+        elif wb is not None and not isinstance(wb, WhiteBoxRecords):
+            raise ValueError(f"{where}run record's white_box must be an object, got "
+                             f"{type(wb).__name__}")
         tm = values.get("threat_model")
         if isinstance(tm, dict):
             try:
@@ -160,7 +180,7 @@ class RunRecord:
 
 _FIELDS = frozenset(f.name for f in fields(RunRecord))
 _REQUIRED = tuple(f.name for f in fields(RunRecord) if f.default is MISSING)
-_RUNTIME_ONLY = frozenset({"white_box", "per_step"})
+_RUNTIME_ONLY = frozenset({"white_box", "per_step", "white_box_source"})  # white_box: below
 _OMITTED_WHEN_NONE = frozenset(
     {"threat_model", "candidate_scores", "selection", "independent", "run", "bit",
      "fingerprint", "runs", "rungs"}
@@ -274,6 +294,7 @@ def audit_run(
     membership: np.ndarray | None = None,
     prepared: PreparedRun | None = None,
     white_box: bool = True,
+    per_step: bool = True,
 ) -> RunRecord:
     """Train once with the audit hook; return scores, membership and the run's bookkeeping.
 
@@ -281,7 +302,8 @@ def audit_run(
     fixed target across the runs of a multi-run audit); sampling and noise on ``run_seed``.
     ``prepared`` (from ``prepare_run`` with the same plan and membership) skips the setup;
     the result is the same as without it. ``white_box=False`` skips the per-step white-box
-    records (``train_audited``): a multi-run audit's runs do not use them.
+    records (``train_audited``); ``per_step=False`` keeps them but not the canaries' per-step
+    scores (a multi-run audit's runs: their scores are pooled, their records judged).
     """
     run_seed = plan.seed if run_seed is None else run_seed
     if prepared is None:
@@ -307,6 +329,7 @@ def audit_run(
         coordinates=setup.coordinates,
         noise_probes=setup.noise_probes,
         white_box=white_box,
+        keep_per_step=white_box and per_step,
     )
     return RunRecord(
         scores={k: v.tolist() for k, v in outcome.scores.items()},

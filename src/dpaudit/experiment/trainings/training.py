@@ -189,23 +189,26 @@ def train_audited(
     noise_probes=None,
     check_clipping: bool = True,
     white_box: bool = True,
+    keep_per_step: bool | None = None,
 ) -> TrainingOutcome:
     """Train ``model`` with DP-SGD on ``train_set`` for ``steps`` optimizer steps (the plan's
     T: ``experiment.plan.total_steps``), Poisson sampling at ``sample_rate``.
 
-    ``canaries`` / ``scores`` / ``params`` / ``reference`` / ``coordinates`` (a coordinate
-    view) go to ``AuditHook``, with ``noise_probes`` (coordinates no example touches) and
-    ``check_clipping`` for the white-box checks (``experiment.judging.white_box``, whose records the
-    outcome carries); ``white_box=False`` (a multi-run audit's runs, whose evidence is the
-    scores across runs) skips them: no probes, no clipping check, no per-step values. The model
-    is trained in place on its own device. ``sampling="shuffle"`` (seed 001's Figure 3
-    setting; not for audits, Opacus' accountants assume Poisson sampling) draws shuffled
-    batches of ``dp.batch_size`` instead, each example once per epoch, and ``sample_rate``
-    becomes 1 / (batches per epoch) (``shuffle_sample_rate``). The planted bug
+    ``canaries`` / ``scores`` / ``params`` / ``reference`` / ``coordinates`` (a coordinate view)
+    go to ``AuditHook``, with ``noise_probes`` (coordinates no example touches) and
+    ``check_clipping`` for the white-box checks (``experiment.judging.white_box``, whose records
+    the outcome carries); ``white_box=False`` skips them: no probes, no clipping check, no
+    per-step values; ``keep_per_step`` (default: ``white_box``) keeps the scores' per-step
+    values (the per-step histogram PLD estimate; a multi-run audit's runs keep their records but
+    not these). The model is trained in place on its own device. ``sampling="shuffle"`` (seed
+    001's Figure 3 setting; not for audits, Opacus' accountants assume Poisson sampling) draws
+    shuffled batches of ``dp.batch_size`` instead, each example once per epoch, and
+    ``sample_rate`` becomes 1 / (batches per epoch) (``shuffle_sample_rate``). The planted bug
     ``dp.bug=shuffled_batches`` draws such batches too, while the audit keeps claiming Poisson
     sampling at ``sample_rate``.
     """
     device = next(model.parameters()).device
+    keep_per_step = white_box if keep_per_step is None else bool(keep_per_step)
     require_choice("sampling", sampling, SAMPLINGS)
     if sampling == "shuffle":
         sample_rate = shuffle_sample_rate(len(train_set), dp.batch_size)
@@ -233,7 +236,7 @@ def train_audited(
             noise_probes=noise_probes if white_box else None,
             check_clipping=check_clipping and white_box,
             seed=seed,
-            keep_per_step=white_box,  # the per-step histogram PLD estimate (``pld_estimates``)
+            keep_per_step=keep_per_step,  # the per-step histogram PLD estimate
             data_loader=loader if white_box else None,  # which examples each step used
             check_integrity=white_box,
             check_noise_data=white_box,
@@ -272,6 +275,6 @@ def train_audited(
             accountant_history=engine.accountant.history,
             accountant=engine.accountant.mechanism(),
         ) if white_box else None,
-        per_step=hook.per_step() if white_box else None,
+        per_step=hook.per_step() if keep_per_step else None,
         rungs=rungs,
     )
