@@ -61,7 +61,14 @@ def test_the_hook_picks_them_and_the_report_certifies_them_as_independent():
         return model
 
     run = private_run(DATA, with_block, hook_fn, epochs=2, sigma=1.0)
-    assert len(run.hook.canaries[0]) == 400
+    # two sets on the block's 400 coordinates: the every-step stress test (a third) and the
+    # rest inserted like an example (at the data's rate), the shortfall from 10^4 per side said
+    stress, rate = run.hook.canaries
+    assert len(stress) == 133 and len(rate) == 267
+    assert set(stress.policies) == {"every_step", "never"}
+    assert set(rate.policies) == {"bernoulli", "never"}
+    assert rate.inclusion_prob == run.hook.sample_rate
+    assert "133 canaries per side inserted like an example" in run.hook.canary_note
     ok, why = auto_independence(run.hook, 0)
     assert ok and "exactly zero" in why
     res = audit_report(run.hook, privacy_engine=run.engine)  # independent_canaries="auto"

@@ -20,6 +20,7 @@ from dpaudit.capture.records_io import (
     records_to_dict,
 )
 from dpaudit.experiment.judging.premises import training_data_block
+from dpaudit.experiment.judging.user_claim import claim_of_run
 from dpaudit.experiment.judging.white_box import not_checked, white_box_evidence
 from dpaudit.experiment.plan import plan_audit
 from dpaudit.experiment.settings import AuditSettings
@@ -67,7 +68,8 @@ def _same(a, b, where="records"):
 
 def _judged(records):
     checks = white_box_evidence(records, LEVEL, WARN, delta=1e-5)
-    block = training_data_block(records, checks, None, unchecked=not_checked(records, True))
+    claim = claim_of_run(None, delta=1e-5, accountant=records.accountant)
+    block = training_data_block(records, checks, claim, unchecked=not_checked(records, True))
     return checks, block
 
 

@@ -30,6 +30,7 @@ import numpy as np
 from dpaudit.accounting import history_epsilon, prv_epsilon
 from dpaudit.capture.records import WhiteBoxRecords
 from dpaudit.experiment.judging.claim_words import bracket_words, claim_head, sentence_case
+from dpaudit.experiment.judging.doors import loader_mismatch
 from dpaudit.experiment.judging.user_claim import UserClaim
 from dpaudit.forecast import poisson_canaries_forecast
 from dpaudit.stats.checks import CheckResult
@@ -277,7 +278,11 @@ def structure_premises(checks: dict, records: WhiteBoxRecords,
         entry = {"name": name, "what": words, "status": status, "checks": ran}
         if name == "poisson_sampling" and "sampling_by_example" not in ran:
             entry["status"] = REFUTED if status == REFUTED else NOT_OBSERVED
-            entry["reason"] = _sampling_unseen(records)
+            said = [u.split(":", 1)[1].strip() for u in unchecked or []
+                    if u.startswith("sampling by example:")]
+            entry["reason"] = (said[0] if said and records.by_example is not None
+                               and loader_mismatch(records) is None
+                               else _sampling_unseen(records))
         elif status == NOT_OBSERVED:
             leads = UNCHECKED_LEADS.get(name, ())
             said = [u.split(":", 1)[1].strip() for u in unchecked or []
@@ -393,7 +398,8 @@ def training_data_block(records: WhiteBoxRecords | None, checks: dict[str, Check
         reason: why there are no records, when ``records`` is None.
         unchecked: the report's "not checked" lines (the reasons of unobserved premises).
     """
-    if claim is None or (records is None and claim.history is None):
+    if claim is None or (records is None and claim.history is None
+                         and not claim.engine_epsilons):
         return None
     accountant, delta = claim.accountant, claim.delta
     claimed, source = claimed_epsilon(records, claim)
