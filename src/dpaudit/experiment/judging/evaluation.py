@@ -382,6 +382,23 @@ def pld_estimates(per_step: dict | None, delta: float) -> dict[str, dict]:
 
 
 @dataclass(frozen=True)
+class LowerInput:
+    """The scores of canaries inserted like an example (members, non-members) and their
+    ``ThreatModel`` (realising the training data's): the lower side's input."""
+
+    scores_in: np.ndarray
+    scores_out: np.ndarray
+    threat: ThreatModel
+
+    def evaluate(self, confidence: float, refutation: float) -> dict:
+        """``lower_side.data_rate_lower_side`` of these scores."""
+        from dpaudit.experiment.judging.lower_side import data_rate_lower_side
+
+        return data_rate_lower_side(self.scores_in, self.scores_out, self.threat,
+                                    confidence=confidence, refutation_level=refutation)
+
+
+@dataclass(frozen=True)
 class Evidence:
     """What ``evaluate_scores`` establishes, typed: the attacks' ROC summaries, the claim tests
     (``ClaimRow`` per attack; ``one_run_claim`` for canaries trained together), the bounds
@@ -425,6 +442,7 @@ def evaluate_scores(
     refutation_level: float = REFUTATION_LEVEL,
     canary_set: int | None = None,
     canary_notes: list[str] | None = None,
+    lower: LowerInput | None = None,
 ) -> Evidence:
     """Attack summaries, claim evidence, bounds, theory, white-box checks, the training data's
     epsilon (``premises``) and the verdict.
@@ -451,6 +469,9 @@ def evaluate_scores(
             is read); None: every watched set.
         canary_notes: what the audit's own set-up changed (canaries dropped), each reported
             as a warning about the canaries.
+        lower: the scores of canaries inserted like an example beside the audited ones (the
+            hook's default second set): the lower side of the user's epsilon and a claim test
+            of it (``lower_side``), one more refuting statement.
     """
     check_split(split)
     broken = independence_broken(white_box, canary_set) if independent else None
@@ -460,7 +481,7 @@ def evaluate_scores(
     n_white = count_tests(white_box)
     levels = split_levels(confidence, refutation_level, attacks=len(split), methods=len(methods),
                           one_run_claims=0 if independent else len(split),
-                          white_box_tests=n_white)
+                          white_box_tests=n_white, lower_side_tests=int(lower is not None))
     per, refute_each = levels.per_statement, levels.refute_each
     claims = {
         name: claim_evidence(s_in, s_out, threat, per, certified=independent,
@@ -482,9 +503,11 @@ def evaluate_scores(
     checks = white_box_evidence(white_box, level=refute_each, warning_level=levels.warn_each,
                                 delta=threat.delta)
     unchecked = not_checked(white_box, independent, white_box_reason)
+    lower_block = None if lower is None else lower.evaluate(confidence, refute_each)
     training_data = training_data_block(
         white_box, checks, claim, threat=threat, bounds=bounds,
-        confidence=confidence, reason=white_box_reason, unchecked=unchecked)
+        confidence=confidence, reason=white_box_reason, unchecked=unchecked,
+        lower=lower_block)
     white = {
         "checks": {k: c.to_dict() for k, c in checks.items()},
         "statistical_tests": n_white,

@@ -41,16 +41,20 @@ def per_test_confidence(
 
 
 def split_levels(confidence: float, refutation_level: float, *, attacks: int, methods: int,
-                 one_run_claims: int, white_box_tests: int) -> Levels:
-    """The ``Levels`` of an audit with these many attacks, bound methods, one-run claim tests
-    and statistical white-box tests; ``refutation_level`` must lie in (0, 1 - confidence]
-    (a ValueError names it)."""
+                 one_run_claims: int, white_box_tests: int, lower_side_tests: int = 0
+                 ) -> Levels:
+    """The ``Levels`` of an audit with these many attacks, bound methods, one-run claim tests,
+    statistical white-box tests and claim tests of the canaries inserted like an example
+    (``lower_side_tests``: each refutes at its share of the PRIVACY BUG level; their bounds
+    are the lower side's own statements, at ``confidence``); ``refutation_level`` must lie in
+    (0, 1 - confidence] (a ValueError names it)."""
     level = require_level("refutation_level (audit.refutation_level)", refutation_level,
                           confidence)
     return Levels(
         confidence=confidence,
         refutation_level=level,
         per_statement=per_test_confidence(confidence, attacks, methods, one_run_claims),
-        refute_each=level / max(1, attacks + one_run_claims + white_box_tests),
+        refute_each=level / max(1, attacks + one_run_claims + white_box_tests
+                                + lower_side_tests),
         warn_each=(1.0 - confidence) / max(1, white_box_tests),
     )

@@ -22,7 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from dpaudit._validate import require_choice
-from dpaudit.experiment.judging.evaluation import DEFAULT_METHODS, evaluate_scores, split_scores
+from dpaudit.experiment.judging.evaluation import (
+    DEFAULT_METHODS,
+    LowerInput,
+    evaluate_scores,
+    split_scores,
+)
 from dpaudit.experiment.judging.ladder import (
     RUNGS,
     ladder_block,
@@ -321,7 +326,8 @@ def audit_report(
     elif not isinstance(independent_canaries, bool):
         raise ValueError(f"independent_canaries must be True, False or 'auto', got "
                          f"{independent_canaries!r}")
-    loop = _loop_scores(hook, index, scores, membership, threat_model, claim.delta, rung,
+    claim_delta = claim.delta
+    loop = _loop_scores(hook, index, scores, membership, threat_model, claim_delta, rung,
                         independent_canaries)
     records, reason = None, "scores passed without a hook: no per-step records"
     if hook is not None and not white_box:
@@ -332,11 +338,14 @@ def audit_report(
     if hook is None and privacy_engine is None:
         claim = None  # raw scores and a threat model: no claim about training data
     split = split_scores(loop.scores, loop.membership)
+    lower, lower_why = (None, "") if hook is None else lower_input(hook, index, claim_delta)
+    notes = [] if hook is None else dropped_notes(hook)
+    notes += [n for n in (lower_why, getattr(hook, "canary_note", "")) if n]
     evidence = evaluate_scores(
         split, loop.threat, methods=methods, confidence=confidence,
         independent=loop.independent, claim=claim, inclusion=inclusion, white_box=records,
         white_box_reason=reason, refutation_level=refutation_level, canary_set=index,
-        canary_notes=None if hook is None else dropped_notes(hook))
+        canary_notes=notes, lower=lower)
     context = {}
     if loop.rungs is not None:  # below white box: every rung side by side on this training
         block = ladder_block(loop.rungs, loop.membership, loop.threat, methods=methods,
@@ -363,6 +372,30 @@ def audit_report(
             device = str(next(iter(hook.model.parameters())).device)
         write_audit_report(result, split, output_dir, quiet=quiet, device=device)
     return result
+
+
+def lower_input(hook, index: int, delta: float) -> tuple[LowerInput | None, str]:
+    """The lower side's input: the scores of the hook's set inserted like an example beside
+    the audited one (``inserted_like_an_example``), members and non-members of the mixture
+    likelihood ratio, and their threat model; None and why when there is none, or when its
+    canaries were not seen to stay independent (the certified statements need that)."""
+    sets = [i for i in range(len(hook.canaries))
+            if i != index and inserted_like_an_example(hook, i)]
+    if not sets:
+        return None, ""
+    i = sets[0]
+    scores = hook.scores()
+    if "mixture_lr" not in scores:
+        return None, ("the canaries inserted like an example were not scored by the mixture "
+                      "likelihood ratio (AuditHook(scores=...) without MixtureLR)")
+    ok, why = auto_independence(hook, i)
+    if not ok:
+        return None, f"the canaries inserted like an example are not independent: {why}"
+    start, stop, c = _canary_slice(hook, i)
+    member = np.asarray(c.policies) != "never"
+    s = np.asarray(scores["mixture_lr"][start:stop], dtype=np.float64)
+    threat = threat_model_from_hook(hook, c, delta, member)
+    return LowerInput(s[member], s[~member], threat), ""
 
 
 def dropped_notes(hook) -> list[str]:

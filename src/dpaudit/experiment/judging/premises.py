@@ -382,7 +382,8 @@ def lower_side(threat, bounds, confidence: float, training_rate: float | None) -
 def training_data_block(records: WhiteBoxRecords | None, checks: dict[str, CheckResult],
                         claim: UserClaim | None, *, threat=None, bounds=(),
                         confidence: float = 0.95, reason: str | None = None,
-                        unchecked: list[str] | None = None) -> dict | None:
+                        unchecked: list[str] | None = None,
+                        lower: dict | None = None) -> dict | None:
     """``verdict.training_data``: the user's epsilon claimed, bracketed from above by the
     measured premises and from below by canaries of the data's threat model (module doc).
 
@@ -397,6 +398,9 @@ def training_data_block(records: WhiteBoxRecords | None, checks: dict[str, Check
         confidence: the upper side's confidence (split over the noise and the rate).
         reason: why there are no records, when ``records`` is None.
         unchecked: the report's "not checked" lines (the reasons of unobserved premises).
+        lower: the lower side of canaries inserted like an example beside the audited ones
+            (``lower_side.data_rate_lower_side``); None: from the audited canaries when they
+            realise the training data's threat model, else none and a forecast.
     """
     if claim is None or (records is None and claim.history is None
                          and not claim.engine_epsilons):
@@ -408,7 +412,8 @@ def training_data_block(records: WhiteBoxRecords | None, checks: dict[str, Check
              "epsilon_claimed": claimed, "epsilon_claimed_source": source,
              "epsilon_upper": None, "epsilon_lower": None, "claim": claim.to_dict(),
              "notes": [n for n in (claim.delta_note(), claim.target_note()) if n]}
-    lower = lower_side(threat, bounds, confidence, rate_q)
+    if lower is None:
+        lower = lower_side(threat, bounds, confidence, rate_q)
     block["epsilon_lower"] = lower.get("epsilon")
     block["lower"] = lower
     if records is None or not records.steps:

@@ -114,7 +114,9 @@ def verdict(
     white_fired, white_warned = fired(white_box), warned(white_box)
     canaries_status = _canaries_status(refuted_by, rejected_only, est_eps > claimed,
                                        est_rejected)
-    if refuted_by or white_fired:
+    lower = (training_data or {}).get("lower") or {}
+    lower_test = lower.get("claim_test") or {}
+    if refuted_by or white_fired or lower.get("refuted"):
         status = PRIVACY_BUG
     elif est_eps > claimed or est_rejected:
         status = ESTIMATE_ABOVE_CLAIM
@@ -133,6 +135,11 @@ def verdict(
             f"certified epsilon >= {lower(cert_eps)} ({cert.attack}/{cert.method}) exceeds "
             f"the canaries' claimed {point(claimed)} at {level_words(confidence)}")
     warnings_ = [describe(white_box[k]) for k in white_warned] + canary_warnings
+    if lower_test.get("rejected") and not lower.get("refuted"):
+        warnings_.append(
+            f"the canaries inserted like an example reject your claimed curve at "
+            f"{level_words(confidence)} (p = {lower_test['p_value']:.2g}) but not at the PRIVACY "
+            f"BUG level ({bug_level})")
     canary_message = _canary_message(
         canaries_status, threat, confidence, refutation_level, cert, est, claimed,
         refuted_by, est_rejected, sigma_ub, sigma_certified, training_data, canary_warnings)
@@ -278,6 +285,12 @@ def claim_paragraph(status, td, white_box, white_fired, refuted_by, has_stress, 
         # when by itself it is only a warning: what it causes is the refutation that follows
         causes = [k for k in CAUSES if k in white_box and white_box[k].warning]
         reasons = [describe(white_box[k]) for k in causes + _cause_first(white_fired)]
+        lower = td.get("lower") or {}
+        if lower.get("refuted"):
+            test = lower.get("claim_test") or {}
+            reasons.append(
+                "the canaries inserted like an example refute your claimed curve (their "
+                f"counts are impossible under it: p = {test.get('refute_p_value', 0):.2g})")
         if refuted_by:
             who = "the every-step canaries" if has_stress else "the canaries"
             reasons.append(f"{who}' claim test refutes the mechanism's claim (their error "

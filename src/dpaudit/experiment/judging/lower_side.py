@@ -1,0 +1,81 @@
+"""The lower side of the user's epsilon, from canaries inserted like an example (DESIGN 4.5,
+"the user's epsilon, from both sides").
+
+Dirac gradient canaries of norm C on coordinates no data gradient reaches, each member
+inserted with probability q per step (the data's rate), non-members never, scored by the
+summed per-step mixture log-likelihood ratio: each canary is an independent experiment whose
+pair has the accountant's own privacy curve. ``data_rate_lower_side`` evaluates every
+statement ``stats.data_rate`` fixes from the claim before the scores are seen
+(``forecast.data_rate_plan``), in two kinds never mixed:
+
+* ``epsilon`` (``epsilon_lower``): CERTIFIED, valid for any mechanism, at the user's delta;
+* ``within_family``: "behaves as if its noise multiplier were at most X (certified), hence
+  epsilon at least Y if the mechanism is a Poisson-subsampled Gaussian": conditional on that
+  family, and named so;
+
+and the claim test of the user's claimed curve (the accountant's, PRV with its error bounds:
+sound whatever accountant the user reads, GDP included): rejected at the bounds' confidence is
+a warning, at the PRIVACY BUG level (``refuted``) a PRIVACY BUG about the user's epsilon,
+reached end to end without the white-box checks. The count ceiling (what such canaries can
+certify at this K on a correct run) is reported beside.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dpaudit.forecast import data_rate_ceiling, data_rate_evidence, data_rate_plan
+from dpaudit.threat_model import ThreatModel
+
+SCORE = "mixture_lr"  # the data-rate canaries' statistic (attacks.mixture.MixtureLR)
+
+
+def data_rate_lower_side(scores_in, scores_out, threat: ThreatModel, *, confidence: float,
+                         refutation_level: float, ceiling: bool = True) -> dict:
+    """The lower side's block (module doc) from the data-rate canaries' summed mixture log-LR
+    scores (members, non-members) under ``threat`` (Poisson at the data's q, norm C, the
+    claimed sigma, T and the user's delta).
+
+    Args:
+        scores_in / scores_out: the member and non-member canaries' scores.
+        threat: their ``ThreatModel`` (realising the training data's).
+        confidence: the certified statements' confidence.
+        refutation_level: the claim test's share of the PRIVACY BUG level.
+        ceiling: compute the count ceiling beside (exact, on the claimed score law).
+    """
+    s_in = np.asarray(scores_in, dtype=np.float64).reshape(-1)
+    s_out = np.asarray(scores_out, dtype=np.float64).reshape(-1)
+    if s_in.size == 0 or s_out.size == 0:
+        raise ValueError(f"the data-rate canaries have {s_in.size} members and {s_out.size} "
+                         "non-members: the lower side needs both")
+    plan = data_rate_plan(threat, s_in.size, s_out.size, confidence=confidence,
+                          refutation_level=refutation_level)
+    ev = data_rate_evidence(plan, threat, s_in, s_out)
+    sigma = ev.sigma_upper
+    out = {
+        "epsilon": float(ev.epsilon_lower.epsilon),
+        "by": "canaries inserted like an example (mixture LR, pre-registered count test)",
+        "kind": "certified (valid for any mechanism)",
+        "confidence": float(confidence),
+        "canaries": [int(s_in.size), int(s_out.size)],
+        "within_family": {
+            "sigma_upper": sigma if np.isfinite(sigma) else None,
+            "epsilon": ev.epsilon_within_family,
+            "kind": "certified noise bound; its epsilon conditional on the family",
+            "conditional_on": ev.conditional_on,
+        },
+        "claim_test": {"p_value": ev.claim_p_value, "rejected": ev.claim_rejected,
+                       "refute_p_value": ev.refute_p_value, "refuted": ev.refuted,
+                       "refutation_level": float(refutation_level),
+                       "curve": "the accountant's curve at the claimed sigma, q, T, C (PRV "
+                                "with its error bounds)"},
+        "refuted": bool(ev.refuted),
+        "expected": plan.expected,
+        "note": "canaries inserted like a training example (Poisson at the data's rate, norm C, "
+                "the same noise): their certified bound is one on the training data's epsilon",
+        "evidence": ev.to_dict(),
+    }
+    if ceiling:
+        out["ceiling"] = data_rate_ceiling(threat, s_in.size, s_out.size,
+                                           confidence=confidence)
+    return out
