@@ -169,3 +169,65 @@ def poisson_canaries_forecast(noise_multiplier: float, sample_rate: float, steps
                    if expected_count_bound(mu, 10**e, confidence, delta) > 0), None)
     return {"mu": mu, "epsilon_at_per_side": at, "per_side_for_positive": needed,
             "kind": "forecast (ideal attack, CLT model of the subsampled Gaussian)"}
+
+
+def _data_rate_threat(threat: ThreatModel) -> ThreatModel:
+    """The threat model of data-rate canaries: Poisson at a rate q < 1 (refused otherwise)."""
+    if not isinstance(threat, ThreatModel):
+        raise ValueError(f"threat must be a ThreatModel, got {type(threat).__name__}")
+    if threat.every_step:
+        raise ValueError(
+            "data-rate canaries are inserted with probability q < 1 per step (the training "
+            "data's rate); this threat model inserts them at every step (sample_rate=1)")
+    return threat
+
+
+def data_rate_plan(threat: ThreatModel, n_in: int, n_out: int, *, confidence: float,
+                   refutation_level: float):
+    """Every test of the data-rate canaries, fixed from the claim before the scores are seen
+    (``stats.data_rate.plan_data_rate`` at the threat model's q, T, sigma, canary norm and
+    delta). ``plan.expected`` is what a correct run should show (the count ceiling's median
+    certified epsilon; the noise multipliers the curve tests reject half the time or more);
+    ``data_rate_evidence`` evaluates it."""
+    from dpaudit.stats.data_rate import plan_data_rate
+
+    threat = _data_rate_threat(threat)
+    return plan_data_rate(steps=int(threat.steps), sample_rate=float(threat.sample_rate),
+                          noise_multiplier=float(threat.noise_multiplier),
+                          delta=float(threat.delta), n_in=n_in, n_out=n_out,
+                          confidence=confidence, refutation_level=refutation_level,
+                          canary_norm=float(threat.sensitivity))
+
+
+def data_rate_evidence(plan, threat: ThreatModel, scores_in, scores_out):
+    """The data-rate canaries' evidence (``stats.data_rate.DataRateEvidence``) with the
+    threat model's claimed curves (PRV with its error bounds, ``ThreatModel.roc_curve``) as
+    the noise multipliers' family and its accountant (``ThreatModel.estimated_epsilon``)
+    converting sigma_upper: ``epsilon_lower`` certified for any mechanism,
+    ``epsilon_within_family`` conditional on a Poisson-subsampled Gaussian."""
+    threat = _data_rate_threat(threat)
+
+    def family_roc(sigma: float):
+        return lambda alpha: threat.roc_curve(alpha, noise_multiplier=sigma)
+
+    return plan.evaluate(scores_in, scores_out, family_roc=family_roc,
+                         epsilon_of_sigma=threat.estimated_epsilon)
+
+
+def data_rate_ceiling(threat: ThreatModel, n_in: int, n_out: int, *,
+                      confidence: float) -> dict:
+    """What data-rate canaries can certify on a correct run of this claim: the count ceiling
+    (the best pre-registered count test's median certified epsilon, exact;
+    ``stats.data_rate.count_ceiling``) and an upper bound on any valid method's median
+    (``universal_ceiling``), beside the claimed epsilon (PRV)."""
+    from dpaudit.stats.data_rate import count_ceiling, mixture_score_law, universal_ceiling
+
+    threat = _data_rate_threat(threat)
+    law = mixture_score_law(int(threat.steps), float(threat.sample_rate),
+                            float(threat.noise_multiplier), canary_norm=float(threat.sensitivity))
+    c = count_ceiling(law, n_in, n_out, delta=float(threat.delta), confidence=confidence)
+    u = universal_ceiling(law, n_in, n_out, confidence=confidence)
+    claimed = threat.estimated_epsilon(threat.noise_multiplier)
+    return {"claimed": claimed, "count_ceiling": c.epsilon, "count_step": c.step,
+            "one_sided": c.one_sided, "universal_ceiling": u, "design": c.design.to_dict(),
+            "kind": "exact, on the claimed mechanism's score law (no simulation)"}

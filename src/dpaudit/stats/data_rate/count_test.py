@@ -1,0 +1,421 @@
+"""The count test of independent canaries: two pre-registered ranks, one exact p-value.
+
+Setting: n_in member and n_out non-member scores, each canary an independent experiment
+(member scores i.i.d. from P, non-member scores i.i.d. from Q, for ANY P and Q). A
+``RankDesign`` fixed before the scores are seen (from the claim and the sample sizes:
+``design``) names two ranks, and the test reads two counts:
+
+* "in" guesses: t_hi is the (k_hi + 1)-th largest non-member score, A = {score > t_hi}
+  (exactly k_hi non-members in A); N_hi = the members in A;
+* "out" guesses: t_lo is the (k_lo + 1)-th smallest member score, B = {score < t_lo}
+  (exactly k_lo members in B); M_lo = the non-members in B;
+
+and one statistic, S = N_hi + M_lo (more correct guesses: more leakage). Either side may be
+switched off (its count is 0). When both are on, the two-sided p-value is spent at
+1 - ``FALLBACK`` of the level, and when t_lo >= t_hi (A and B would overlap: the scores
+separate members from non-members almost perfectly) the "in" side alone is tested at the
+remaining ``FALLBACK`` (weighted Bonferroni over the two cases: valid, and a near-perfect
+separation still certifies a large epsilon).
+Thresholds at ranks rather than at fixed scores keep the test's power when the true scores
+are shifted against the claimed ones (less noise than claimed shifts every mixture log-LR
+down: a fixed threshold would then see no canary at all).
+
+**The null.** A claim about the canary's pair is a bound R on the ROC: a test of "member" at
+false-positive rate x has true-positive rate <= R(x), and in the pair's other order a test of
+"non-member" at rate y (members called non-members) has rate <= R_rev(y). (epsilon,
+delta)-DP is R(x) = min(1, e^eps x + delta, 1 - e^-eps (1 - delta - x)) both ways
+(``dp_roc``); a claimed trade-off curve f is R = 1 - f.
+
+**The law under the null.** With x = Q(A) and y = P(B): x is the upper-tail mass above the
+(k_hi + 1)-th largest of n_out i.i.d. scores, exactly Beta(k_hi + 1, n_out - k_hi), and y is
+exactly Beta(k_lo + 1, n_in - k_lo); x and y are independent (non-members vs members). Given
+both thresholds (t_lo < t_hi), the n_in - k_lo - 1 members above t_lo are i.i.d. from P
+conditioned on (score > t_lo), so N_hi ~ Binomial(n_in - k_lo - 1, P(A) / (1 - y)), and
+likewise M_lo ~ Binomial(n_out - k_hi - 1, Q(B) / (1 - x)), independent given the thresholds.
+Under the claim P(A) <= R(x) and Q(B) <= R_rev(y). Outside the events {x <= x_c}, {y <= y_c}
+(x_c, y_c the Betas' (1 - eta)-quantiles, eta = 1e-4 x the level; their probability 2 eta is
+added), N_hi is stochastically below N' ~ Binomial(n_in - k_lo - 1, min(1, R(x) / (1 - y_c)))
+and M_lo below M' ~ Binomial(n_out - k_hi - 1, min(1, R_rev(y) / (1 - x_c))), whose rates
+depend on x alone and y alone: N' and M' are independent mixtures of binomials. Each
+mixture's survival function is a monotone function of the Beta quantile u, so an upper
+Riemann sum over a fine partition of u (``_U_GRID``: 100 equal cells on [0, 1/2], then cells
+shrinking by 4% towards 1) bounds it from above and is itself the mixture of a distribution
+that dominates it. Hence
+
+    P[S >= s] <= 2 eta + sum_m P[M^u = m] P[N^u >= s - m],
+
+computed exactly (the binomials' tails beyond 12 sd are left out, and the mixtures' top
+cells beyond eta' = 1e-4 x the level are counted as exceedances). The p-value is that bound:
+valid whatever P and Q are, for a design that does not depend on the scores. Tied scores are
+ordered by (score, U) with seeded uniforms U (``stats.ties``, as every certified method
+does), which makes the tests randomised tests, bound by the claim like any other, and the
+Beta laws exact again.
+
+**The certified epsilon.** The statistic does not depend on the claim and the nulls are
+nested (a larger epsilon allows more), so the p-value increases with epsilon: every epsilon
+at or below one whose p-value is <= beta is rejected too. ``certify_epsilon`` reports the
+largest such epsilon (bisection to 1e-3): "the canary's pair is not (epsilon, delta)-DP for
+any epsilon <= this", with probability >= 1 - beta, whatever the mechanism. The same p-value
+against a claimed curve is the claim test (``curve_p_value``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import betaincinv, gammaln, xlog1py, xlogy
+
+from dpaudit._validate import check_count, check_delta, check_open_unit, check_scores
+from dpaudit.stats.ties import break_ties
+
+Roc = Callable[[np.ndarray], np.ndarray]
+
+_ETA = 1e-4  # the caps' and the mixtures' dropped tails, relative to the level
+_SD = 12.0  # binomial supports: mean +- 12 sd (+ 12); beyond, mass < 1e-30
+_TOL = 1e-3  # the certified epsilon's bisection width
+_SLACK = 1e-20  # the binomial tails beyond 12 sd (each < 1e-30) and float rounding
+FALLBACK = 0.01  # share of a two-sided design's level kept for crossed thresholds
+
+
+def _u_grid() -> np.ndarray:
+    """The partition of the Beta quantile u: 100 equal cells on [0, 1/2], then 1 - u shrinking
+    by a factor 1.04 per cell down to 1e-17, then 1."""
+    top = 1.0 - np.geomspace(0.5, 1e-17, int(np.ceil(np.log(0.5e17) / np.log(1.04))) + 1)
+    return np.concatenate([np.linspace(0.0, 0.5, 101)[:-1], top, [1.0]])
+
+
+_U_GRID = _u_grid()
+
+
+def dp_roc(epsilon: float, delta: float) -> Roc:
+    """The ROC bound of (epsilon, delta)-DP: x -> min(1, e^eps x + delta,
+    1 - e^-eps (1 - delta - x)), at least x (the pair's two orders have the same bound)."""
+    e = float(epsilon)
+    if not np.isfinite(e) or e < 0:
+        raise ValueError(f"epsilon must be a finite number >= 0, got {epsilon!r}")
+    d = check_delta(delta, zero_ok=True)
+    c, ci = np.exp(e), np.exp(-e)
+
+    def roc(x):
+        x = np.asarray(x, dtype=np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            r = np.minimum(np.minimum(np.where(x > 0, c * x, 0.0) + d,
+                                      1.0 - ci * (1.0 - d - x)), 1.0)
+        return np.maximum(r, x)
+
+    return roc
+
+
+@dataclass(frozen=True)
+class RankDesign:
+    """A count test fixed before the scores are seen (module doc).
+
+    ``k_hi``: "in" guesses above the (k_hi + 1)-th largest non-member (None: none);
+    ``k_lo``: "out" guesses below the (k_lo + 1)-th smallest member (None: none);
+    ``n_in`` / ``n_out``: the sample sizes it is for (others are refused); ``level``: the
+    failure probability it was designed for; ``note``: how it was chosen; ``tie_seed``: the
+    seed of the uniforms that order tied scores.
+    """
+
+    k_hi: int | None
+    k_lo: int | None
+    n_in: int
+    n_out: int
+    level: float
+    note: str = ""
+    tie_seed: int = 0
+
+    def __post_init__(self):
+        n_in = check_count(self.n_in, "n_in", 1)
+        n_out = check_count(self.n_out, "n_out", 1)
+        if self.k_hi is None and self.k_lo is None:
+            raise ValueError("a design needs k_hi or k_lo (some guesses), got neither")
+        if self.k_hi is not None and not check_count(self.k_hi, "k_hi") < n_out:
+            raise ValueError(f"k_hi must be < n_out={n_out}, got {self.k_hi}")
+        if self.k_lo is not None and not check_count(self.k_lo, "k_lo") < n_in:
+            raise ValueError(f"k_lo must be < n_in={n_in}, got {self.k_lo}")
+        check_open_unit(self.level, "level")
+
+    @property
+    def sides(self) -> str:
+        """``"in"``, ``"out"`` or ``"both"``."""
+        if self.k_lo is None:
+            return "in"
+        return "out" if self.k_hi is None else "both"
+
+    @property
+    def n_hi(self) -> int:
+        """The binomial size of N_hi: members not among the k_lo + 1 lowest."""
+        return self.n_in - (0 if self.k_lo is None else self.k_lo + 1)
+
+    @property
+    def m_lo(self) -> int:
+        """The binomial size of M_lo: non-members not among the k_hi + 1 highest."""
+        return self.n_out - (0 if self.k_hi is None else self.k_hi + 1)
+
+    def to_dict(self) -> dict:
+        """Plain dictionary."""
+        return {"k_hi": self.k_hi, "k_lo": self.k_lo, "n_in": self.n_in, "n_out": self.n_out,
+                "level": self.level, "note": self.note, "tie_seed": self.tie_seed}
+
+
+@dataclass(frozen=True)
+class Counts:
+    """A design's counts on one set of scores: ``n_hi`` members above t_hi, ``m_lo``
+    non-members below t_lo, the statistic S = n_hi + m_lo, the thresholds on the scores'
+    scale, and ``crossed`` (both sides on and t_lo >= t_hi: the "in" side alone is tested,
+    module doc)."""
+
+    n_hi: int
+    m_lo: int
+    statistic: int
+    t_hi: float
+    t_lo: float
+    crossed: bool = False
+
+    def to_dict(self) -> dict:
+        """Plain dictionary (infinite thresholds as strings)."""
+        def num(v):
+            return float(v) if np.isfinite(v) else ("inf" if v > 0 else "-inf")
+        return {"n_hi": self.n_hi, "m_lo": self.m_lo, "statistic": self.statistic,
+                "t_hi": num(self.t_hi), "t_lo": num(self.t_lo), "crossed": self.crossed}
+
+
+def count(scores_in, scores_out, design: RankDesign) -> Counts:
+    """The design's counts on these scores (module doc); the sizes must be the design's."""
+    s_in = np.sort(check_scores(scores_in, "scores_in"))
+    s_out = np.sort(check_scores(scores_out, "scores_out"))
+    if (s_in.size, s_out.size) != (design.n_in, design.n_out):
+        raise ValueError(
+            f"the design was made for n_in={design.n_in}, n_out={design.n_out} scores, got "
+            f"{s_in.size} and {s_out.size}: make the design for these sizes (before looking "
+            "at the scores)")
+    tb = break_ties(s_in, s_out, design.tie_seed)
+    a_in, a_out = (s_in, s_out) if tb is None else (tb.ranks_in, tb.ranks_out)
+    value = (lambda t: t) if tb is None else (lambda t: float(tb.value(t)))
+    n_hi = m_lo = 0
+    t_hi, t_lo = np.inf, -np.inf
+    if design.k_hi is not None:
+        t = a_out[a_out.size - 1 - design.k_hi]
+        n_hi = int(a_in.size - np.searchsorted(a_in, t, side="right"))
+        t_hi = value(t)
+    if design.k_lo is not None:
+        t = a_in[design.k_lo]
+        m_lo = int(np.searchsorted(a_out, t, side="left"))
+        t_lo = value(t)
+    overlap = (design.k_hi is not None and design.k_lo is not None
+               and not a_in[design.k_lo] < a_out[a_out.size - 1 - design.k_hi])
+    return Counts(n_hi, m_lo, n_hi + m_lo, float(t_hi), float(t_lo), bool(overlap))
+
+
+def log_factorials(n: int) -> np.ndarray:
+    """log k! for k = 0..n."""
+    return gammaln(np.arange(n + 1, dtype=np.float64) + 1.0)
+
+
+@functools.lru_cache(maxsize=256)
+def _beta_nodes(k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(x at each cell's upper end, cell weight) of Beta(k + 1, n - k) on ``_U_GRID``."""
+    u = _U_GRID
+    x = betaincinv(k + 1.0, float(n - k), u[1:])
+    x[-1] = 1.0
+    w = np.diff(u)
+    x.setflags(write=False)
+    w.setflags(write=False)
+    return x, w
+
+
+def beta_quantile(k: int, n: int, prob: float) -> float:
+    """The prob-quantile of Beta(k + 1, n - k): the law of the tail mass beyond the (k+1)-th
+    most extreme of n i.i.d. scores."""
+    return float(betaincinv(k + 1.0, float(n - k), prob))
+
+
+class _Mixture:
+    """A mixture over Beta cells of Binomial(size, rate_c), weights w_c (``_beta_nodes``),
+    cells of total weight <= ``drop`` at the top left out (their mass counted as exceedance
+    by the caller)."""
+
+    def __init__(self, size: int, rates: np.ndarray, weights: np.ndarray, drop: float,
+                 table: np.ndarray):
+        top = np.cumsum(weights[::-1])[::-1]  # weight of this cell and every later one
+        keep = top > drop
+        self.dropped = float(top[keep.sum()]) if keep.sum() < top.size else 0.0
+        self.size = size
+        self.rates = np.clip(rates[keep], 0.0, 1.0)
+        self.weights = weights[keep]
+        self.table = table
+
+    def _support(self) -> tuple[np.ndarray, np.ndarray]:
+        n, p = self.size, self.rates
+        sd = np.sqrt(n * p * (1.0 - p))
+        lo = np.clip(np.floor(n * p - _SD * sd - _SD), 0, n).astype(np.int64)
+        hi = np.clip(np.ceil(n * p + _SD * sd + _SD), 0, n).astype(np.int64)
+        return lo, hi
+
+    def pmf(self) -> np.ndarray:
+        """The mixture's pmf on 0..max support (rows' tails beyond 12 sd left out)."""
+        lo, hi = self._support()
+        top = int(hi.max()) if hi.size else 0
+        out = np.zeros(top + 1)
+        k = np.arange(top + 1)
+        # rows in bands of similar support, each a dense block
+        order = np.argsort(lo)
+        for band in np.array_split(order, max(1, order.size // 64)):
+            a, b = int(lo[band].min()), int(hi[band].max())
+            kk = k[a : b + 1][None, :]
+            p = self.rates[band][:, None]
+            logp = (self.table[self.size] - self.table[kk] - self.table[self.size - kk]
+                    + xlogy(kk, p) + xlog1py(self.size - kk, -p))
+            out[a : b + 1] += self.weights[band] @ np.exp(logp)
+        return out
+
+    def sf(self) -> np.ndarray:
+        """P[X >= i] of the mixture for i = 0..max support + 1 (from ``pmf``)."""
+        pmf = self.pmf()
+        return np.minimum(np.concatenate([np.cumsum(pmf[::-1])[::-1], [0.0]]), 1.0)
+
+
+def _sf_at(sf: np.ndarray, i: np.ndarray) -> np.ndarray:
+    """A survival function on 0..len - 1 read at integers ``i`` (1 below 0, 0 beyond)."""
+    i = np.asarray(i, dtype=np.int64)
+    out = sf[np.clip(i, 0, sf.size - 1)]
+    return np.where(i <= 0, 1.0, np.where(i >= sf.size, 0.0, out))
+
+
+def null_p_value(design: RankDesign, s, roc: Roc, roc_reverse: Roc | None = None) -> float:
+    """The p-value of observed ``Counts`` (or of a statistic S = ``s`` whose thresholds did
+    not cross) under the null "ROC <= roc" (and ``roc_reverse`` in the pair's other order;
+    default ``roc``), module doc. A two-sided design's p-value is its two-sided bound over
+    1 - ``FALLBACK``, or, for crossed thresholds, the "in" side's over ``FALLBACK``."""
+    if isinstance(s, Counts):
+        if s.crossed:
+            one = dataclasses.replace(design, k_lo=None)
+            return float(min(1.0, _p_value(one, s.n_hi, roc, roc_reverse) / FALLBACK))
+        s = s.statistic
+    p = _p_value(design, int(s), roc, roc_reverse)
+    if design.sides == "both":
+        p = p / (1.0 - FALLBACK)
+    return float(min(1.0, p))
+
+
+def _p_value(design: RankDesign, s: int, roc: Roc, roc_reverse: Roc | None) -> float:
+    """The bound of the module doc for statistic ``s``, without the fallback's share."""
+    rev = roc if roc_reverse is None else roc_reverse
+    level = design.level
+    eta = _ETA * level
+    table = log_factorials(max(design.n_in, design.n_out))
+    extra = 0.0
+    if design.k_hi is not None:
+        xs, wx = _beta_nodes(design.k_hi, design.n_out)
+    if design.k_lo is not None:
+        ys, wy = _beta_nodes(design.k_lo, design.n_in)
+    if design.sides == "both":
+        x_cap = beta_quantile(design.k_hi, design.n_out, 1.0 - eta)
+        y_cap = beta_quantile(design.k_lo, design.n_in, 1.0 - eta)
+        extra += 2.0 * eta
+        r_hi = np.minimum(1.0, _flat(roc, xs) / (1.0 - y_cap))
+        r_lo = np.minimum(1.0, _flat(rev, ys) / (1.0 - x_cap))
+    elif design.sides == "in":
+        r_hi = np.minimum(1.0, _flat(roc, xs))
+    else:
+        r_lo = np.minimum(1.0, _flat(rev, ys))
+    if design.sides == "out":
+        m = _Mixture(design.m_lo, r_lo, wy, eta, table)
+        total = _sf_at(m.sf(), np.array([s]))[0] + m.dropped
+    elif design.sides == "in":
+        n = _Mixture(design.n_hi, r_hi, wx, eta, table)
+        total = _sf_at(n.sf(), np.array([s]))[0] + n.dropped
+    else:
+        n = _Mixture(design.n_hi, r_hi, wx, eta, table)
+        m = _Mixture(design.m_lo, r_lo, wy, eta, table)
+        pm = m.pmf()
+        total = float(pm @ _sf_at(n.sf(), s - np.arange(pm.size))) + n.dropped + m.dropped
+    return float(min(1.0, total + extra + _SLACK))
+
+
+def _flat(roc: Roc, v: np.ndarray) -> np.ndarray:
+    """``roc`` on a 1-d array (claimed curves take 1-d arrays), as float64, at least ``v``."""
+    out = np.asarray(roc(np.asarray(v, dtype=np.float64).reshape(-1)), dtype=np.float64)
+    return np.maximum(out.reshape(np.shape(v)), 0.0)
+
+
+@dataclass(frozen=True)
+class CertifiedEpsilon:
+    """``certify_epsilon``'s answer: the canary's pair is not (e, delta)-DP for any
+    e <= ``epsilon`` (0.0: nothing shown), at ``confidence``, whatever the mechanism.
+    ``p_value`` is the p-value at ``epsilon`` (<= 1 - confidence; at 0 when nothing is
+    shown), ``counts`` the design's counts, ``design`` the test."""
+
+    epsilon: float
+    delta: float
+    confidence: float
+    p_value: float
+    counts: Counts
+    design: RankDesign
+
+    def to_dict(self) -> dict:
+        """Plain dictionary."""
+        return {"epsilon": self.epsilon, "delta": self.delta, "confidence": self.confidence,
+                "p_value": self.p_value, "counts": self.counts.to_dict(),
+                "design": self.design.to_dict()}
+
+
+def certify_epsilon_at(design: RankDesign, s, *, delta: float,
+                       confidence: float | None = None, tol: float = _TOL,
+                       e_max: float = 64.0) -> tuple[float, float]:
+    """(largest epsilon found whose p-value is <= 1 - confidence, that p-value) for observed
+    ``Counts`` or a statistic ``s`` (module doc); (0.0, p at 0) when epsilon 0 is not
+    rejected. ``confidence`` defaults to 1 - the design's level."""
+    beta = design.level if confidence is None else 1.0 - check_open_unit(confidence,
+                                                                         "confidence")
+    delta = check_delta(delta, zero_ok=True)
+
+    def p(e):
+        return null_p_value(design, s, dp_roc(e, delta))
+
+    p0 = p(0.0)
+    if p0 > beta:
+        return 0.0, p0
+    lo, p_lo, hi = 0.0, p0, 1.0
+    while True:
+        ph = p(hi)
+        if ph > beta:
+            break
+        lo, p_lo = hi, ph
+        if hi >= e_max:
+            return lo, p_lo
+        hi = min(2.0 * hi, e_max)
+    while hi - lo > tol:
+        mid = 0.5 * (lo + hi)
+        pm = p(mid)
+        if pm <= beta:
+            lo, p_lo = mid, pm
+        else:
+            hi = mid
+    return lo, p_lo
+
+
+def certify_epsilon(scores_in, scores_out, design: RankDesign, *, delta: float,
+                    confidence: float | None = None) -> CertifiedEpsilon:
+    """Certified lower bound on epsilon at ``delta`` from a pre-registered design (module doc):
+    valid for ANY mechanism whose canaries are independent experiments, at ``confidence``
+    (default: 1 - the design's level), provided ``design`` was fixed without looking at these
+    scores."""
+    c = count(scores_in, scores_out, design)
+    conf = 1.0 - design.level if confidence is None else confidence
+    eps, p = certify_epsilon_at(design, c, delta=delta, confidence=conf)
+    return CertifiedEpsilon(float(eps), float(delta), float(conf), float(p), c, design)
+
+
+def curve_p_value(scores_in, scores_out, design: RankDesign, roc: Roc,
+                  roc_reverse: Roc | None = None) -> tuple[float, Counts]:
+    """(p-value, counts) of the claim "every test has TPR <= roc(FPR)" (and ``roc_reverse``
+    in the pair's other order; default ``roc``) on these scores: the claim test of a curve,
+    rejected at level alpha when the p-value is <= alpha."""
+    c = count(scores_in, scores_out, design)
+    return null_p_value(design, c, roc, roc_reverse), c
