@@ -27,14 +27,33 @@ def test_the_verdict_opens_with_the_users_epsilon_from_both_sides():
     claimed = td["epsilon_claimed"]
     assert claimed == pytest.approx(res["theory"]["training_data"]["opacus_epsilon"])
     p = _premises(res)
-    # the upper side is the accountant at the least favourable ends: recomputed here
+    # the upper side is the accountant on the steps at their least favourable ends, step by
+    # step (issue 65): Opacus' own PRV accountant on the history it composed gives it again
     noise, rate, clip = p["noise_multiplier"], p["sample_rate"], p["clipping"]
-    sigma = noise["configured"] * noise["least_favourable"] / max(1.0, clip["ratio"])
-    again = history_epsilon([(sigma, rate["least_favourable"], 30)], 1e-5, "prv").epsilon
-    assert td["epsilon_upper"] == pytest.approx(again, rel=1e-9)
-    assert claimed < td["epsilon_upper"] < 1.25 * claimed  # 30 steps: q within a few %
+    design, k = td["upper_design"], max(1.0, clip["ratio"])
+    history = design["history"]
+    again = history_epsilon(history, 1e-5, "prv").epsilon
+    assert td["epsilon_upper"] == pytest.approx(again, rel=1e-8)
+    assert sum(h[2] for h in history) == 30
+    assert all(h[1] == rate["least_favourable"] for h in history)
+    # each step's multiplier: sigma x its smallest tensor's lower end / k, rounded down onto
+    # the 0.1% grid
+    g = noise["granularity"]
+    sigmas = np.array([h[0] for h in history])
+    assert np.all(sigmas <= noise["configured"] * g["largest"] / k)
+    assert np.all(sigmas >= noise["configured"] * g["smallest"] / k * (1 - design["quantum"]))
+    # the small tensors (the biases: 10 and 64 coordinates over 30 steps) are bounded over the
+    # whole training, named, and one of them sets every step's bound
+    assert g["too_few_draws"] and set(g["binding"]) <= set(g["too_few_draws"])
+    # the one-scale figure: the pooled lower end at every step, beside it and below
+    one = noise["configured"] * noise["least_favourable_one_scale"] / k
+    lo = history_epsilon([(one, rate["least_favourable"], 30)], 1e-5, "prv").epsilon
+    hi = history_epsilon([(one * (1 - design["quantum"]), rate["least_favourable"], 30)],
+                         1e-5, "prv").epsilon
+    assert lo <= td["epsilon_upper_one_scale"] <= hi
+    assert claimed < td["epsilon_upper_one_scale"] < td["epsilon_upper"] < 1.3 * claimed
     assert rate["interval"][0] < rate["configured"] < rate["interval"][1]
-    assert noise["least_favourable"] < noise["interval"][1]
+    assert noise["least_favourable"] < noise["least_favourable_one_scale"] < noise["interval"][1]
     assert p["steps"]["measured"] == p["steps"]["accountant_steps"] == 30
     # the lower side: every-step canaries realise another threat model, and say so
     assert td["epsilon_lower"] is None and "another threat model" in td["lower"]["note"]
