@@ -147,12 +147,19 @@ def test_every_premise_break_is_flagged_in_the_users_loop(seed):
     refute Poisson sampling), with the DP loader given to the hook (named as not feeding the
     training) or none; a head trained by a second optimizer is a PRIVACY BUG by the model's
     integrity; canaries that come alive are named and their statements withdrawn; a sampling
-    rate 5% above the claim raises the measured upper side above the correct run's; a halved
-    noise puts it far above the claim."""
+    rate 5% above the claim raises the measured upper side above the correct run's (the
+    one-scale figures compared: the verified one moves with the small tensors' noise, issue
+    65); a halved noise puts it far above the claim."""
     correct = premise_loop("correct", seed)
     assert correct["verdict"]["status"] == "consistent", correct["verdict"]["message"]
     tc = correct["verdict"]["training_data"]
-    assert tc["upper_status"] == "verified" and tc["epsilon_upper"] <= 1.1 * tc["epsilon_claimed"]
+    assert tc["upper_status"] == "verified"
+    # issue 65: the verified side bounds each step by its smallest tensor (the biases: 8, 16
+    # and 10 coordinates a step, bounded over all 88 steps), the one-scale figure pools them
+    assert tc["epsilon_upper_one_scale"] <= 1.1 * tc["epsilon_claimed"]
+    assert tc["epsilon_claimed"] < tc["epsilon_upper"] <= 1.4 * tc["epsilon_claimed"]
+    assert set(tc["upper_noise"]["binding"]) <= set(tc["upper_noise"]["too_few_draws"]) | {
+        "body.0.weight", "body.2.weight", "head.weight"}
     for case in ("plain_loader", "plain_loader_no_hook_loader"):
         res = premise_loop(case, seed)
         assert res["verdict"]["status"] == "privacy_bug", res["verdict"]["message"]
@@ -165,7 +172,8 @@ def test_every_premise_break_is_flagged_in_the_users_loop(seed):
     assert alive["white_box"]["canary_independence"]["withdrawn"]
     inflated = premise_loop("inflated_rate", seed)
     ti = inflated["verdict"]["training_data"]
-    assert ti["epsilon_upper"] > tc["epsilon_upper"] and ti["epsilon_upper"] > ti["epsilon_claimed"]
+    assert ti["epsilon_upper_one_scale"] > tc["epsilon_upper_one_scale"]
+    assert ti["epsilon_upper"] > ti["epsilon_claimed"]
     halved = premise_loop("halved_noise", seed)
     th = halved["verdict"]["training_data"]
     assert halved["verdict"]["status"] == "privacy_bug"
@@ -181,3 +189,32 @@ def test_an_unclipped_example_puts_the_upper_side_far_above_on_rdp():
     assert res["verdict"]["status"] == "privacy_bug" and td["upper_status"] == "refuted"
     assert td["upper_accountant"] == "rdp" and "PRV" in td["upper_accountant_note"]
     assert td["epsilon_upper"] > 3 * td["epsilon_claimed"]
+
+
+@pytest.mark.slow
+def test_the_upper_side_covers_what_the_accountant_cannot_see():
+    """Issue 65 on its own loop (``coverage_loops``, 3 seeds each, about 40 s): the head's bias
+    (10 coordinates) at 0.9 x the claimed noise is pooled away by the one-scale figure, below
+    the true epsilon (5.11) in every run, while the verified side bounds every step by it,
+    names it and stays above the truth, under flat, per-layer and adaptive clipping; 8 steps
+    at 0.8 x the noise are refuted and the verified side stays above; with the engine on the
+    GDP accountant, the upper side is PRV's, above the truth, and the claim is named as no
+    upper bound (PRV's lower end on the same history is 1.43 x it)."""
+    from coverage_loops import coverage_run
+
+    for seed in range(3):
+        bias = coverage_run("head bias x0.90", seed)
+        assert bias["upper_one_scale"] < bias["true"] <= bias["upper"]
+        assert bias["binding"] == ["head.bias"] and bias["status"] == "consistent"
+        for name in ("per-layer, head bias x0.90", "adaptive, head bias x0.90",
+                     "8 spread steps x0.8"):
+            row = coverage_run(name, seed)
+            assert row["true"] <= row["upper"], (name, row)
+        steps = row
+        assert steps["status"] == "privacy_bug" and "noise_scale" in steps["fired"]
+        gdp = coverage_run("gdp engine", seed)
+        assert gdp["upper_accountant"] == "prv" and gdp["true"] <= gdp["upper"]
+        short = gdp["shortfall"]
+        assert short["claim_is_upper_bound"] is False
+        assert short["ratio"] == pytest.approx(gdp["true_lower"] / gdp["claimed"], rel=1e-6)
+        assert short["ratio"] > 1.4

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.optimize import brentq
+from scipy.special import gammaincc
 from scipy.stats import beta, chi2
 
 from dpaudit._validate import check_open_unit
@@ -163,7 +164,7 @@ def equal_width_alphas(dofs, budget: float, atoms: int | None = None
                        ) -> tuple[np.ndarray, float]:
     """One-sided failure probabilities for cells of ``dofs`` degrees of freedom, chosen before
     the data: the same lower end 1 - w at every cell's median sum (a cell of D coordinates
-    gets P[chi2(D) < median(D) / (1 - w)^2]), w the smallest for which the sum of the
+    gets P[chi2(D) > median(D) / (1 - w)^2]), w the smallest for which the sum of the
     ``atoms`` largest probabilities (all of them when None) is at most ``budget`` (module
     doc). Returns (probabilities, w)."""
     d = np.asarray(dofs, dtype=np.float64).reshape(-1)
@@ -176,24 +177,27 @@ def equal_width_alphas(dofs, budget: float, atoms: int | None = None
         raise ValueError(f"atoms must be a positive integer or None, got {atoms!r}")
     unique, counts = np.unique(d, return_counts=True)
     med = _median_chi2(unique)
+    half = unique / 2.0
 
     def alphas(w: float) -> np.ndarray:
-        return chi2.cdf(med * (1.0 - w) ** 2, unique)
+        # the lower end sqrt(S / chi2.isf(alpha, D)) is 1 - w at S = median(D) exactly when
+        # alpha = P[chi2(D) > median / (1 - w)^2]
+        return gammaincc(half, med / (1.0 - w) ** 2 / 2.0)
 
     def excess(w: float) -> float:
         a = alphas(w)
         order = np.argsort(-a)
         taken = np.minimum(np.cumsum(counts[order]), k)
-        per = np.diff(np.r_[0, taken])  # how many of each value are among the k largest
-        return float(np.sum(a[order] * per)) - float(budget)
+        per = np.diff(taken, prepend=0)  # how many of each value are among the k largest
+        return float(np.dot(a[order], per)) - float(budget)
 
     lo, hi = 0.0, 1.0 - 1e-12
-    if excess(lo) <= 0:  # every cell at its median: (cannot happen for budget < 1/2 ...)
+    if excess(lo) <= 0:  # a budget of 1/2 or more per atom: every lower end at the median
         w = lo
     else:
-        w = brentq(excess, lo, hi, xtol=1e-12, rtol=1e-12)
+        w = brentq(excess, lo, hi, xtol=1e-10)
         while excess(w) > 0:  # the root's rounding: never above the budget
-            w = min(hi, w + 1e-12)
+            w = min(hi, w + 1e-10)
     per_unique = alphas(w)
     return per_unique[np.searchsorted(unique, d)], float(w)
 

@@ -272,6 +272,20 @@ def pooled_lower(records: WhiteBoxRecords, budget: float) -> float | None:
     return scale_lower(total, float(dims.sum() * steps.size), 1.0 - budget, err)
 
 
+def one_scale_steps(records: WhiteBoxRecords, pooled: float) -> np.ndarray:
+    """(T,) the one-scale figure's step scales: ``pooled`` at every noised step (nan
+    elsewhere), combined by the same rule as the verified figure's (under per-layer clipping
+    the reached tensors' share of C^2: r / sqrt(sum of their w_g))."""
+    noised = np.array([s.noise is not None for s in records.steps], dtype=bool)
+    scale = float(pooled)
+    weights = layer_weights(records)
+    if weights is not None and records.noise is not None:
+        share = float(weights[reached(records.noise.names)].sum())
+        if share > 0:
+            scale /= np.sqrt(share)
+    return np.where(noised, scale, np.nan)
+
+
 def count_lower(records: WhiteBoxRecords, budget: float) -> float | None:
     """Adaptive clipping: the one-sided lower end of the count's noise scale (its std over
     the claimed sigma_u) from the T released counts against the true ones, at failure

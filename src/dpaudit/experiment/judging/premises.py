@@ -42,6 +42,7 @@ from dpaudit.experiment.judging.noise_scale import (
     layer_weights,
     measured_scales,
     noise_share,
+    one_scale_steps,
     pooled_lower,
 )
 from dpaudit.forecast import poisson_canaries_forecast
@@ -486,8 +487,7 @@ def training_data_block(records: WhiteBoxRecords | None, checks: dict[str, Check
                           None if scales is None else scales.scales, count)
     upper, why, used = verified["epsilon"], verified["reason"], verified["accountant"]
     single = (upper_side(records, noise, rate, clip, accountant, delta,
-                         np.where([s.noise is not None for s in records.steps], one, np.nan),
-                         count) if one is not None else None)
+                         one_scale_steps(records, one), count) if one is not None else None)
     block["epsilon_upper_one_scale"] = None if single is None else single["epsilon"]
     block["upper_accountant"] = used
     block["upper_design"] = {
