@@ -89,8 +89,8 @@ def test_the_design_is_fixed_by_the_sizes_and_names_the_small_tensors():
     """Runs from the sizes alone (5,000 draws per run at least): the 6,000-coordinate tensor
     step by step, the 600 one over runs of 16 steps (9,600 draws), the bias over all 32 steps
     (256 draws, too few: named, and it sets every step's bound when it is the smallest); the
-    probabilities are within the budget counted over the atoms; an unreached tensor (the
-    audit's canary block) has no cells and never binds."""
+    probabilities are within the budget counted over the units and atoms; an unreached tensor
+    (the audit's canary block) has no cells and never binds."""
     rng = np.random.default_rng(6)
     d = np.array([6000, 600, 8, 50])
     truth = np.ones((4, T))
@@ -105,8 +105,8 @@ def test_the_design_is_fixed_by_the_sizes_and_names_the_small_tensors():
     assert runs == {"w": 32, "v": 2, "bias": 1, "m.dpaudit_canaries.linear.weight": 1}
     assert st.too_few_draws == ["bias"] and st.atoms == 32
     _, alphas, _, atoms = ns.cell_design(d, reach, T, 0.05, False)
-    top = np.sort(np.concatenate(alphas))[::-1][:atoms]
-    assert top.sum() <= 0.05 * (1 + 1e-9) and alphas[3].size == 0
+    assert ns.unit_budget(alphas, d, reach, T, False) <= 0.05 * (1 + 1e-9)
+    assert alphas[3].size == 0 and atoms == 32
     assert "bias" in st.binding and "m.dpaudit_canaries.linear.weight" not in st.binding
     assert np.all(st.scales > 0.5)
 
@@ -159,3 +159,30 @@ def test_bad_arrays_are_named():
         ns.step_lower_bounds(np.ones((2, 3)), [4, 4, 4], 0.0, [True] * 3, 0.05)
     with pytest.raises(ValueError, match="reach"):
         ns.step_lower_bounds(np.ones((2, 3)), [4, 4], 0.0, [False, False], 0.05)
+
+
+def test_small_tensors_share_one_unit_and_each_gets_its_probability():
+    """Four small tensors bounded over the whole training (one group, one run) and a large one
+    step by step: the small ones each get the same probability, nearly the whole budget (the
+    smallest scale among them is one tensor's: no multiplicity), and the design spends at most
+    the budget counted over the units; under per-layer clipping every cell counts
+    (Bonferroni)."""
+    d = np.array([8, 10, 16, 72, 6000])
+    reach = np.ones(5, dtype=bool)
+    _, alphas, _, atoms = ns.cell_design(d, reach, T, 0.05, False)
+    assert atoms == T
+    small = [float(a[0]) for a in alphas[:4]]
+    assert np.allclose(small, small[0]) and small[0] > 0.04
+    assert ns.unit_budget(alphas, d, reach, T, False) <= 0.05 * (1 + 1e-9)
+    _, per_layer, _, none = ns.cell_design(d, reach, T, 0.05, True)
+    assert none is None and ns.unit_budget(per_layer, d, reach, T, True) <= 0.05 * (1 + 1e-9)
+    assert max(float(a[0]) for a in per_layer[:4]) < 0.03
+    # jointly valid: 3,000 replicates with the 10-coordinate tensor at 0.85 x the claim
+    truth = np.ones((5, T))
+    truth[1] = 0.85
+    rng = np.random.default_rng(8)
+    fail = 0
+    for _ in range(3000):
+        sq = truth**2 * rng.chisquare(d[:, None].astype(float), size=truth.shape)
+        fail += bool(np.any(ns.step_lower_bounds(sq, d, 0.0, reach, 0.05).scales > 0.85))
+    assert _within(fail / 3000, 0.05, 3000) and fail / 3000 > 0.02

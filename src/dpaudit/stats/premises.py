@@ -31,21 +31,24 @@ steps:
 * ``run_counts`` / ``run_edges``: how many runs each tensor's steps are cut into, from its
   size alone (before any data): a large tensor step by step, a small one over long runs, the
   smallest over every step;
-* ``equal_width_alphas``: each cell's one-sided failure probability, chosen before the data
-  so that every cell's lower end at its median sum is the same fraction 1 - w of the truth
-  (the large cells, tight anyway, need almost none of it), under the budget below;
+* ``equal_width_alphas``: each unit's one-sided failure probability, chosen before the data
+  so that every unit's lower end at its median sum is the same fraction 1 - w of the truth
+  (the large tensors' units, tight anyway, need almost none of it), under the budget below;
 * ``scale_lowers``: the cells' exact one-sided chi-square lower ends.
 
-Why the budget is the sum of the ``atoms`` largest probabilities, not of all of them (a
-joint statement, not Bonferroni over the cells): each tensor's scale is assumed constant
-within each of its runs, so every scale is constant on the atoms (the blocks between any
-two consecutive run edges of any tensor). The step's smallest scale min_j r_j belongs to one
-tensor j*(A) on each atom A, fixed by the mechanism, not by the data; the lower end
-min_j lb_j exceeds it only if the cell of j*(A) holding A fails. The cells that matter are
-at most one per atom, so P[some step's bound fails] <= sum over those cells of their
-probabilities <= the sum of the ``atoms`` largest (intersection-union: a bound on a minimum
-needs no multiplicity over the tensors). Under per-layer clipping the step's scale combines
-every tensor's (1 / r^2 = sum_g w_g / r_g^2), so every cell matters: ``atoms=None``.
+Why the budget is counted over units and atoms, not over every cell (a joint statement, not
+Bonferroni over the cells): each tensor's scale is assumed constant within each of its runs.
+Tensors cut into the same runs form a group; on each run of a group, the group's smallest
+scale belongs to one tensor (fixed by the mechanism, not by the data), and the step's
+smallest scale min_j r_j is one group's smallest. The lower end min_j lb_j exceeds it only if
+that tensor's cell fails. So the cells that matter are at most one per unit (group, run), and
+at most one per atom (the blocks between consecutive run edges of any tensor, on which every
+scale is constant): P[some step's bound fails] <= the sum of the ``atoms`` largest of the
+units' probabilities, every tensor of a unit getting the unit's (intersection-union: a bound
+on a minimum needs no multiplicity over the tensors it is the minimum of). The small tensors,
+bounded over the whole training, form one unit: each gets the whole of its probability.
+Under per-layer clipping the step's scale combines every tensor's
+(1 / r^2 = sum_g w_g / r_g^2), so every cell matters: each is its own unit, ``atoms=None``.
 """
 
 from __future__ import annotations

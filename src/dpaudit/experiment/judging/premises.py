@@ -35,6 +35,7 @@ from dpaudit.accounting import (
 )
 from dpaudit.capture.records import WhiteBoxRecords
 from dpaudit.experiment.judging.noise_scale import (
+    COUNT_SENSITIVITY,
     StepScales,
     count_lower,
     count_share,
@@ -58,10 +59,6 @@ DEFAULT_ACCOUNTANT = "prv"  # what the CLI's trainings use, and Opacus' default
 # example at 50 C: sigma / 50; gigabytes of grid): the upper side is then RDP's, also an upper
 # bound, and says so
 PRV_FLOOR = 0.5
-# adaptive clipping: the sensitivity of the count of unclipped examples the upper side composes
-# (Opacus counts 0 or 1 per example; Theorem 1 of Andrew et al., which the claim's sigma
-# assumes, takes 1/2: ``judging.adaptive``'s adaptive_accounting check)
-COUNT_SENSITIVITY = 1.0
 ADAPTIVE_ASSUMES = ("the count of unclipped examples, released over the realised batch size, "
                     "leaks no more than a count of sensitivity 1 with the measured noise (the "
                     "realised divisor is not credited, as adaptive_accounting says)")
