@@ -152,9 +152,11 @@ def one(args: tuple) -> dict:
         "min_p": min(ps) if ps else None, "tests": len(ps),
         "adjusted": min(1.0, min(ps) * len(ps)) if ps else None,
         "cpu_seconds": time.process_time() - start, "message": v["message"],
-        # the training data's epsilon (issue 58): Opacus' and the measured upper side
+        # the training data's epsilon (issue 58): Opacus' and the measured upper side (issue
+        # 65: step by step, and the one-scale figure beside)
         "training": {k: (v.get("training_data") or {}).get(k) for k in
-                     ("epsilon_claimed", "epsilon_upper", "upper_status", "accountant")},
+                     ("epsilon_claimed", "epsilon_upper", "epsilon_upper_one_scale",
+                      "upper_status", "accountant")},
     }
 
 

@@ -11,6 +11,10 @@ from dpaudit.accounting import (
     all_accountants,
     engine_epsilons,
     gaussian_mechanism_epsilon,
+    history_epsilon,
+    prv_history_bounds,
+    rdp_history_epsilon,
+    sound_epsilon,
     subsampled_gaussian_tradeoff,
     tradeoff_from_profile,
 )
@@ -214,3 +218,41 @@ def test_truncated_mean_equals_opacus_quadrature(sigma, q, steps):
         prv = TruncatedPrivacyRandomVariable(PoissonSubsampledGaussianPRV(q, sigma),
                                              domain.t_min, domain.t_max)
         assert _truncated_mean(prv) == pytest.approx(prv.mean(), rel=1e-7, abs=1e-7)
+
+
+HISTORIES = [
+    [(0.883, 1 / 22, 88)],
+    [(1.0, 0.05, 40), (0.9, 0.05, 8), (1.0, 0.05, 40)],  # a few steps with less noise
+    [(0.82 + 0.01 * i, 0.048, 4) for i in range(8)],  # per-step multipliers, merged
+    [(6.0, 0.0476, 100)],
+]
+
+
+@pytest.mark.parametrize("history", HISTORIES)
+def test_prv_history_bounds_is_opacus_prv_accountant(history):
+    """The heterogeneous PRV on one common, wider, FFT-friendly domain: Opacus' upper end to
+    1e-8 (the domain's extra width only moves mass of order delta_error), its bracket around
+    its estimate, within 2 eps_error and the delta error's width; RDP over the integer orders
+    and the fractional ones near the best is Opacus' RDP (its best order is among them)."""
+    acc = PRVAccountant()
+    acc.history = [tuple(h) for h in history]
+    lower, estimate, upper = prv_history_bounds(history, 1e-5)
+    assert upper == pytest.approx(acc.get_epsilon(1e-5), rel=1e-8)
+    assert lower < estimate < upper <= lower + 0.025
+    rdp = history_epsilon(history, 1e-5, "rdp").epsilon
+    assert rdp_history_epsilon(history, 1e-5) >= rdp * (1 - 1e-12)
+    assert rdp_history_epsilon(history, 1e-5) == pytest.approx(rdp, rel=1e-9)
+    # the order of the steps does not matter, and equal entries merge wherever they stand
+    assert prv_history_bounds(history[::-1], 1e-5)[2] == pytest.approx(upper, rel=1e-9)
+
+
+def test_sound_epsilon_refuses_gdp_and_names_bad_entries():
+    assert sound_epsilon([(1.0, 0.05, 10)], 1e-5, "rdp") > sound_epsilon(
+        [(1.0, 0.05, 10)], 1e-5, "prv")
+    with pytest.raises(ValueError, match="GDP can underestimate"):
+        sound_epsilon([(1.0, 0.05, 10)], 1e-5, "gdp")
+    with pytest.raises(ValueError, match="noise multiplier"):
+        prv_history_bounds([(0.0, 0.05, 10)], 1e-5)
+    with pytest.raises(ValueError, match="sample rates"):
+        prv_history_bounds([(1.0, 1.5, 10)], 1e-5)
+    assert prv_history_bounds([], 1e-5) == (0.0, 0.0, 0.0)

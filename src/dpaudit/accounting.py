@@ -300,6 +300,8 @@ def subsampled_gaussian_profile(
 _INTEGER_ORDERS = tuple(float(a) for a in range(2, 64))
 _LOW_ORDERS = tuple(1 + x / 10 for x in range(1, 10))
 _DOMAIN_ORDERS = _LOW_ORDERS + _INTEGER_ORDERS
+# Opacus' RDP accountant's fractional orders (its DEFAULT_ALPHAS: 1.1 ... 10.9 by 0.1)
+_FRACTIONAL_ORDERS = tuple(1 + x / 10 for x in range(1, 100) if x % 10)
 
 
 @functools.lru_cache(maxsize=512)
@@ -423,6 +425,120 @@ def prv_epsilon(
     dprv = discrete_prv(noise_multiplier, sample_rate, steps, eps_error, delta_error)
     with np.errstate(over="ignore", invalid="ignore"):
         return float(dprv.compute_epsilon(delta, delta_error, eps_error)[2])
+
+
+def _merged(history) -> list[tuple[float, float, int]]:
+    """A history's entries (noise multiplier, sample rate, steps) with equal (sigma, q) merged
+    wherever they stand: composition does not depend on the order of the steps."""
+    counts: dict[tuple[float, float], int] = {}
+    for entry in history:
+        sigma, q, steps = float(entry[0]), float(entry[1]), int(entry[2])
+        if steps < 0 or int(entry[2]) != entry[2]:
+            raise ValueError(f"history: steps must be non-negative integers, got {entry!r}")
+        check_positive(sigma, "history's noise multiplier")
+        if not 0.0 < q <= 1.0:
+            raise ValueError(f"history: sample rates must lie in (0, 1], got {entry!r}")
+        if steps:
+            counts[(sigma, q)] = counts.get((sigma, q), 0) + steps
+    return [(s, q, k) for (s, q), k in counts.items()]
+
+
+def rdp_history_epsilon(history, delta: float) -> float:
+    """RDP epsilon of a heterogeneous history: the integer orders 2-63, then Opacus' fractional
+    orders (1.1 ... 10.9) within one of the best integer order. Every order set gives an upper
+    bound; this one reaches Opacus' own RDP epsilon wherever its best order lies near the best
+    integer (as it does: the RDP curve is unimodal in practice), at a few fractional-order
+    series per entry instead of 90 (0.15 s per entry in Opacus' accountant)."""
+    check_open_unit(delta, "delta")
+    entries = _merged(history)
+    if not entries:
+        return 0.0
+    rdp = sum(_rdp_per_step(s, q, _INTEGER_ORDERS) * k for s, q, k in entries)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        eps, best = get_privacy_spent(orders=list(_INTEGER_ORDERS), rdp=rdp, delta=delta)
+        near = tuple(a for a in _FRACTIONAL_ORDERS if abs(a - best) < 1.0)
+        if not near:
+            return float(eps)
+        frac = sum(_rdp_per_step(s, q, near) * k for s, q, k in entries)
+        return float(min(eps, get_privacy_spent(orders=list(near), rdp=frac, delta=delta)[0]))
+
+
+def prv_history_bounds(history, delta: float, eps_error: float = 0.01
+                       ) -> tuple[float, float, float]:
+    """Opacus' PRV accountant on a heterogeneous history: (lower, estimate, upper) of its
+    ``DiscretePRV.compute_epsilon`` (Gopi et al. 2021: the true epsilon of the composed
+    Poisson-subsampled Gaussians lies between lower and upper; ``PRVAccountant.get_epsilon``
+    returns upper), delta_error = delta / 1000 as Opacus.
+
+    The same discretisation as Opacus on one common domain at least as wide as Opacus' (the
+    RDP epsilons of remark 5.6 over a subset of its orders, for the least private step taken
+    at every step: each an upper bound on Opacus' own) with the same mesh; each distinct
+    (sigma, q) is discretised once (``_discretize``, the continuous mean by Gauss-Legendre)
+    and composed by ``compose_heterogeneous``. Entries
+    with equal (sigma, q) are merged wherever they stand (``_merged``). About 10 ms per
+    distinct entry at T = 100, against 0.2 s in Opacus' accountant."""
+    check_open_unit(delta, "delta")
+    entries = _merged(history)
+    if not entries:
+        return 0.0, 0.0, 0.0
+    total = sum(k for _, _, k in entries)
+    delta_error = delta / 1000
+    # the domain of remark 5.6 from the least private step (smallest sigma, largest q) taken
+    # at every step: its RDP epsilons bound every entry's, so the domain is at least the
+    # history's own (safe), at the cost of one RDP series instead of one per entry
+    worst = (min(s for s, _, _ in entries), max(q for _, q, _ in entries))
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        size = max(
+            _rdp_epsilon(*worst, total, delta_error / 4),
+            _rdp_epsilon(*worst, 1, delta_error / (8 * total)),
+            eps_error,
+        ) + 3
+        mesh = eps_error / np.sqrt(total * np.log(12 / delta_error) / 2)
+        domain = _fast_domain(size, mesh)
+        dprvs = [_discretize(TruncatedPrivacyRandomVariable(
+            PoissonSubsampledGaussianPRV(q, s), domain.t_min, domain.t_max), domain)
+            for s, q, _ in entries]
+        composed = compose_heterogeneous(dprvs=dprvs,
+                                         num_self_compositions=[k for _, _, k in entries])
+        lower, estimate, upper = composed.compute_epsilon(delta, delta_error, eps_error)
+    return float(lower), float(estimate), float(upper)
+
+
+def _fast_domain(size: float, mesh: float) -> Domain:
+    """Opacus' aligned domain [-size, size] at ``mesh``, widened by a few cells so that its
+    length is one the FFT computes fast (``scipy.fft.next_fast_len``): the self-compositions'
+    circular convolutions run at the domain's length, which is otherwise any even number
+    (a large prime factor made each 5-10x slower). A wider domain with the same mesh is still
+    safe (remark 5.6 asks for at least ``size``)."""
+    from scipy.fft import next_fast_len
+
+    domain = Domain.create_aligned(-size, size, mesh)
+    target = domain.size
+    while True:
+        target = next_fast_len(target, real=True)
+        if target % 2 == 0:
+            break
+        target += 1
+    wider = size
+    for _ in range(8):  # create_aligned rounds the ends outward: settle in a step or two
+        if domain.size >= target:
+            return domain
+        wider += (target - domain.size) / 2 * mesh
+        domain = Domain.create_aligned(-wider, wider, mesh)
+    return domain
+
+
+def sound_epsilon(history, delta: float, accountant: str = "prv") -> float:
+    """An upper bound on the epsilon of a heterogeneous history that never underestimates:
+    PRV's upper end (``prv_history_bounds``) or RDP's (``rdp_history_epsilon``); GDP, a
+    central-limit approximation, is refused."""
+    if accountant == "prv":
+        return prv_history_bounds(history, delta)[2]
+    if accountant == "rdp":
+        return rdp_history_epsilon(history, delta)
+    raise ValueError(f"accountant must be 'prv' or 'rdp' (an upper bound; GDP can "
+                     f"underestimate), got {accountant!r}")
 
 
 def _delta_upper(dprv, eps: np.ndarray, eps_error: float, delta_error: float) -> np.ndarray:

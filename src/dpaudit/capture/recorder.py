@@ -48,7 +48,13 @@ from dpaudit.capture.patching import InstancePatch
 from dpaudit.capture.ranks_release import RanksReleaseRecorder
 from dpaudit.capture.records import AdaptiveRecord, StepRecord, WhiteBoxRecords
 from dpaudit.capture.sampling_record import SamplingRecorder
-from dpaudit.capture.support import clip_bound, gradient_noise_multiplier, is_adaptive
+from dpaudit.capture.support import (
+    clip_bound,
+    clip_bounds,
+    gradient_noise_multiplier,
+    is_adaptive,
+    is_per_layer,
+)
 from dpaudit.capture.view import CoordinateView, check_coordinates
 from dpaudit.gradients.persample import unwrap_model
 
@@ -321,6 +327,8 @@ class WhiteBoxRecorder:
             noise_source=None if self._probe is None else self._probe.record(),
             adaptive=self._adaptive_record(), independence=independence,
             accountant=accountant,
+            layer_bounds=(tuple(float(c) for c in clip_bounds(self.optimizer))
+                          if is_per_layer(self.optimizer) else None),
         )
 
     def _adaptive_record(self) -> AdaptiveRecord | None:

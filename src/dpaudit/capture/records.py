@@ -321,7 +321,9 @@ class WhiteBoxRecords:
     the other doors' records (None: not recorded), ``independence`` whether the sparse
     gradient canaries stayed out of the data's reach, ``accountant`` the name of the
     accountant whose epsilon the user reads (``rdp`` / ``prv`` / ``gdp``; None: unknown).
-    ``names`` / ``dims``: the optimizer's tensors, in the order of every (J,) array."""
+    ``names`` / ``dims``: the optimizer's tensors, in the order of every (J,) array;
+    ``layer_bounds``: per-layer clipping's bound C_p of each tensor, in that order (None:
+    flat or adaptive clipping)."""
 
     names: list[str]
     dims: list[int]
@@ -338,6 +340,7 @@ class WhiteBoxRecords:
     adaptive: AdaptiveRecord | None = None
     independence: IndependenceRecord | None = None
     accountant: str | None = None
+    layer_bounds: tuple[float, ...] | None = None
 
     @property
     def num_steps(self) -> int:

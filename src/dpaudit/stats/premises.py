@@ -21,11 +21,41 @@ Both are statements about the mechanism that ran, at the stated confidence, what
 parameters: valid, and as tight as the records allow (relative widths about 1 / sqrt(2 D)
 and 1 / sqrt(n T q)). ``scale_lower`` and ``rate_upper`` are their one-sided ends, the least
 favourable values an upper side on epsilon needs.
+
+The noise's scale at the accountant's granularity (issue 65). A worst-case example puts its
+whole clipped norm where the noise is smallest, so each step's privacy is that of its
+smallest scale over the tensors: one pooled scale lets a small tensor's (or a few steps')
+deficit be averaged away. The cells below bound each tensor's scale over runs of consecutive
+steps:
+
+* ``run_counts`` / ``run_edges``: how many runs each tensor's steps are cut into, from its
+  size alone (before any data): a large tensor step by step, a small one over long runs, the
+  smallest over every step;
+* ``equal_width_alphas``: each unit's one-sided failure probability, chosen before the data
+  so that every unit's lower end at its median sum is the same fraction 1 - w of the truth
+  (the large tensors' units, tight anyway, need almost none of it), under the budget below;
+* ``scale_lowers``: the cells' exact one-sided chi-square lower ends.
+
+Why the budget is counted over units and atoms, not over every cell (a joint statement, not
+Bonferroni over the cells): each tensor's scale is assumed constant within each of its runs.
+Tensors cut into the same runs form a group; on each run of a group, the group's smallest
+scale belongs to one tensor (fixed by the mechanism, not by the data), and the step's
+smallest scale min_j r_j is one group's smallest. The lower end min_j lb_j exceeds it only if
+that tensor's cell fails. So the cells that matter are at most one per unit (group, run), and
+at most one per atom (the blocks between consecutive run edges of any tensor, on which every
+scale is constant): P[some step's bound fails] <= the sum of the ``atoms`` largest of the
+units' probabilities, every tensor of a unit getting the unit's (intersection-union: a bound
+on a minimum needs no multiplicity over the tensors it is the minimum of). The small tensors,
+bounded over the whole training, form one unit: each gets the whole of its probability.
+Under per-layer clipping the step's scale combines every tensor's
+(1 / r^2 = sum_g w_g / r_g^2), so every cell matters: each is its own unit, ``atoms=None``.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from scipy.optimize import brentq
+from scipy.special import gammaincc
 from scipy.stats import beta, chi2
 
 from dpaudit._validate import check_open_unit
@@ -91,3 +121,105 @@ def rate_interval(successes: int, trials: int, confidence: float = 0.95) -> tupl
     lo = 0.0 if k == 0 else float(beta.ppf(a / 2, k, n - k + 1))
     hi = 1.0 if k == n else float(beta.isf(a / 2, k + 1, n - k))
     return lo, hi
+
+
+def run_edges(steps: int, runs: int) -> np.ndarray:
+    """The edges of ``runs`` consecutive runs of near-equal length over ``steps`` steps:
+    round(i steps / runs) for i = 0..runs (run k is steps [edges[k], edges[k + 1])). Counts
+    that divide one another (powers of two, and ``steps`` itself) give nested runs: every edge
+    of the coarser is an edge of the finer (the same rational, rounded once)."""
+    t, m = int(steps), int(runs)
+    if t < 1 or not 1 <= m <= t:
+        raise ValueError(f"need steps >= 1 and 1 <= runs <= steps, got steps={steps!r}, "
+                         f"runs={runs!r}")
+    return np.round(np.arange(m + 1, dtype=np.float64) * t / m).astype(np.int64)
+
+
+def run_counts(dims, steps: int, min_draws: float) -> np.ndarray:
+    """Per tensor, how many runs its steps are cut into, from its size alone: the largest of
+    1, 2, 4, ... (then ``steps``: one run per step) whose shortest run still holds at least
+    ``min_draws`` noise coordinates (d_j x its length). A tensor with fewer than
+    ``min_draws`` coordinates over the whole training keeps one run (it has too few draws
+    to bound its scale tightly; the caller names it)."""
+    d = np.asarray(dims, dtype=np.float64).reshape(-1)
+    t = int(steps)
+    if t < 1 or d.size == 0 or np.any(~np.isfinite(d)) or np.any(d < 1):
+        raise ValueError(f"need steps >= 1 and dims >= 1, got steps={steps!r}, dims={dims!r}")
+    if not (np.isfinite(min_draws) and min_draws > 0):
+        raise ValueError(f"min_draws must be positive, got {min_draws!r}")
+    out = np.ones(d.size, dtype=np.int64)
+    for j, dj in enumerate(d):
+        m = 1
+        while m < t:
+            nxt = t if 2 * m >= t else 2 * m
+            if dj * (t // nxt) < min_draws:
+                break
+            m = nxt
+        out[j] = m
+    return out
+
+
+def _median_chi2(dof: np.ndarray) -> np.ndarray:
+    return chi2.ppf(0.5, dof)
+
+
+def equal_width_alphas(dofs, budget: float, atoms: int | None = None
+                       ) -> tuple[np.ndarray, float]:
+    """One-sided failure probabilities for cells of ``dofs`` degrees of freedom, chosen before
+    the data: the same lower end 1 - w at every cell's median sum (a cell of D coordinates
+    gets P[chi2(D) > median(D) / (1 - w)^2]), w the smallest for which the sum of the
+    ``atoms`` largest probabilities (all of them when None) is at most ``budget`` (module
+    doc). Returns (probabilities, w)."""
+    d = np.asarray(dofs, dtype=np.float64).reshape(-1)
+    if d.size == 0 or np.any(~np.isfinite(d)) or np.any(d <= 0):
+        raise ValueError(f"dofs must be a non-empty array of positive numbers, got {dofs!r}")
+    if not 0.0 < float(budget) < 1.0:
+        raise ValueError(f"budget must lie in (0, 1), got {budget!r}")
+    k = d.size if atoms is None else int(atoms)
+    if not 1 <= k:
+        raise ValueError(f"atoms must be a positive integer or None, got {atoms!r}")
+    unique, counts = np.unique(d, return_counts=True)
+    med = _median_chi2(unique)
+    half = unique / 2.0
+
+    def alphas(w: float) -> np.ndarray:
+        # the lower end sqrt(S / chi2.isf(alpha, D)) is 1 - w at S = median(D) exactly when
+        # alpha = P[chi2(D) > median / (1 - w)^2]
+        return gammaincc(half, med / (1.0 - w) ** 2 / 2.0)
+
+    def excess(w: float) -> float:
+        a = alphas(w)
+        order = np.argsort(-a)
+        taken = np.minimum(np.cumsum(counts[order]), k)
+        per = np.diff(taken, prepend=0)  # how many of each value are among the k largest
+        return float(np.dot(a[order], per)) - float(budget)
+
+    lo, hi = 0.0, 1.0 - 1e-12
+    if excess(lo) <= 0:  # a budget of 1/2 or more per atom: every lower end at the median
+        w = lo
+    else:
+        w = brentq(excess, lo, hi, xtol=1e-10)
+        while excess(w) > 0:  # the root's rounding: never above the budget
+            w = min(hi, w + 1e-10)
+    per_unique = alphas(w)
+    return per_unique[np.searchsorted(unique, d)], float(w)
+
+
+def scale_lowers(sum_sq, dofs, alphas, errors=0.0) -> np.ndarray:
+    """Exact one-sided lower ends of the scales of several cells: P[r_c >= it] >= 1 -
+    alpha_c for each (``scale_lower`` at confidence 1 - alpha_c, vectorised). ``errors``:
+    each cell's bound on the Euclidean norm of its recovery error (module doc)."""
+    s = np.asarray(sum_sq, dtype=np.float64)
+    d = np.broadcast_to(np.asarray(dofs, dtype=np.float64), s.shape)
+    a = np.broadcast_to(np.asarray(alphas, dtype=np.float64), s.shape)
+    e = np.broadcast_to(np.asarray(errors, dtype=np.float64), s.shape)
+    if np.any(~np.isfinite(s)) or np.any(s < 0):
+        raise ValueError("sum_sq must be finite and non-negative")
+    if np.any(~np.isfinite(d)) or np.any(d <= 0):
+        raise ValueError("dofs must be positive")
+    if np.any(~(a > 0)) or np.any(~(a < 1)):
+        raise ValueError("alphas must lie in (0, 1)")
+    if np.any(~np.isfinite(e)) or np.any(e < 0):
+        raise ValueError("errors must be finite and non-negative")
+    norm = np.maximum(np.sqrt(s) - e, 0.0)
+    return norm / np.sqrt(chi2.isf(a, d))

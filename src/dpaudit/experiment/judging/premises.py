@@ -27,27 +27,42 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpaudit.accounting import history_epsilon, prv_epsilon
+from dpaudit.accounting import (
+    history_epsilon,
+    prv_history_bounds,
+    rdp_history_epsilon,
+)
 from dpaudit.capture.records import WhiteBoxRecords
 from dpaudit.experiment.judging.claim_words import bracket_words, claim_head, sentence_case
 from dpaudit.experiment.judging.doors import loader_mismatch
+from dpaudit.experiment.judging.noise_scale import (
+    COUNT_SENSITIVITY,
+    StepScales,
+    count_lower,
+    count_share,
+    effective_history,
+    layer_weights,
+    measured_scales,
+    noise_share,
+    one_scale_steps,
+    pooled_lower,
+)
 from dpaudit.experiment.judging.user_claim import UserClaim
 from dpaudit.forecast import poisson_canaries_forecast
 from dpaudit.stats.checks import CheckResult
-from dpaudit.stats.premises import rate_interval, rate_upper, scale_interval, scale_lower
+from dpaudit.stats.premises import rate_interval, rate_upper, scale_interval
 
 MEASURED, TESTED, WARNING, REFUTED, NOT_OBSERVED = (
     "measured", "tested", "warning", "refuted", "not observed")
 VERIFIED, NOT_VERIFIED, UPPER_REFUTED, NOT_MEASURED = (
     "verified", "not verified", "refuted", "not measured")
-# the noise's share of the upper side's failure probability (the rate takes the rest): the
-# noise's interval is the tighter by far (T x d draws against n T q examples), so a small share
-# widens it little and leaves the rate's, the one that binds, narrower
-NOISE_SHARE = 0.1
 # below this effective noise multiplier Opacus' PRV accountant's domain explodes (an unclipped
 # example at 50 C: sigma / 50; gigabytes of grid): the upper side is then RDP's, also an upper
 # bound, and says so
 PRV_FLOOR = 0.5
+ADAPTIVE_ASSUMES = ("the count of unclipped examples, released over the realised batch size, "
+                    "leaks no more than a count of sensitivity 1 with the measured noise (the "
+                    "realised divisor is not credited, as adaptive_accounting says)")
 
 # the structure the accountant assumes and the checks that test it (name, words, checks)
 STRUCTURE = (
@@ -103,11 +118,15 @@ def _status(checks: dict[str, CheckResult], names) -> tuple[str, list[str]]:
 
 
 def noise_premise(records: WhiteBoxRecords, checks: dict, confidence: float,
-                  bound_confidence: float) -> dict:
+                  bound_confidence: float, scales: StepScales | None = None,
+                  one_scale: float | None = None) -> dict:
     """The noise's scale r (true std over the claimed std of its step): its exact interval over
-    every step and tensor at ``confidence``, per tensor too (``stats.premises``), and its
-    one-sided lower bound at ``bound_confidence`` (``least_favourable``, what the upper side
-    uses)."""
+    every step and tensor at ``confidence``, per tensor too (``stats.premises``); the lower
+    ends the upper side uses, at ``bound_confidence`` jointly: each step's (``scales``,
+    ``judging.noise_scale``: the smallest over the tensors, each bounded over its runs of
+    steps), their smallest as ``least_favourable``, the design and what bound each step as
+    ``granularity``; and the one-scale figure's lower end (``one_scale``: every tensor and
+    step pooled, which assumes one scale) as ``least_favourable_one_scale``."""
     out = {"name": "noise_multiplier", "what": "the noise's std over the claimed sigma C of "
            "each step (1: as claimed)"}
     steps = [s for s in records.steps if s.noise is not None]
@@ -122,28 +141,44 @@ def noise_premise(records: WhiteBoxRecords, checks: dict, confidence: float,
     dof = float(dims.sum() * len(steps))
     err = float(np.sqrt(dims.sum() * np.sum(rounding**2)))
     lo, hi = scale_interval(total, dof, confidence, err)
-    least = scale_lower(total, dof, bound_confidence, err)
     tensors = []
+    granular = {} if scales is None else {t["tensor"]: t for t in scales.tensors}
     for j, name in enumerate(records.noise.names):
         e = float(np.sqrt(dims[j] * np.sum(rounding**2)))
         tlo, thi = scale_interval(float(sq[j].sum()), dims[j] * len(steps), confidence, e)
+        extra = {k: v for k, v in granular.get(name, {}).items() if k != "tensor"}
         tensors.append({"tensor": name, "ratio": float(np.sqrt(sq[j].sum()
                                                              / (dims[j] * len(steps)))),
-                        "interval": [tlo, thi], "coordinates": int(dims[j] * len(steps))})
+                        "interval": [tlo, thi], "coordinates": int(dims[j] * len(steps)),
+                        **extra})
     status, ran = _status(checks, ("noise_scale",))
     noised = [i for i, s in enumerate(records.steps) if s.noise is not None]
     multipliers = records.claimed_multipliers[noised]
     configured = float(multipliers[0]) if np.allclose(multipliers, multipliers[0]) else None
-    return {**out, "status": MEASURED if status in (TESTED, NOT_OBSERVED) else status,
-            "ratio": float(np.sqrt(total / dof)), "interval": [lo, hi],
-            "configured": configured,
-            "sigma_interval": None if configured is None else [configured * lo,
-                                                               configured * hi],
-            "least_favourable": least, "bound_confidence": float(bound_confidence),
-            "draws": int(dof), "steps": len(steps), "tensors": tensors,
-            "confidence": float(confidence),
-            "checks": ran, "assumes": "one noise scale for every tensor and step (each is "
-            "tested by noise_scale; the per-tensor intervals are reported)"}
+    if records.adaptive is not None:  # the scale is the gradient's noise's, sigma_g C_t
+        configured = float(records.adaptive.sigma_gradient)
+    used = scales.scales[np.isfinite(scales.scales)] if scales is not None else None
+    least = float(used.min()) if used is not None and used.size else one_scale
+    entry = {**out, "status": MEASURED if status in (TESTED, NOT_OBSERVED) else status,
+             "ratio": float(np.sqrt(total / dof)), "interval": [lo, hi],
+             "configured": configured,
+             "sigma_interval": None if configured is None else [configured * lo,
+                                                                configured * hi],
+             "least_favourable": least, "least_favourable_one_scale": one_scale,
+             "bound_confidence": float(bound_confidence),
+             "draws": int(dof), "steps": len(steps), "tensors": tensors,
+             "confidence": float(confidence), "checks": ran}
+    if scales is None:
+        entry["assumes"] = "one noise scale for every tensor and step"
+        return entry
+    g = scales.summary()
+    g.pop("tensors")
+    few = g["too_few_draws"]
+    entry["granularity"] = g
+    entry["too_few_draws"] = few
+    entry["assumes"] = (g["assumes"] + (f"; too few draws to bound tightly: {', '.join(few)}"
+                                        if few else ""))
+    return entry
 
 
 def _sizes(records: WhiteBoxRecords) -> tuple[np.ndarray | None, str]:
@@ -226,10 +261,14 @@ def clipping_premise(records: WhiteBoxRecords, checks: dict) -> dict:
     ratio = max(r for r in (c.get("max_ratio_single"), c.get("max_ratio_leave_one_out"))
                 if r is not None)
     status, ran = _status(checks, ("clipping",))
-    return {**out, "status": MEASURED if status in (TESTED, NOT_OBSERVED) else status,
-            "ratio": float(ratio), "probes": int(c["probes"]),
-            "steps_probed": int(c.get("steps_checked", 0)), "steps": records.num_steps,
-            "checks": ran, "assumes": "the examples not probed clip as the probed ones do"}
+    entry = {**out, "status": MEASURED if status in (TESTED, NOT_OBSERVED) else status,
+             "ratio": float(ratio), "probes": int(c["probes"]),
+             "steps_probed": int(c.get("steps_checked", 0)), "steps": records.num_steps,
+             "checks": ran, "assumes": "the examples not probed clip as the probed ones do "
+             "(the largest ratio the probes saw, not a confidence bound)"}
+    if c.get("max_group_ratio") is not None:  # per-layer clipping: each part over its C_p
+        entry["group_ratio"] = float(c["max_group_ratio"])
+    return entry
 
 
 def steps_premise(records: WhiteBoxRecords, checks: dict) -> dict:
@@ -324,30 +363,112 @@ def claimed_epsilon(records: WhiteBoxRecords | None, claim: UserClaim
                                 "optimizer's settings as recorded (no PrivacyEngine given)")
 
 
+def clip_factor(records: WhiteBoxRecords, clip: dict) -> float:
+    """The factor k >= 1 on every example's contribution the upper side assumes: the largest
+    the probes saw over C (``clipping_premise``), each part over its own C_p under per-layer
+    clipping combined per layer (``group_ratio``: ||g_p|| <= k C_p for every part)."""
+    ratio = clip.get("ratio") or 1.0
+    if layer_weights(records) is not None and clip.get("group_ratio") is not None:
+        ratio = clip["group_ratio"]
+    return max(1.0, float(ratio))
+
+
+def effective_multipliers(records: WhiteBoxRecords, scales: np.ndarray, clip: dict,
+                          count: float | None = None) -> np.ndarray:
+    """(T,) each step's noise multiplier as the accountant must compose it, at the measured
+    lower ends: the claimed multiplier times the step's scale (``scales``, (T,)) over the
+    clipping factor k (``clip_factor``: a contribution k C with noise sigma C is the claim at
+    sigma / k). Under adaptive clipping the step releases the clipped sum with noise sigma_g
+    C_t and the count of unclipped examples with noise sigma_u: a Gaussian pair whose
+    sensitivity vector is (k C_t, ``COUNT_SENSITIVITY``), so the step is the Gaussian step at
+    (k^2 / (sigma_g r)^2 + s^2 / (sigma_u r_u)^2)^(-1/2), r_u the count's measured lower end
+    (``count``). Steps without noise keep their claimed multiplier."""
+    k = clip_factor(records, clip)
+    rho = np.asarray(scales, dtype=np.float64)
+    noised = np.isfinite(rho)
+    rec = records.adaptive
+    if rec is None:
+        out = records.claimed_multipliers.astype(np.float64).copy()
+        out[noised] = out[noised] * rho[noised] / k
+        return out
+    grad = records.noise_multipliers.astype(np.float64)  # sigma_g: the gradient's own
+    out = np.full(rho.size, float(rec.sigma))
+    with np.errstate(divide="ignore"):
+        count_term = (COUNT_SENSITIVITY / (rec.sigma_count * count)) ** 2 if count else np.inf
+        out[noised] = (k**2 / (grad[noised] * rho[noised]) ** 2 + count_term) ** -0.5
+    return out
+
+
 def upper_side(records: WhiteBoxRecords, noise: dict, rate: dict, clip: dict,
-               accountant: str, delta: float) -> tuple[float | None, str | None, str]:
-    """The accountant at the least favourable measured values: the noise's lower end (over
-    the clipping ratio: a contribution r C is the claim at sigma / r), the rate's upper end,
-    the steps as taken. None (with the reason) when the noise or the rate was not measured;
-    the accountant used (the user's, or RDP below ``PRV_FLOOR``)."""
+               accountant: str, delta: float, scales: np.ndarray | None = None,
+               count: float | None = None) -> dict:
+    """The accountant at the least favourable measured values, step by step: each step's
+    effective multiplier (``effective_multipliers``: its noise scale's lower end, ``scales``,
+    (T,); by default the noise premise's ``least_favourable`` at every step), the rate's
+    upper end, the steps as taken, composed noise by noise (``noise_scale.
+    effective_history``: rounded down onto a 0.1% grid). The accountant is a sound one: the
+    user's RDP or PRV (PRV's upper end with its error bounds), PRV where the user's is GDP (a
+    central-limit approximation that can underestimate), RDP where an effective multiplier
+    is below ``PRV_FLOOR``. Returns {"epsilon" (None when the noise or the rate was not
+    measured), "reason", "accountant", "history", "quantum"}."""
+    used = accountant if accountant in ("rdp", "prv") else "prv"
+    out = {"epsilon": None, "reason": None, "accountant": used, "history": None,
+           "quantum": None}
     if noise["status"] == NOT_OBSERVED:
-        return None, "the noise's scale was not measured: " + noise["reason"], accountant
+        return {**out, "reason": "the noise's scale was not measured: " + noise["reason"]}
     if rate["status"] == NOT_OBSERVED:
-        return None, "the sampling rate was not measured: " + rate["reason"], accountant
-    factor = noise["least_favourable"] / max(1.0, float(clip.get("ratio") or 1.0))
-    if factor <= 0:
-        return None, "the noise's lower end is 0", accountant
-    history = _history(records, factor, min(1.0, rate["least_favourable"]))
-    if accountant == "prv" and min(h[0] for h in history) < PRV_FLOOR:
-        accountant = "rdp"
-    if accountant == "prv" and len(history) == 1:  # Opacus' number, on a cheaper domain
-        sigma, q, steps = history[0]
-        return prv_epsilon(sigma, q, int(steps), delta), None, accountant
-    res = history_epsilon(history, delta, accountant)
-    if not np.isfinite(res.epsilon):
-        return None, (f"the {accountant.upper()} accountant could not compute it: "
-                      f"{res.note}"), accountant
-    return float(res.epsilon), None, accountant
+        return {**out, "reason": "the sampling rate was not measured: " + rate["reason"]}
+    if scales is None:
+        scales = np.where([s.noise is not None for s in records.steps],
+                          float(noise["least_favourable"]), np.nan)
+    sigmas = effective_multipliers(records, scales, clip, count)
+    if sigmas.size == 0:
+        return {**out, "epsilon": 0.0}
+    if not np.all(np.isfinite(sigmas) & (sigmas > 0)):
+        return {**out, "reason": "a step's noise multiplier at the measured lower ends is 0 "
+                "(no noise claimed, or a lower end of 0)"}
+    history, quantum = effective_history(sigmas, min(1.0, rate["least_favourable"]))
+    if used == "prv" and min(h[0] for h in history) < PRV_FLOOR:
+        used = "rdp"
+    eps = (prv_history_bounds(history, delta)[2] if used == "prv"
+           else rdp_history_epsilon(history, delta))
+    out.update(accountant=used, history=[list(h) for h in history], quantum=quantum)
+    if not np.isfinite(eps):
+        return {**out, "reason": f"the {used.upper()} accountant could not compute it"}
+    return {**out, "epsilon": float(eps)}
+
+
+def claim_shortfall(records: WhiteBoxRecords | None, claimed: float | None,
+                    accountant: str, delta: float, history=None) -> dict | None:
+    """Where the user's accountant is GDP (a central-limit approximation Opacus itself flags
+    as possibly underestimating): the sound PRV accountant on the same history (the
+    engine's, or the optimizer's settings as recorded) at the same delta, and whether the
+    claim lies below it: below PRV's lower end (Gopi et al.'s bracket: the true epsilon of that
+    history is at least it), the claim is not an upper bound, by ``shortfall`` (``ratio``:
+    PRV's lower end over the claim). None for RDP and PRV claims (upper bounds)."""
+    if accountant != "gdp" or claimed is None or (records is None and not history):
+        return None
+    history = history or records.accountant_history
+    source = "the engine's history"
+    if not history:
+        q = (records.sampling or {}).get("q")
+        if not q:
+            return None
+        history = _history(records, 1.0, float(q))
+        source = "the optimizer's settings as recorded"
+    if not history:
+        return None
+    lower, estimate, upper = prv_history_bounds(history, delta)
+    below = claimed < lower
+    return {"accountant": "gdp", "sound_accountant": "prv", "history": source,
+            "epsilon_claimed": float(claimed), "epsilon_sound_lower": lower,
+            "epsilon_sound": upper, "epsilon_sound_estimate": estimate,
+            "claim_is_upper_bound": (True if claimed >= upper else False if below else None),
+            "shortfall": float(max(0.0, lower - claimed)),
+            "ratio": float(lower / claimed) if claimed > 0 else None,
+            "note": ("the GDP accountant's claim lies below the PRV accountant's lower end on "
+                     "the same history: the claim itself is not an upper bound" if below else
+                     "the GDP claim is within or above the PRV accountant's bracket")}
 
 
 def lower_side(threat, bounds, confidence: float, training_rate: float | None) -> dict:
@@ -416,23 +537,57 @@ def training_data_block(records: WhiteBoxRecords | None, checks: dict[str, Check
         lower = lower_side(threat, bounds, confidence, rate_q)
     block["epsilon_lower"] = lower.get("epsilon")
     block["lower"] = lower
+    shortfall = claim_shortfall(records, claimed, accountant, delta,
+                                None if claim.history is None else list(claim.history))
+    if shortfall is not None:
+        block["claim_shortfall"] = shortfall
     if records is None or not records.steps:
         block.update(upper_status=NOT_MEASURED, upper_reasons=[
             reason or "no per-step records were kept"], premises=[], warnings=[], unseen=[])
         block["sentence"] = training_sentence(block)
         return block
-    # the noise's and the rate's one-sided bounds share 1 - confidence, split in advance by
-    # their precision: the noise's (T d draws) is far tighter, so it takes NOISE_SHARE
+    # the noise's and the rate's one-sided bounds share 1 - confidence, split before the
+    # data by the design (``noise_scale.noise_share``); under adaptive clipping the count's
+    # noise takes part of the noise's share (``count_share``)
     alpha = 1.0 - confidence
-    noise = noise_premise(records, checks, confidence, 1.0 - NOISE_SHARE * alpha)
-    rate = rate_premise(records, checks, confidence, 1.0 - (1.0 - NOISE_SHARE) * alpha)
+    share = noise_share(records, alpha, delta)
+    a_noise, a_rate = share * alpha, (1.0 - share) * alpha
+    a_count = a_noise * count_share(records)
+    a_grad = a_noise - a_count
+    scales = measured_scales(records, a_grad)
+    one = pooled_lower(records, a_grad)
+    count = count_lower(records, a_count) if records.adaptive is not None else None
+    noise = noise_premise(records, checks, confidence, 1.0 - a_grad, scales, one)
+    rate = rate_premise(records, checks, confidence, 1.0 - a_rate)
     clip = clipping_premise(records, checks)
     steps = steps_premise(records, checks)
     premises = [noise, rate, clip, steps, *structure_premises(checks, records, unchecked)]
-    upper, why, used = upper_side(records, noise, rate, clip, accountant, delta)
+    verified = upper_side(records, noise, rate, clip, accountant, delta,
+                          None if scales is None else scales.scales, count)
+    upper, why, used = verified["epsilon"], verified["reason"], verified["accountant"]
+    single = (upper_side(records, noise, rate, clip, accountant, delta,
+                         one_scale_steps(records, one), count) if one is not None else None)
+    block["epsilon_upper_one_scale"] = None if single is None else single["epsilon"]
     block["upper_accountant"] = used
+    block["upper_design"] = {
+        "noise_share": share, "alpha_noise": a_grad, "alpha_count": a_count,
+        "alpha_rate": a_rate, "history": verified["history"], "quantum": verified["quantum"],
+        "one_scale": "epsilon_upper_one_scale: the same upper side with one noise scale for "
+        "every tensor and step (the pooled interval's lower end); tighter, and valid only "
+        "under that assumption"}
+    if scales is not None:
+        block["upper_noise"] = {k: v for k, v in scales.summary().items() if k != "tensors"}
+    if records.adaptive is not None:
+        rec = records.adaptive
+        block["adaptive_upper"] = {
+            "count_sensitivity": COUNT_SENSITIVITY, "sigma_gradient": rec.sigma_gradient,
+            "sigma_count": rec.sigma_count, "count_noise_lower": count,
+            "clip_factor": clip_factor(records, clip), "assumes": ADAPTIVE_ASSUMES}
     if used != accountant:
         block["upper_accountant_note"] = (
+            "PRV, not GDP: the GDP accountant is a central-limit approximation that can "
+            "underestimate epsilon (Opacus says so); the upper side is a sound accountant's"
+            if used == "prv" else
             f"RDP, not {accountant.upper()}: the effective noise multiplier at the measured "
             f"values is below {PRV_FLOOR}, where the PRV accountant's grid explodes")
     refuted = [p["name"] for p in premises if p["status"] == REFUTED]
