@@ -23,6 +23,7 @@ from dpaudit.experiment.judging.premises import (
     effective_multipliers,
     training_data_block,
 )
+from dpaudit.experiment.judging.user_claim import claim_of_run
 
 N, Q, T = 1000, 0.05, 40
 DIMS = [3000, 200, 10]
@@ -57,7 +58,9 @@ def _records(sigma=1.0, scales=(1.0, 1.0, 1.0), seed=0, accountant="prv", histor
 
 
 def _block(records, training=None):
-    return training_data_block(records, {}, training, delta=1e-5)
+    claim = claim_of_run(training, delta=1e-5, accountant=records.accountant,
+                         history=records.accountant_history)
+    return training_data_block(records, {}, claim)
 
 
 def test_the_upper_side_composes_each_steps_smallest_tensor():

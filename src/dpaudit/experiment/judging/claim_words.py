@@ -8,6 +8,24 @@ from dpaudit.report.numbers import level as level_words
 from dpaudit.report.numbers import lower, point, upper
 
 
+def upper_notes(td: dict) -> list[str]:
+    """What the upper side's sentence must not leave out: tensors with too few noise draws
+    to bound tightly (named, never averaged away), and a GDP claim that is not an upper
+    bound on its own history (a sound accountant's lower end above it)."""
+    out = []
+    few = (td.get("upper_noise") or {}).get("too_few_draws") or []
+    if few:
+        names = ", ".join(few[:2]) + (f" and {len(few) - 2} more" if len(few) > 2 else "")
+        out.append(f"too few noise draws to bound {names} tightly: the upper side takes their "
+                   "loose bounds")
+    short = td.get("claim_shortfall") or {}
+    if short.get("claim_is_upper_bound") is False:
+        out.append(f"your GDP claim is not an upper bound on this history: the PRV accountant "
+                   f"puts it at least at {lower(short['epsilon_sound_lower'])} "
+                   f"({short['ratio']:.3g}x the claim)")
+    return out
+
+
 def sentence_case(text: str) -> str:
     """``text`` with its first letter capitalised (the rest unchanged)."""
     return text[:1].upper() + text[1:]
@@ -33,12 +51,15 @@ def bracket_words(td: dict) -> str:
     up, low = td.get("epsilon_upper"), td.get("epsilon_lower")
     status = td.get("upper_status")
     conf = level_words(td["confidence"])
+    one = td.get("epsilon_upper_one_scale")
+    one = (f"; {upper(one)} if every tensor and step shares one noise scale"
+           if one is not None and up is not None and upper(one) != upper(up) else "")
     if up is None:
         upper_part = "no measured upper side"
     elif status == "verified":
-        upper_part = f"verified at most {upper(up)} ({conf})"
+        upper_part = f"verified at most {upper(up)} ({conf}{one})"
     else:
-        upper_part = f"at most {upper(up)} as measured ({conf})"
+        upper_part = f"at most {upper(up)} as measured ({conf}{one})"
     if low is None:
         return f"{upper_part}; no certified lower side"
     return f"{upper_part}, certified at least {lower(low)} ({conf})"

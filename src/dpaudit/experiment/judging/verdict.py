@@ -28,7 +28,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpaudit.experiment.judging.claim_words import bracket_words, claim_head, sentence_case
+from dpaudit.experiment.judging.claim_words import (
+    bracket_words,
+    claim_head,
+    sentence_case,
+    upper_notes,
+)
 from dpaudit.experiment.judging.levels import REFUTATION_LEVEL
 from dpaudit.experiment.judging.white_box import describe, fired, warned
 from dpaudit.report.numbers import level as level_words
@@ -314,7 +319,8 @@ def claim_paragraph(status, td, white_box, white_fired, refuted_by, has_stress, 
     else:
         text = (f"{sentence_case(head)}: {bracket}. Nothing refutes it at the PRIVACY BUG "
                 f"level ({level_words(failure=refutation_level)}).")
-    text += "".join(f" {sentence_case(n)}." for n in td.get("notes") or [])
+    text += "".join(f" {sentence_case(n)}." for n in [*(td.get("notes") or []),
+                                                       *upper_notes(td)])
     if td.get("warnings") and status != PRIVACY_BUG:
         text += (" Warning, short of a PRIVACY BUG: " + ", ".join(td["warnings"])
                  + " at the bounds' level.")
