@@ -28,7 +28,8 @@ def test_the_verdict_opens_with_the_users_epsilon_from_both_sides():
     assert td["sentence"].startswith(
         f"Your epsilon {point(td['epsilon_claimed'])} (PRV accountant, at dpaudit's default "
         "delta 1e-05, not yours: pass delta=): verified at most "
-        f"{upper(td['epsilon_upper'])} (95%)")
+        f"{upper(td['epsilon_upper'])} (95%; {upper(td['epsilon_upper_one_scale'])} if every "
+        "tensor and step shares one noise scale)")
     assert td["accountant"] == "prv" and td["upper_status"] == "verified"
     assert v["status"] == "consistent" and v["verified"] is True
     assert len(v["message"]) <= 400

@@ -42,6 +42,13 @@ import torch
 from torch import nn
 
 NAME = "dpaudit_canaries"
+# the hook's default canaries (``canary_choice.default_canaries``): the every-step stress test
+# of the mechanism, and the canaries inserted like an example (the training data's threat
+# model), sized for power: at least this many per side where the coordinates allow; the
+# block's default size holds both
+STRESS_COUNT = 1000
+DATA_RATE_PER_SIDE = 10_000
+BLOCK_SIZE = STRESS_COUNT + 2 * DATA_RATE_PER_SIDE
 
 
 class CanaryBlock(nn.Module):
@@ -156,12 +163,10 @@ def add_canary_block(model: nn.Module, size: int | None = None) -> CanaryBlock:
     """Give ``model`` a block of ``size`` parameters no data gradient reaches (module doc);
     call it before ``make_private`` and before building the optimizer. Returns the block
     (``block.canaries(model)`` after ``make_private``; ``block.remove()`` after training).
-    ``size``: default ``canary_choice.BLOCK_SIZE`` (21,000: the hook's default canaries, the
-    every-step stress test's 1,000 and 10,000 per side inserted like an example); it costs
-    each step a per-example gradient of ``size`` zeros and ``size`` noise draws."""
+    ``size``: default ``BLOCK_SIZE`` (21,000: the hook's default canaries, the every-step
+    stress test's 1,000 and 10,000 per side inserted like an example); it costs each step a
+    per-example gradient of ``size`` zeros and ``size`` noise draws."""
     if size is None:
-        from dpaudit.capture.canary_choice import BLOCK_SIZE
-
         size = BLOCK_SIZE
     if not isinstance(model, nn.Module):
         raise ValueError(f"model must be a torch nn.Module, got {type(model).__name__}")

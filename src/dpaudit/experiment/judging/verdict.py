@@ -119,9 +119,9 @@ def verdict(
     white_fired, white_warned = fired(white_box), warned(white_box)
     canaries_status = _canaries_status(refuted_by, rejected_only, est_eps > claimed,
                                        est_rejected)
-    lower = (training_data or {}).get("lower") or {}
-    lower_test = lower.get("claim_test") or {}
-    if refuted_by or white_fired or lower.get("refuted"):
+    data_rate = (training_data or {}).get("lower") or {}
+    lower_test = data_rate.get("claim_test") or {}
+    if refuted_by or white_fired or data_rate.get("refuted"):
         status = PRIVACY_BUG
     elif est_eps > claimed or est_rejected:
         status = ESTIMATE_ABOVE_CLAIM
@@ -140,7 +140,7 @@ def verdict(
             f"certified epsilon >= {lower(cert_eps)} ({cert.attack}/{cert.method}) exceeds "
             f"the canaries' claimed {point(claimed)} at {level_words(confidence)}")
     warnings_ = [describe(white_box[k]) for k in white_warned] + canary_warnings
-    if lower_test.get("rejected") and not lower.get("refuted"):
+    if lower_test.get("rejected") and not data_rate.get("refuted"):
         warnings_.append(
             f"the canaries inserted like an example reject your claimed curve at "
             f"{level_words(confidence)} (p = {lower_test['p_value']:.2g}) but not at the PRIVACY "
@@ -290,9 +290,9 @@ def claim_paragraph(status, td, white_box, white_fired, refuted_by, has_stress, 
         # when by itself it is only a warning: what it causes is the refutation that follows
         causes = [k for k in CAUSES if k in white_box and white_box[k].warning]
         reasons = [describe(white_box[k]) for k in causes + _cause_first(white_fired)]
-        lower = td.get("lower") or {}
-        if lower.get("refuted"):
-            test = lower.get("claim_test") or {}
+        data_rate = td.get("lower") or {}
+        if data_rate.get("refuted"):
+            test = data_rate.get("claim_test") or {}
             reasons.append(
                 "the canaries inserted like an example refute your claimed curve (their "
                 f"counts are impossible under it: p = {test.get('refute_p_value', 0):.2g})")
