@@ -44,7 +44,12 @@ from dpaudit.stats.data_rate.count_test import (
     count,
     null_p_value,
 )
-from dpaudit.stats.data_rate.design import EpsilonDesign, design_curve, design_epsilon
+from dpaudit.stats.data_rate.design import (
+    EpsilonDesign,
+    design_curve,
+    design_epsilon,
+    surrogate_power,
+)
 from dpaudit.stats.data_rate.law import MixtureScoreLaw, mixture_score_law
 
 CONDITIONAL_ON = ("the mechanism being a Poisson-subsampled Gaussian at the claimed sample rate, "
@@ -209,12 +214,17 @@ def _curve_design(law: MixtureScoreLaw, args: dict, n_in: int, n_out: int,
     """(design, kappa, power): ``design_curve`` with the claim as the truth and, as the
     null, the claimed mechanism at sigma (1 + kappa) (its exact curve, a stand-in for the
     accountant's), for the smallest kappa of ``_KAPPAS`` whose best design rejects it with
-    probability >= 1/2 (the largest kappa otherwise)."""
+    probability >= 1/2 (the largest kappa otherwise). The normal surrogate skips the kappas
+    it finds hopeless; the exact power decides."""
     best = None
     for kappa in _KAPPAS:
         null = mixture_score_law(args["steps"], args["sample_rate"],
                                  args["noise_multiplier"] * (1 + kappa),
                                  canary_norm=args["canary_norm"])
+        if kappa != _KAPPAS[-1] and surrogate_power(
+                law, null.roc, n_in, n_out, level=level,
+                null_roc_reverse=null.roc_reverse) < 0.4:
+            continue
         d, pw = design_curve(law, null.roc, n_in, n_out, level=level,
                              null_roc_reverse=null.roc_reverse)
         best = (d, kappa, pw)
