@@ -72,6 +72,8 @@ def count_ceiling(law: MixtureScoreLaw, n_in: int, n_out: int, *, delta: float,
     best = design_epsilon(law, n_in, n_out, delta=delta, confidence=confidence, top=top)
     one = design_epsilon(law, n_in, n_out, delta=delta, confidence=confidence, sides="in",
                          top=max(4, top // 2))
+    if one.expected > best.expected:
+        best = one
     seen = {(best.design.k_hi, best.design.k_lo)}
     improved = True
     while improved:  # integer ranks around the best, until none is better

@@ -214,7 +214,8 @@ def design_epsilon(law: MixtureScoreLaw, n_in: int, n_out: int, *, delta: float,
         confidence: the certified bound's confidence (the test's level is 1 - confidence).
         sides: ``"best"`` (in, out or both, whichever is best), ``"both"``, ``"in"`` or
             ``"out"``: restrict the candidates.
-        top: how many of the surrogate's best are evaluated exactly.
+        top: how many of the surrogate's best are evaluated exactly (and the best "in",
+            "out" and two-sided candidate each).
     """
     n_in, n_out = check_count(n_in, "n_in", 1), check_count(n_out, "n_out", 1)
     delta = check_delta(delta, zero_ok=True)
@@ -228,7 +229,15 @@ def design_epsilon(law: MixtureScoreLaw, n_in: int, n_out: int, *, delta: float,
         m, v = sur.dp_law(mid, delta)
         rej = _p_normal(s_mean, m, v) <= level
         lo, hi = np.where(rej, mid, lo), np.where(rej, hi, mid)
-    order = np.argsort(-lo)[: max(1, int(top))]
+    order = list(np.argsort(-lo)[: max(1, int(top))])
+    kinds = np.array([("in" if b is None else "out" if a is None else "both")
+                      for a, b in cands])
+    for kind in ("in", "out", "both"):  # the best of each kind is evaluated exactly too
+        idx = np.flatnonzero(kinds == kind)
+        if idx.size:
+            i = int(idx[np.argmax(lo[idx])])
+            if i not in order:
+                order.append(i)
     best = None
     for i in order:
         k_hi, k_lo = cands[i]
