@@ -24,18 +24,19 @@ one markdown row, every epsilon as a fraction of the claimed one (PRV):
   10^4 canaries).
 
 Every statement is at 95% (the audit splits its 5% over its statements). One core
-(``OMP_NUM_THREADS=1``); the seconds per row are printed. Run (each under 15 minutes on one
-core; 10^5 canaries at T = 2,500 take about 8 minutes a row):
+(``OMP_NUM_THREADS=1``); the seconds per row are printed. Run (measured on the shared 2-core
+machine, load 2-4: 3.7, 1.7, 4.8 and 5.2 minutes, at most 1.5 GB; the ceilings' table 10):
 
     OMP_NUM_THREADS=1 python benchmarks/data_rate_ceiling.py --configs anchor4,anchor8 \\
         --sizes 1000,10000
     OMP_NUM_THREADS=1 python benchmarks/data_rate_ceiling.py --configs anchor4 --sizes 100000
+    OMP_NUM_THREADS=1 python benchmarks/data_rate_ceiling.py --configs anchor8 --sizes 100000
     OMP_NUM_THREADS=1 python benchmarks/data_rate_ceiling.py --configs readme \\
         --sizes 2000,20000
 
-``--ceilings-at 0.5,1,2,4,8`` prints instead, for the README loop's q and T with sigma set
-to each claimed epsilon, the ceilings alone (no draws; exact): why the lower side is weak at
-small epsilon.
+``--ceilings-at 0.5,1,2,4,8 --sizes 2000,20000,200000`` prints instead, for the README
+loop's q and T with sigma set to each claimed epsilon, the ceilings alone (no draws; exact):
+why the lower side is weak at small epsilon.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ grid, and every method runs on it: a valid certified bound exceeds the pair's ep
 (computed exactly on the grid, <= e) in at most 5% of the runs; the f-DP one-run's GDP
 estimate (the kind of figure the anchor's f-DP audit reports) is not bound by that.
 
-Run (one core; about 10 + 10 + 10 minutes):
+Run (one core, measured: 9, 9 and 2 minutes):
 
     OMP_NUM_THREADS=1 python benchmarks/data_rate_validity.py --part coverage --reps 2000
     OMP_NUM_THREADS=1 python benchmarks/data_rate_validity.py --part claim --reps 1000
