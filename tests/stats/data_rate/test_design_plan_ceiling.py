@@ -87,7 +87,12 @@ def test_plan_on_a_correct_run_and_on_halved_noise():
     bug = data_rate_evidence(plan, threat, *simulate_mixture_scores(
         400, 400, steps=STEPS, sample_rate=Q, noise_multiplier=SIGMA, true_noise=SIGMA / 2,
         rng=rng))
-    assert bug.refuted and bug.claim_rejected and bug.sigma_upper < SIGMA
+    assert bug.refuted and bug.claim_rejected and SIGMA / 4 < bug.sigma_upper < SIGMA
+    # with a floor the data reject, the search stops there ("at most")
+    floored = data_rate_evidence(plan, threat, *simulate_mixture_scores(
+        400, 400, steps=STEPS, sample_rate=Q, noise_multiplier=SIGMA, true_noise=SIGMA / 20,
+        rng=rng), sigma_floor=0.75)
+    assert floored.refuted and floored.sigma_upper == pytest.approx(0.75 * SIGMA)
 
 
 def test_plan_refuses_every_step_canaries():

@@ -103,7 +103,7 @@ class DataRatePlan:
 
     def evaluate(self, scores_in, scores_out, *, family_roc: Callable[[float], Roc],
                  epsilon_of_sigma: Callable[[float], float] | None = None,
-                 sigma_rtol: float = 2e-3) -> DataRateEvidence:
+                 sigma_rtol: float = 2e-3, sigma_floor: float = 0.25) -> DataRateEvidence:
         """The evidence of these scores (module doc).
 
         Args:
@@ -117,6 +117,10 @@ class DataRatePlan:
             epsilon_of_sigma: sigma -> the accountant's epsilon at ``delta`` (the user's
                 accountant; ``ThreatModel.estimated_epsilon``); None: not converted.
             sigma_rtol: relative width of the sigma_upper search.
+            sigma_floor: the search stops at this fraction of the claimed sigma (a run
+                rejected even there reports sigma_upper = that floor: "at most"); below it
+                the accountant's curves cost GBs at thousands of steps (Opacus' PRV at sigma
+                0.3, T 2,500: 5.8 GB), and such a run is refuted anyway.
         """
         c_eps = count(scores_in, scores_out, self.epsilon.design)
         eps, p_eps = certify_epsilon_at(self.epsilon.design, c_eps, delta=self.delta,
@@ -129,7 +133,7 @@ class DataRatePlan:
         p_claim = null_p_value(self.family, c_fam, claimed)
         sigma_upper = noise_upper_bound_counts(
             self.family, c_fam, family_roc, self.noise_multiplier, level=beta,
-            rtol=sigma_rtol)
+            rtol=sigma_rtol, sigma_min=sigma_floor * self.noise_multiplier)
         eps_family = None
         if epsilon_of_sigma is not None and np.isfinite(sigma_upper):
             eps_family = float(epsilon_of_sigma(sigma_upper))
@@ -194,19 +198,21 @@ class DataRateEvidence:
 
 def noise_upper_bound_counts(design: RankDesign, statistic,
                              family_roc: Callable[[float], Roc], sigma_start: float, *,
-                             level: float, rtol: float = 2e-3) -> float:
+                             level: float, rtol: float = 2e-3,
+                             sigma_min: float | None = None) -> float:
     """Smallest noise multiplier whose claimed curve ``family_roc(sigma)`` the count test
     rejects at ``level`` with the observed ``statistic`` (``Counts`` or S), by
     ``stats.claim.smallest_rejected_sigma``'s search (+inf when none up
     to 10^4 x ``sigma_start`` is). The statistic is fixed and a larger sigma claims a lower
     curve (a smaller null), so the p-value decreases with sigma: every sigma above the one
-    returned is rejected too."""
+    returned is rejected too. The search goes no lower than ``sigma_min`` (returned when it
+    is itself rejected: "at most")."""
     level = check_open_unit(level, "level")
 
     def rejected(sigma: float) -> bool:
         return null_p_value(design, statistic, family_roc(sigma)) <= level
 
-    return smallest_rejected_sigma(rejected, sigma_start, rtol=rtol)
+    return smallest_rejected_sigma(rejected, sigma_start, rtol=rtol, sigma_min=sigma_min)
 
 
 def _curve_design(law: MixtureScoreLaw, args: dict, n_in: int, n_out: int,
