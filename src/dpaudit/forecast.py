@@ -199,19 +199,20 @@ def data_rate_plan(threat: ThreatModel, n_in: int, n_out: int, *, confidence: fl
                           canary_norm=float(threat.sensitivity))
 
 
-def data_rate_evidence(plan, threat: ThreatModel, scores_in, scores_out):
+def data_rate_evidence(plan, threat: ThreatModel, scores_in, scores_out, **options):
     """The data-rate canaries' evidence (``stats.data_rate.DataRateEvidence``) with the
     threat model's claimed curves (PRV with its error bounds, ``ThreatModel.roc_curve``) as
     the noise multipliers' family and its accountant (``ThreatModel.estimated_epsilon``)
     converting sigma_upper: ``epsilon_lower`` certified for any mechanism,
-    ``epsilon_within_family`` conditional on a Poisson-subsampled Gaussian."""
+    ``epsilon_within_family`` conditional on a Poisson-subsampled Gaussian. ``options`` go
+    to ``DataRatePlan.evaluate`` (``sigma_rtol``, ``sigma_floor``)."""
     threat = _data_rate_threat(threat)
 
     def family_roc(sigma: float):
         return lambda alpha: threat.roc_curve(alpha, noise_multiplier=sigma)
 
     return plan.evaluate(scores_in, scores_out, family_roc=family_roc,
-                         epsilon_of_sigma=threat.estimated_epsilon)
+                         epsilon_of_sigma=threat.estimated_epsilon, **options)
 
 
 def data_rate_ceiling(threat: ThreatModel, n_in: int, n_out: int, *,

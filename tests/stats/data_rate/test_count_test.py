@@ -114,6 +114,8 @@ def test_certified_epsilon_is_rejected_and_just_above_is_not():
     res = certify_epsilon(rng.laplace(3, 1, 2000), rng.laplace(0, 1, 2000), d, delta=DELTA)
     assert 0 < res.epsilon < 3
     assert res.p_value <= 0.05
+    bound = res.to_epsilon_bound()
+    assert bound.certified and bound.epsilon == res.epsilon and bound.kind == "certified"
     s = res.counts
     assert null_p_value(d, s, dp_roc(res.epsilon + 2e-3, DELTA)) > 0.05
     # monotone in epsilon (nested nulls, one statistic)

@@ -25,6 +25,7 @@ Pure numpy / scipy; the accountant's curves and epsilons come in as callables
 
 from dpaudit.stats.data_rate.ceiling import (
     CountCeiling,
+    capped_pair,
     count_ceiling,
     np_power,
     universal_ceiling,
@@ -34,6 +35,7 @@ from dpaudit.stats.data_rate.count_test import (
     Counts,
     RankDesign,
     certify_epsilon,
+    certify_epsilon_at,
     count,
     curve_p_value,
     dp_roc,
@@ -69,7 +71,9 @@ __all__ = [
     "MixtureScoreLaw",
     "RankDesign",
     "StatisticLaw",
+    "capped_pair",
     "certify_epsilon",
+    "certify_epsilon_at",
     "count",
     "count_ceiling",
     "critical_value",

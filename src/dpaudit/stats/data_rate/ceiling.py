@@ -14,16 +14,17 @@ simulation):
 * ``universal_ceiling``: an upper bound on the median of ANY valid certified lower bound,
   whatever statistic it uses. A valid bound L at confidence 1 - beta makes {L > e} a level-beta
   test of every (e, delta)-DP pair, in particular of the mechanism capped at e: the pair
-  (P', Q) with Q the non-members' law and P' equal to e^e Q above the score s_e where the
+  (P', Q') with P' equal to e^e Q (Q the non-members' law) above the score s_e where the
   mechanism's ROC meets the line TPR = e^e FPR (P' equals P below s_e and gives the region the
-  same mass: P'(S > s_e) = e^e Q(S > s_e) = P(S > s_e)). Its ROC is min(ROC, e^e x), an
-  (e, 0)-DP curve (the minimum of two symmetric concave curves). By Neyman-Pearson,
-  P[L > e] <= the power of the likelihood-ratio test of (P', Q) against (P, Q) with n_in
-  members and n_out non-members: non-members are alike under both, and a member's
-  log-likelihood ratio is S - e above s_e, 0 below. Where that power is below 1/2, no valid
-  method's median exceeds e: the ceiling is the smallest such e (bisection). Its law is a
-  compound binomial (the members above s_e, each adding S - e), computed by FFT on the
-  score law's grid.
+  same mass: P'(S > s_e) = e^e Q(S > s_e) = P(S > s_e)), and likewise Q' = e^e P below the
+  point where the pair's other order meets its line (``capped_pair``). Every likelihood
+  ratio of (P', Q') lies in [e^-e, e^e]: it is (e, 0)-DP, and it differs from the mechanism
+  only on the scores beyond those two points. By Neyman-Pearson, P[L > e] <= the power of
+  the likelihood-ratio test of (P', Q') against (P, Q) with n_in members and n_out
+  non-members (``np_power``: a member's log-likelihood ratio is S - e in the upper region, a
+  non-member's -S - e in the lower one, 0 elsewhere; their sums' laws by FFT on the score
+  law's grid, rounded to 0.01). Where that power is below 1/2, no valid method's median
+  exceeds e: the ceiling is the smallest such e (bisection).
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ def count_ceiling(law: MixtureScoreLaw, n_in: int, n_out: int, *, delta: float,
     best = design_epsilon(law, n_in, n_out, delta=delta, confidence=confidence, top=top)
     one = design_epsilon(law, n_in, n_out, delta=delta, confidence=confidence, sides="in",
                          top=max(4, top // 2))
+    if one.expected > best.expected:
+        best = one
     seen = {(best.design.k_hi, best.design.k_lo)}
     improved = True
     while improved:  # integer ranks around the best, until none is better
@@ -115,19 +118,48 @@ def _region(tail_a: np.ndarray, tail_b: np.ndarray, c: float, cut: int) -> tuple
     return j, float(min(max(theta, 0.0), 1.0))
 
 
-def _sample_laws(w_true: np.ndarray, w_null: np.ndarray, ell: np.ndarray, h: float):
-    """A sample's log-LR contribution on the grid h * integers under the truth and the null:
-    (first index, pmf under the truth, pmf under the null); outside the region the
-    contribution is 0 (its mass, 1 - the region's, sits at index of 0)."""
+def capped_pair(law: MixtureScoreLaw, epsilon: float) -> tuple[np.ndarray, np.ndarray,
+                                                                np.ndarray]:
+    """The mechanism capped at ``epsilon`` (module doc) on the law's grid: (score values,
+    member pmf P', non-member pmf Q'). P' = e^eps Q on the members' upper region (the scores
+    above the point where the ROC meets TPR = e^eps FPR, a fraction of the boundary atom
+    included so that the region keeps its mass) and P elsewhere; Q' = e^eps P on the
+    non-members' lower region, likewise. Every atom's likelihood ratio P'/Q' then lies in
+    [e^-eps, e^eps]: the pair is (epsilon, 0)-DP. Needs a correct run's law."""
+    if not law.exact_pair:
+        raise ValueError("capped_pair needs the exact pair's law (the score is the log-LR)")
+    v, q, p = law.values_out, law.pmf_out, law.pmf_in  # one grid (law.mixture_score_law)
+    if p.size != q.size:
+        raise ValueError("capped_pair needs the member and non-member laws on one grid")
+    c = float(np.exp(epsilon))
+    p2, q2 = p.copy(), q.copy()
+    tq = np.concatenate([np.cumsum(q[::-1])[::-1], [0.0]])
+    tp = np.concatenate([np.cumsum(p[::-1])[::-1], [0.0]])
+    j, th = _region(tp, tq, c, int(np.searchsorted(v, epsilon)))
+    if j < v.size:
+        p2[j:] = c * q[j:]
+        if j > 0:
+            p2[j - 1] = (1 - th) * p[j - 1] + th * c * q[j - 1]
+    hq = np.concatenate([[0.0], np.cumsum(q)])  # mass of atoms < i
+    hp = np.concatenate([[0.0], np.cumsum(p)])
+    j2, th2 = _region(hq[::-1], hp[::-1], c, int(v.size - np.searchsorted(v, -epsilon)))
+    m = v.size - j2  # atoms 0..m - 1 in the region, and th2 of atom m
+    if m > 0:
+        q2[:m] = c * p[:m]
+        if m < v.size:
+            q2[m] = (1 - th2) * q[m] + th2 * c * p[m]
+    return v, p2, q2
+
+
+def _sample_law(w_true: np.ndarray, w_null: np.ndarray, ell: np.ndarray, h: float):
+    """A sample's log-LR ``ell`` (per atom) on the grid h * integers: (first index, pmf under
+    the truth, pmf under the null)."""
     idx = np.round(ell / h).astype(np.int64)
-    lo = min(int(idx.min()) if idx.size else 0, 0)
-    hi = max(int(idx.max()) if idx.size else 0, 0)
+    lo, hi = int(idx.min()), int(idx.max())
     p1, p0 = np.zeros(hi - lo + 1), np.zeros(hi - lo + 1)
     np.add.at(p1, idx - lo, w_true)
     np.add.at(p0, idx - lo, w_null)
-    p1[-lo] += max(0.0, 1.0 - w_true.sum())
-    p0[-lo] += max(0.0, 1.0 - w_null.sum())
-    return lo, p1, p0
+    return lo, p1 / p1.sum(), p0 / p0.sum()
 
 
 def _compound(lo: int, pmf: np.ndarray, n: int, size: int) -> np.ndarray:
@@ -140,47 +172,27 @@ def _compound(lo: int, pmf: np.ndarray, n: int, size: int) -> np.ndarray:
 
 def np_power(law: MixtureScoreLaw, epsilon: float, n_in: int, n_out: int, level: float,
              h: float = 0.01) -> float:
-    """Power of the likelihood-ratio test of the mechanism capped at ``epsilon`` (module doc)
-    against the mechanism itself, at ``level``, with ``n_in`` members and ``n_out``
-    non-members; the capped pair is (epsilon, 0)-DP. A sample's log-LR is rounded to a grid of
-    ``h`` (a computation, accurate to that rounding). Needs a correct run's law."""
-    if not law.exact_pair:
-        raise ValueError("np_power needs the exact pair's law (the score is the log-LR)")
-    c = float(np.exp(epsilon))
-    v, q, p = law.values_out, law.pmf_out, law.pmf_in  # one grid (law.mixture_score_law)
-    if p.size != q.size:
-        raise ValueError("np_power needs the member and non-member laws on one grid")
-    tq = np.concatenate([np.cumsum(q[::-1])[::-1], [0.0]])
-    tp = np.concatenate([np.cumsum(p[::-1])[::-1], [0.0]])
-    parts = []
-    # members, upper region U: null P' = c Q there; log-LR log(p / (c q)) = s - epsilon
-    j, th = _region(tp, tq, c, int(np.searchsorted(v, epsilon)))
-    wq = np.concatenate([[th * q[j - 1]] if j > 0 else [], q[j:]])
-    wp = np.concatenate([[th * p[j - 1]] if j > 0 else [], p[j:]])
-    sv = np.concatenate([[v[j - 1]] if j > 0 else [], v[j:]])
-    parts.append((n_in, wp, c * wq, sv - epsilon))
-    # non-members, lower region L (prefix): null Q' = c P there; log-LR -s - epsilon
-    hq = np.concatenate([[0.0], np.cumsum(q)])  # prefix masses: atoms < i
-    hp = np.concatenate([[0.0], np.cumsum(p)])
-    # reuse _region on reversed atoms: prefix of the ascending order = suffix of the reverse
-    j2, th2 = _region(hq[::-1], hp[::-1], c, int(v.size - np.searchsorted(v, -epsilon)))
-    m = q.size - j2  # atoms 0..m - 1 in the region, plus th2 of atom m
-    wq2 = np.concatenate([q[:m], [th2 * q[m]] if m < q.size else []])
-    wp2 = np.concatenate([p[:m], [th2 * p[m]] if m < q.size else []])
-    sv2 = np.concatenate([v[:m], [v[m]] if m < q.size else []])
-    parts.append((n_out, wq2, c * wp2, -sv2 - epsilon))
-    laws = []
-    mean1 = mean0 = var = 0.0
-    for n, w1, w0, ell in parts:
-        lo, p1, p0 = _sample_laws(w1, w0, ell, h)
+    """Power of the likelihood-ratio test of the mechanism capped at ``epsilon``
+    (``capped_pair``, an (epsilon, 0)-DP pair) against the mechanism itself, at ``level``,
+    with ``n_in`` members and ``n_out`` non-members (module doc). A sample's log-LR is rounded
+    to a grid of ``h`` (a computation, accurate to that rounding)."""
+    _, p2, q2 = capped_pair(law, epsilon)
+    p, q = law.pmf_in, law.pmf_out
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ell_m = np.where(p2 > 0, np.log(np.where(p > 0, p, 1.0) / np.where(p2 > 0, p2, 1.0)), 0)
+        ell_n = np.where(q2 > 0, np.log(np.where(q > 0, q, 1.0) / np.where(q2 > 0, q2, 1.0)), 0)
+    ell_m = np.where((p > 0) & (p2 > 0), ell_m, 0.0)
+    ell_n = np.where((q > 0) & (q2 > 0), ell_n, 0.0)
+    laws, mean1, mean0, var = [], 0.0, 0.0, 0.0
+    for n, w1, w0, ell in ((n_in, p, p2, ell_m), (n_out, q, q2, ell_n)):
+        lo, p1, p0 = _sample_law(w1, w0, ell, h)
         x = (lo + np.arange(p1.size)) * h
         for pp in (p1, p0):
-            mu = float(x @ pp)
-            var = max(var, n * float(((x - mu) ** 2) @ pp))
+            var += n * float(((x - x @ pp) ** 2) @ pp)
         mean1 += n * float(x @ p1)
         mean0 += n * float(x @ p0)
         laws.append((n, lo, p1, p0))
-    sd = np.sqrt(var * 2) + 1.0
+    sd = np.sqrt(var) + 1.0
     start = int(np.floor((min(mean0, mean1) - 40 * sd) / h))
     stop = int(np.ceil((max(mean0, mean1) + 40 * sd) / h))
     size = 1 << int(np.ceil(np.log2(stop - start + 1)))
@@ -198,7 +210,6 @@ def np_power(law: MixtureScoreLaw, epsilon: float, n_in: int, n_out: int, level:
     t0 = np.concatenate([np.cumsum(g0[::-1])[::-1], [0.0]])
     t1 = np.concatenate([np.cumsum(g1[::-1])[::-1], [0.0]])
     k = int(np.flatnonzero(t0 > level)[-1]) if np.any(t0 > level) else 0
-    # cells above k are rejected: mass t0[k + 1] <= level; cell k partly
     gamma = (level - t0[k + 1]) / g0[k] if g0[k] > 0 else 0.0
     return float(min(1.0, t1[k + 1] + gamma * g1[k]))
 

@@ -364,6 +364,19 @@ class CertifiedEpsilon:
                 "p_value": self.p_value, "counts": self.counts.to_dict(),
                 "design": self.design.to_dict()}
 
+    def to_epsilon_bound(self):
+        """The same statement as the package's common result (``stats.result.EpsilonBound``,
+        certified: no assumption), method ``"data_rate_count"``, the counts and the design
+        in ``details``."""
+        from dpaudit.stats.result import EpsilonBound
+
+        return EpsilonBound(
+            epsilon=self.epsilon, method="data_rate_count", confidence=self.confidence,
+            delta=self.delta, n_in=self.design.n_in, n_out=self.design.n_out,
+            threshold=self.counts.t_hi if np.isfinite(self.counts.t_hi) else None,
+            details={"p_value": self.p_value, "counts": self.counts.to_dict(),
+                     "design": self.design.to_dict()})
+
 
 def certify_epsilon_at(design: RankDesign, s, *, delta: float,
                        confidence: float | None = None, tol: float = _TOL,

@@ -214,7 +214,8 @@ def design_epsilon(law: MixtureScoreLaw, n_in: int, n_out: int, *, delta: float,
         confidence: the certified bound's confidence (the test's level is 1 - confidence).
         sides: ``"best"`` (in, out or both, whichever is best), ``"both"``, ``"in"`` or
             ``"out"``: restrict the candidates.
-        top: how many of the surrogate's best are evaluated exactly.
+        top: how many of the surrogate's best are evaluated exactly (and the best "in",
+            "out" and two-sided candidate each).
     """
     n_in, n_out = check_count(n_in, "n_in", 1), check_count(n_out, "n_out", 1)
     delta = check_delta(delta, zero_ok=True)
@@ -228,7 +229,15 @@ def design_epsilon(law: MixtureScoreLaw, n_in: int, n_out: int, *, delta: float,
         m, v = sur.dp_law(mid, delta)
         rej = _p_normal(s_mean, m, v) <= level
         lo, hi = np.where(rej, mid, lo), np.where(rej, hi, mid)
-    order = np.argsort(-lo)[: max(1, int(top))]
+    order = list(np.argsort(-lo)[: max(1, int(top))])
+    kinds = np.array([("in" if b is None else "out" if a is None else "both")
+                      for a, b in cands])
+    for kind in ("in", "out", "both"):  # the best of each kind is evaluated exactly too
+        idx = np.flatnonzero(kinds == kind)
+        if idx.size:
+            i = int(idx[np.argmax(lo[idx])])
+            if i not in order:
+                order.append(i)
     best = None
     for i in order:
         k_hi, k_lo = cands[i]
@@ -265,6 +274,28 @@ def power(design: RankDesign, roc: Roc, truth: MixtureScoreLaw,
     return statistic_law(design, truth).sf(critical_value(design, roc, roc_reverse))
 
 
+def _curve_surrogate(truth: MixtureScoreLaw, null_roc: Roc, rev: Roc, n_in: int, n_out: int,
+                     level: float, sides: str):
+    """(candidates, the normal surrogate's power of each) for ``design_curve``."""
+    from scipy.special import ndtri
+
+    cands = _candidates(n_in, n_out, sides)
+    sur = _Surrogate(cands, n_in, n_out)
+    m0, v0 = sur.law(null_roc, rev, upper=True)
+    m1, v1 = sur.law(truth.roc, truth.roc_reverse, upper=False)
+    crit = m0 + 0.5 - ndtri(level) * np.sqrt(v0 + 0.25)
+    return cands, _p_normal(crit, m1, v1)
+
+
+def surrogate_power(truth: MixtureScoreLaw, null_roc: Roc, n_in: int, n_out: int, *,
+                    level: float, null_roc_reverse: Roc | None = None,
+                    sides: str = "best") -> float:
+    """The normal surrogate's power of the best candidate design (a search aid:
+    ``design_curve`` evaluates its best ones exactly)."""
+    rev = null_roc if null_roc_reverse is None else null_roc_reverse
+    return float(np.max(_curve_surrogate(truth, null_roc, rev, n_in, n_out, level, sides)[1]))
+
+
 def design_curve(truth: MixtureScoreLaw, null_roc: Roc, n_in: int, n_out: int, *,
                  level: float, null_roc_reverse: Roc | None = None, sides: str = "best",
                  top: int = 3) -> tuple[RankDesign, float]:
@@ -274,14 +305,7 @@ def design_curve(truth: MixtureScoreLaw, null_roc: Roc, n_in: int, n_out: int, *
     n_in, n_out = check_count(n_in, "n_in", 1), check_count(n_out, "n_out", 1)
     level = check_open_unit(level, "level")
     rev = null_roc if null_roc_reverse is None else null_roc_reverse
-    cands = _candidates(n_in, n_out, sides)
-    sur = _Surrogate(cands, n_in, n_out)
-    m0, v0 = sur.law(null_roc, rev, upper=True)
-    m1, v1 = sur.law(truth.roc, truth.roc_reverse, upper=False)
-    from scipy.special import ndtri
-
-    crit = m0 + 0.5 - ndtri(level) * np.sqrt(v0 + 0.25)
-    pw = _p_normal(crit, m1, v1)
+    cands, pw = _curve_surrogate(truth, null_roc, rev, n_in, n_out, level, sides)
     best, best_power = None, -1.0
     for i in np.argsort(-pw)[: max(1, int(top))]:
         k_hi, k_lo = cands[i]

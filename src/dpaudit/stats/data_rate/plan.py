@@ -44,7 +44,12 @@ from dpaudit.stats.data_rate.count_test import (
     count,
     null_p_value,
 )
-from dpaudit.stats.data_rate.design import EpsilonDesign, design_curve, design_epsilon
+from dpaudit.stats.data_rate.design import (
+    EpsilonDesign,
+    design_curve,
+    design_epsilon,
+    surrogate_power,
+)
 from dpaudit.stats.data_rate.law import MixtureScoreLaw, mixture_score_law
 
 CONDITIONAL_ON = ("the mechanism being a Poisson-subsampled Gaussian at the claimed sample rate, "
@@ -98,7 +103,7 @@ class DataRatePlan:
 
     def evaluate(self, scores_in, scores_out, *, family_roc: Callable[[float], Roc],
                  epsilon_of_sigma: Callable[[float], float] | None = None,
-                 sigma_rtol: float = 2e-3) -> DataRateEvidence:
+                 sigma_rtol: float = 2e-3, sigma_floor: float = 0.25) -> DataRateEvidence:
         """The evidence of these scores (module doc).
 
         Args:
@@ -112,6 +117,10 @@ class DataRatePlan:
             epsilon_of_sigma: sigma -> the accountant's epsilon at ``delta`` (the user's
                 accountant; ``ThreatModel.estimated_epsilon``); None: not converted.
             sigma_rtol: relative width of the sigma_upper search.
+            sigma_floor: the search stops at this fraction of the claimed sigma (a run
+                rejected even there reports sigma_upper = that floor: "at most"); below it
+                the accountant's curves cost GBs at thousands of steps (Opacus' PRV at sigma
+                0.3, T 2,500: 5.8 GB), and such a run is refuted anyway.
         """
         c_eps = count(scores_in, scores_out, self.epsilon.design)
         eps, p_eps = certify_epsilon_at(self.epsilon.design, c_eps, delta=self.delta,
@@ -124,7 +133,7 @@ class DataRatePlan:
         p_claim = null_p_value(self.family, c_fam, claimed)
         sigma_upper = noise_upper_bound_counts(
             self.family, c_fam, family_roc, self.noise_multiplier, level=beta,
-            rtol=sigma_rtol)
+            rtol=sigma_rtol, sigma_min=sigma_floor * self.noise_multiplier)
         eps_family = None
         if epsilon_of_sigma is not None and np.isfinite(sigma_upper):
             eps_family = float(epsilon_of_sigma(sigma_upper))
@@ -189,19 +198,21 @@ class DataRateEvidence:
 
 def noise_upper_bound_counts(design: RankDesign, statistic,
                              family_roc: Callable[[float], Roc], sigma_start: float, *,
-                             level: float, rtol: float = 2e-3) -> float:
+                             level: float, rtol: float = 2e-3,
+                             sigma_min: float | None = None) -> float:
     """Smallest noise multiplier whose claimed curve ``family_roc(sigma)`` the count test
     rejects at ``level`` with the observed ``statistic`` (``Counts`` or S), by
     ``stats.claim.smallest_rejected_sigma``'s search (+inf when none up
     to 10^4 x ``sigma_start`` is). The statistic is fixed and a larger sigma claims a lower
     curve (a smaller null), so the p-value decreases with sigma: every sigma above the one
-    returned is rejected too."""
+    returned is rejected too. The search goes no lower than ``sigma_min`` (returned when it
+    is itself rejected: "at most")."""
     level = check_open_unit(level, "level")
 
     def rejected(sigma: float) -> bool:
         return null_p_value(design, statistic, family_roc(sigma)) <= level
 
-    return smallest_rejected_sigma(rejected, sigma_start, rtol=rtol)
+    return smallest_rejected_sigma(rejected, sigma_start, rtol=rtol, sigma_min=sigma_min)
 
 
 def _curve_design(law: MixtureScoreLaw, args: dict, n_in: int, n_out: int,
@@ -209,12 +220,17 @@ def _curve_design(law: MixtureScoreLaw, args: dict, n_in: int, n_out: int,
     """(design, kappa, power): ``design_curve`` with the claim as the truth and, as the
     null, the claimed mechanism at sigma (1 + kappa) (its exact curve, a stand-in for the
     accountant's), for the smallest kappa of ``_KAPPAS`` whose best design rejects it with
-    probability >= 1/2 (the largest kappa otherwise)."""
+    probability >= 1/2 (the largest kappa otherwise). The normal surrogate skips the kappas
+    it finds hopeless; the exact power decides."""
     best = None
     for kappa in _KAPPAS:
         null = mixture_score_law(args["steps"], args["sample_rate"],
                                  args["noise_multiplier"] * (1 + kappa),
                                  canary_norm=args["canary_norm"])
+        if kappa != _KAPPAS[-1] and surrogate_power(
+                law, null.roc, n_in, n_out, level=level,
+                null_roc_reverse=null.roc_reverse) < 0.4:
+            continue
         d, pw = design_curve(law, null.roc, n_in, n_out, level=level,
                              null_roc_reverse=null.roc_reverse)
         best = (d, kappa, pw)
