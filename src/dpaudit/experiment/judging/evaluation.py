@@ -389,13 +389,15 @@ class LowerInput:
     scores_in: np.ndarray
     scores_out: np.ndarray
     threat: ThreatModel
+    history: tuple | None = None  # the user's accountant's: the claim tested
 
     def evaluate(self, confidence: float, refutation: float) -> dict:
         """``lower_side.data_rate_lower_side`` of these scores."""
         from dpaudit.experiment.judging.lower_side import data_rate_lower_side
 
         return data_rate_lower_side(self.scores_in, self.scores_out, self.threat,
-                                    confidence=confidence, refutation_level=refutation)
+                                    confidence=confidence, refutation_level=refutation,
+                                    history=self.history)
 
 
 @dataclass(frozen=True)

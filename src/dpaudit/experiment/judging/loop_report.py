@@ -338,7 +338,8 @@ def audit_report(
     if hook is None and privacy_engine is None:
         claim = None  # raw scores and a threat model: no claim about training data
     split = split_scores(loop.scores, loop.membership)
-    lower, lower_why = (None, "") if hook is None else lower_input(hook, index, claim_delta)
+    lower, lower_why = ((None, "") if hook is None else
+                        lower_input(hook, index, claim_delta, claim.history))
     notes = [] if hook is None else dropped_notes(hook)
     notes += [n for n in (lower_why, getattr(hook, "canary_note", "")) if n]
     evidence = evaluate_scores(
@@ -374,7 +375,8 @@ def audit_report(
     return result
 
 
-def lower_input(hook, index: int, delta: float) -> tuple[LowerInput | None, str]:
+def lower_input(hook, index: int, delta: float, history=None
+                ) -> tuple[LowerInput | None, str]:
     """The lower side's input: the scores of the hook's set inserted like an example beside
     the audited one (``inserted_like_an_example``), members and non-members of the mixture
     likelihood ratio, and their threat model; None and why when there is none, or when its
@@ -395,7 +397,8 @@ def lower_input(hook, index: int, delta: float) -> tuple[LowerInput | None, str]
     member = np.asarray(c.policies) != "never"
     s = np.asarray(scores["mixture_lr"][start:stop], dtype=np.float64)
     threat = threat_model_from_hook(hook, c, delta, member)
-    return LowerInput(s[member], s[~member], threat), ""
+    return LowerInput(s[member], s[~member], threat,
+                      None if history is None else tuple(tuple(h) for h in history)), ""
 
 
 def dropped_notes(hook) -> list[str]:

@@ -30,8 +30,32 @@ from dpaudit.threat_model import ThreatModel
 SCORE = "mixture_lr"  # the data-rate canaries' statistic (attacks.mixture.MixtureLR)
 
 
+def accounted_threat(threat: ThreatModel, history) -> tuple[ThreatModel, str]:
+    """The canaries' claim as the user's accountant composes it: its history's noise
+    multiplier, rate and steps (the least private entry's sigma and q over all the steps where
+    they vary: an upper bound on the claimed curve, so the claim test stays valid), at the
+    canaries' norm and delta; ``threat`` itself (the optimizer's settings) without a history.
+    An accountant told more noise, fewer steps or a smaller rate than the canaries saw then
+    claims a curve they can refute, end to end."""
+    if not history:
+        return threat, "the optimizer's settings as the hook read them"
+    sigma = min(float(h[0]) for h in history)
+    q = max(float(h[1]) for h in history)
+    steps = sum(int(h[2]) for h in history)
+    if sigma <= 0 or not 0 < q < 1 or steps < 1:
+        return threat, "the optimizer's settings (the accountant's history is not a Poisson one)"
+    vary = len({(float(h[0]), float(h[1])) for h in history}) > 1
+    where = ("the accountant's history" + (" (its least private entry over every step)"
+                                           if vary else ""))
+    return ThreatModel(noise_multiplier=sigma, max_grad_norm=threat.max_grad_norm,
+                       sample_rate=q, steps=steps, delta=threat.delta,
+                       canary_kind=threat.canary_kind, canary_norm=threat.canary_norm,
+                       training_sample_rate=q), where
+
+
 def data_rate_lower_side(scores_in, scores_out, threat: ThreatModel, *, confidence: float,
-                         refutation_level: float, ceiling: bool = False) -> dict:
+                         refutation_level: float, ceiling: bool = False,
+                         history=None) -> dict:
     """The lower side's block (module doc) from the data-rate canaries' summed mixture log-LR
     scores (members, non-members) under ``threat`` (Poisson at the data's q, norm C, the
     claimed sigma, T and the user's delta).
@@ -41,6 +65,7 @@ def data_rate_lower_side(scores_in, scores_out, threat: ThreatModel, *, confiden
         threat: their ``ThreatModel`` (realising the training data's).
         confidence: the certified statements' confidence.
         refutation_level: the claim test's share of the PRIVACY BUG level.
+        history: the user's accountant's history (``accounted_threat``): the claim tested.
         ceiling: also compute the count ceiling over every rank design (exact, on the
             claimed score law; seconds): the report otherwise gives the pre-registered
             design's own median on a correct run (``expected``), which is that ceiling or
@@ -51,6 +76,7 @@ def data_rate_lower_side(scores_in, scores_out, threat: ThreatModel, *, confiden
     if s_in.size == 0 or s_out.size == 0:
         raise ValueError(f"the data-rate canaries have {s_in.size} members and {s_out.size} "
                          "non-members: the lower side needs both")
+    threat, claim_from = accounted_threat(threat, history)
     plan = data_rate_plan(threat, s_in.size, s_out.size, confidence=confidence,
                           refutation_level=refutation_level)
     ev = data_rate_evidence(plan, threat, s_in, s_out)
@@ -71,7 +97,10 @@ def data_rate_lower_side(scores_in, scores_out, threat: ThreatModel, *, confiden
                        "refute_p_value": ev.refute_p_value, "refuted": ev.refuted,
                        "refutation_level": float(refutation_level),
                        "curve": "the accountant's curve at the claimed sigma, q, T, C (PRV "
-                                "with its error bounds)"},
+                                "with its error bounds)", "claim_from": claim_from,
+                       "claimed": {"noise_multiplier": threat.noise_multiplier,
+                                   "sample_rate": threat.sample_rate,
+                                   "steps": threat.steps}},
         "refuted": bool(ev.refuted),
         "expected": plan.expected,
         "expected_kind": "on a correct run of the claim, exact: the median certified epsilon of "
