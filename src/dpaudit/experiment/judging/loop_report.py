@@ -429,6 +429,10 @@ def _loop_scores(hook, index, scores, membership, threat, delta, rung,
         start, stop, canary_set = _canary_slice(hook, index)
         if scores is None:
             scores = {k: v[start:stop] for k, v in hook.scores().items()}
+            if "scalar" in scores and "bernoulli" not in getattr(canary_set, "policies", ()):
+                # the mixture LR at the data's rate is the test of canaries inserted like an
+                # example; for every-step canaries the scalar product is the same test
+                scores.pop("mixture_lr", None)
         if rung != "white_box":
             from dpaudit.capture.final_state import rung_scores
 
