@@ -30,7 +30,11 @@ Configurations (``--configs``; each a ``run_audit`` call, or the own loop of
 * ``own_bf16``: the own loop of the GroupNorm CNN (bfloat16's largest clipping excess) with its
   forward under bfloat16 autocast;
 * ``own_per_layer`` / ``own_adaptive``: the own loop of an MLP with Opacus' per-layer or
-  adaptive clipping.
+  adaptive clipping;
+* ``own_default``: the README's own loop as written (digits, a linear model with
+  ``add_canary_block``, ``make_private_with_epsilon(4, 1e-5, epochs=10)``) with the hook's
+  defaults: the every-step stress test and 10^4 canaries per side inserted like an example,
+  whose claim test of the user's curve refutes at its share of the PRIVACY BUG level.
 
 Every own loop gives its loader to the hook, so all the checks of the mechanism's other doors
 run (sampling by example, duplicates, the model's integrity, the noise probe). Besides the
@@ -84,6 +88,7 @@ CONFIGS = {
     "own_bf16": ("conv2d_groupnorm", "bf16"),
     "own_per_layer": ("linear", "per_layer"),
     "own_adaptive": ("linear", "adaptive"),
+    "own_default": ("readme", "default"),
 }
 NEW_STATISTICS = ("count_noise",)  # this release's
 LEVELS = (1e-2, 1e-3, 1e-4)
@@ -101,6 +106,8 @@ def run_config(name: str, seed: int, scratch: str) -> dict:
         from own_loop_models import own_loop_audit, own_loop_ddp_audit
 
         family, variant = (spec, None) if isinstance(spec, str) else spec
+        if variant == "default":
+            return readme_loop_audit(seed)
         if variant == "ddp":
             return own_loop_ddp_audit(seed=seed)
         if variant == "optimizers":
@@ -123,6 +130,30 @@ def run_config(name: str, seed: int, scratch: str) -> dict:
 
         shutil.rmtree(out, ignore_errors=True)
     return res
+
+
+def readme_loop_audit(seed: int, epochs: int = 10) -> dict:
+    """The README's own loop as written (``own_default``), hook defaults, the user's delta."""
+    import torch
+    from opacus import PrivacyEngine
+
+    from dpaudit import AuditHook, add_canary_block, audit_report, load_dataset
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    add_canary_block(model)
+    engine, data = PrivacyEngine(), load_dataset("digits")[0]
+    model, optimizer, loader = engine.make_private_with_epsilon(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5), target_epsilon=4.0,
+        target_delta=1e-5, epochs=epochs, max_grad_norm=1.0,
+        data_loader=torch.utils.data.DataLoader(data, batch_size=64))
+    with AuditHook(optimizer, model, data_loader=loader, seed=seed) as hook:
+        for _ in range(epochs):
+            for x, y in loader:
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                optimizer.step()
+    return audit_report(hook, privacy_engine=engine, delta=1e-5)
 
 
 def config_seed(name: str, s: int) -> int:
@@ -156,15 +187,18 @@ def one(args: tuple) -> dict:
         # 65: step by step, and the one-scale figure beside)
         "training": {k: (v.get("training_data") or {}).get(k) for k in
                      ("epsilon_claimed", "epsilon_upper", "epsilon_upper_one_scale",
-                      "upper_status", "accountant")},
+                      "epsilon_lower", "upper_status", "upper_reasons", "accountant")},
+        # the canaries inserted like an example (issue 66): their claim test's p-values
+        "lower_test": (((v.get("training_data") or {}).get("lower") or {})
+                       .get("claim_test")),
     }
 
 
 def table(rows: list[dict]) -> list[str]:
     out = ["| configuration | audits | PRIVACY BUG | consistent | with a warning | "
            + " | ".join(f"adjusted p < {a:g} (nominal)" for a in LEVELS)
-           + " | median smallest p | CPU s / audit |",
-           "|---|---|---|---|---|" + "---|" * len(LEVELS) + "---|---|"]
+           + " | median smallest p | CPU s / audit | not verified |",
+           "|---|---|---|---|---|" + "---|" * len(LEVELS) + "---|---|---|"]
     for name in dict.fromkeys(r["config"] for r in rows):
         rs = [r for r in rows if r["config"] == name]
         adj = [r["adjusted"] for r in rs if r["adjusted"] is not None]
@@ -177,7 +211,8 @@ def table(rows: list[dict]) -> list[str]:
             f"| {name} | {len(rs)} | {sum(r['status'] == 'privacy_bug' for r in rs)} | "
             f"{sum(r['status'] == 'consistent' for r in rs)} | "
             f"{sum(r['warnings'] > 0 for r in rs)} | " + " | ".join(cells)
-            + f" | {median_p} | {cpu[len(cpu) // 2]:.1f} |"
+            + f" | {median_p} | {cpu[len(cpu) // 2]:.1f} | "
+            f"{sum(r['status'] == 'not_verified' for r in rs)} |"
         )
     rs = rows
     adj = [r["adjusted"] for r in rs if r["adjusted"] is not None]
@@ -186,8 +221,27 @@ def table(rows: list[dict]) -> list[str]:
         f"{sum(r['status'] == 'consistent' for r in rs)} | "
         f"{sum(r['warnings'] > 0 for r in rs)} | "
         + " | ".join(f"{sum(p < a for p in adj) / len(adj):.4f} ({a:g})" for a in LEVELS)
-        + " | - | - |"
+        + f" | - | - | {sum(r['status'] == 'not_verified' for r in rs)} |"
     )
+    return out
+
+
+def not_verified(rows: list[dict]) -> list[str]:
+    """Why correct audits were not verified: per configuration, the premises not observed
+    (the names that lead each reason) and how often."""
+    out = ["| configuration | audits | not verified | premises not seen (count) |",
+           "|---|---|---|---|"]
+    for name in dict.fromkeys(r["config"] for r in rows):
+        rs = [r for r in rows if r["config"] == name]
+        nv = [r for r in rs if (r.get("training") or {}).get("upper_status") not in
+              (None, "verified")]
+        why: dict[str, int] = {}
+        for r in nv:
+            for reason in r["training"].get("upper_reasons") or []:
+                key = reason.split(":", 1)[0]
+                why[key] = why.get(key, 0) + 1
+        out.append(f"| {name} | {len(rs)} | {len(nv)} | "
+                   + (", ".join(f"{k} ({n})" for k, n in why.items()) or "-") + " |")
     return out
 
 
@@ -246,6 +300,14 @@ def main() -> None:
     bugs = [r for r in rows if r["status"] == "privacy_bug"]
     for r in bugs:
         print(f"FALSE ALARM {r['config']} seed {r['seed']}: {r['message']}")
+    print()
+    print("\n".join(not_verified(rows)))
+    tests = [r["lower_test"] for r in rows if r.get("lower_test")]
+    if tests:
+        print(f"claim tests of the canaries inserted like an example: {len(tests)} audits, "
+              f"{sum(t['refuted'] for t in tests)} refuted at their share of the PRIVACY BUG "
+              f"level, {sum(t['rejected'] for t in tests)} rejected at 95%; smallest p "
+              f"{min(t['refute_p_value'] for t in tests):.3g}")
     default = [r for r in rows if r["config"] == "default" and r["seed"] < 50]
     if default:
         print(f"default audit, seeds 0-{max(r['seed'] for r in default)}: "
