@@ -22,6 +22,8 @@ certify at this K on a correct run) is reported beside.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from dpaudit.forecast import data_rate_ceiling, data_rate_evidence, data_rate_plan
@@ -47,10 +49,9 @@ def accounted_threat(threat: ThreatModel, history) -> tuple[ThreatModel, str]:
     vary = len({(float(h[0]), float(h[1])) for h in history}) > 1
     where = ("the accountant's history" + (" (its least private entry over every step)"
                                            if vary else ""))
-    return ThreatModel(noise_multiplier=sigma, max_grad_norm=threat.max_grad_norm,
-                       sample_rate=q, steps=steps, delta=threat.delta,
-                       canary_kind=threat.canary_kind, canary_norm=threat.canary_norm,
-                       training_sample_rate=q), where
+    # the hook's threat model with the history's parameters (assembled once, in plan)
+    return replace(threat, noise_multiplier=sigma, sample_rate=q, steps=steps,
+                   training_sample_rate=q), where
 
 
 def data_rate_lower_side(scores_in, scores_out, threat: ThreatModel, *, confidence: float,
