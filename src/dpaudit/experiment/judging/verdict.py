@@ -114,9 +114,9 @@ def verdict(
     white_fired, white_warned = fired(white_box), warned(white_box)
     canaries_status = _canaries_status(refuted_by, rejected_only, est_eps > claimed,
                                        est_rejected)
-    lower = (training_data or {}).get("lower") or {}
-    lower_test = lower.get("claim_test") or {}
-    if refuted_by or white_fired or lower.get("refuted"):
+    data_lower = (training_data or {}).get("lower") or {}  # not ``lower``: the rounding
+    lower_test = data_lower.get("claim_test") or {}
+    if refuted_by or white_fired or data_lower.get("refuted"):
         status = PRIVACY_BUG
     elif est_eps > claimed or est_rejected:
         status = ESTIMATE_ABOVE_CLAIM
@@ -135,7 +135,7 @@ def verdict(
             f"certified epsilon >= {lower(cert_eps)} ({cert.attack}/{cert.method}) exceeds "
             f"the canaries' claimed {point(claimed)} at {level_words(confidence)}")
     warnings_ = [describe(white_box[k]) for k in white_warned] + canary_warnings
-    if lower_test.get("rejected") and not lower.get("refuted"):
+    if lower_test.get("rejected") and not data_lower.get("refuted"):
         warnings_.append(
             f"the canaries inserted like an example reject your claimed curve at "
             f"{level_words(confidence)} (p = {lower_test['p_value']:.2g}) but not at the PRIVACY "
