@@ -44,12 +44,15 @@ def test_bad_config_fails_with_a_clear_message(tmp_path, override, needle):
 
 
 def test_default_audit_tiny_end_to_end(tmp_path):
-    proc = run_cli(tmp_path, "dp.steps=10", "canary.count=20", "progress=false")
+    # sigma 6 (the default is 1), without canaries inserted like an example
+    proc = run_cli(tmp_path, "dp.steps=10", "dp.noise_multiplier=6", "canary.count=20",
+                   "canary.lower_side=0", "progress=false")
     assert proc.returncode == 0, proc.stderr
     assert "threat model: gradient canaries" in proc.stdout
     assert "confidence 95%" in proc.stdout  # the table states its confidence level
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["steps"] == 10 and res["settings"]["canary"]["count"] == 20
+    assert "canaries inserted like an example: none added: canary.lower_side=0" in proc.stdout
     assert res["settings"]["model"] == {"name": "mlp", "width": 400, "init": "random",
                                         "pretrain_epochs": 5, "pretrain_lr": 0.01,
                                         "pretrain_batch_size": 32}  # AuditSettings()
