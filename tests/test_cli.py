@@ -44,12 +44,15 @@ def test_bad_config_fails_with_a_clear_message(tmp_path, override, needle):
 
 
 def test_default_audit_tiny_end_to_end(tmp_path):
-    proc = run_cli(tmp_path, "dp.steps=10", "canary.count=20", "progress=false")
+    # sigma 6 (the default is 1), without canaries inserted like an example
+    proc = run_cli(tmp_path, "dp.steps=10", "dp.noise_multiplier=6", "canary.count=20",
+                   "canary.lower_side=0", "progress=false")
     assert proc.returncode == 0, proc.stderr
     assert "threat model: gradient canaries" in proc.stdout
     assert "confidence 95%" in proc.stdout  # the table states its confidence level
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["steps"] == 10 and res["settings"]["canary"]["count"] == 20
+    assert "canaries inserted like an example: none added: canary.lower_side=0" in proc.stdout
     assert res["settings"]["model"] == {"name": "mlp", "width": 400, "init": "random",
                                         "pretrain_epochs": 5, "pretrain_lr": 0.01,
                                         "pretrain_batch_size": 32}  # AuditSettings()
@@ -193,12 +196,21 @@ def test_errors_before_training(tmp_path, overrides, needle):
 @pytest.mark.slow
 def test_readme_input_canary_command(tmp_path):
     """issue 12 Found 3: `dpaudit canary=input attack=covariance canary.selection=hard` runs
-    as written with the input group's defaults (50 canaries), and says to expect bounds of 0."""
+    as written with the input group's defaults (50 canaries), certifies 0 and says why (the
+    canaries share one model: only the one-run methods certify); at sigma 6 it says so before
+    training too."""
     proc = run_cli(tmp_path, "canary=input", "attack=covariance", "canary.selection=hard",
                    "progress=false")
     assert proc.returncode == 0, proc.stderr
-    c = json.loads((tmp_path / "results.json").read_text())["settings"]["canary"]
+    res = json.loads((tmp_path / "results.json").read_text())
+    c = res["settings"]["canary"]
     assert (c["kind"], c["count"], c["selection"]) == ("input", 50, "hard")
+    assert res["verdict"]["best_lower_bound"] == 0.0
+    assert "certified 0: these canaries are not independent experiments" in proc.stdout
+    assert "canaries inserted like an example: none added: canary.kind=input" in proc.stdout
+    proc = run_cli(tmp_path / "sigma6", "canary=input", "attack=covariance",
+                   "canary.selection=hard", "dp.noise_multiplier=6", "progress=false")
+    assert proc.returncode == 0, proc.stderr
     assert "expect epsilon bounds of 0: canary.count=50" in proc.stderr
 
 

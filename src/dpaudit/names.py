@@ -29,6 +29,10 @@ CANARY_DESIGNS = ("gradient", "input")
 # that the capture hook and the torch-free settings share one tuple
 CANARY_POLICIES = ("every_step", "bernoulli", "never")
 CANARY_KINDS = ("gradient", "input")  # the canaries a ThreatModel knows (threat_model.py)
+# canaries inserted like an example (the lower side of the user's epsilon), per side, by
+# default: the own loop's second set (capture.canary_choice) and the CLI's canary.lower_side;
+# the lower side's power grows with their number (DESIGN 4.5)
+DATA_RATE_PER_SIDE = 10_000
 ESTIMATORS = ("dense", "diagonal", "ledoit_wolf", "oas", "woodbury")
 # the threat-model ladder's rungs, strongest adversary first: every released gradient, the
 # final parameters only, the final model's outputs only (experiment.judging.ladder)

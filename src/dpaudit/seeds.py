@@ -44,6 +44,10 @@ CLIP_CHECK = 0xC11
 NOISE_SKETCH = 0x5EED
 # The hook's noise probe: which steps after the first run add_noise on zero clipped sums.
 NOISE_PROBE = 0x9B0E
+# One-run audits' canaries inserted like an example (``canary.lower_side``): which of the
+# canary block's coordinates are members, and their per-step Bernoulli(q) inclusion draws.
+DATA_RATE_MEMBERSHIP = 0xDA7A
+DATA_RATE_INCLUSION = 0xDA7B
 
 
 def stream(seed, tag: int) -> np.random.Generator:

@@ -14,7 +14,8 @@ TINY = {
     "data": {"name": "digits"},
     "model": {"name": "logreg"},
     "dp": {"noise_multiplier": 4.0, "steps": 40, "batch_size": 64},
-    "canary": {"kind": "gradient", "count": 40},
+    # no canaries inserted like an example: tests/experiment/test_lower_side_cli.py has them
+    "canary": {"kind": "gradient", "count": 40, "lower_side": 0},
     "attack": {"scores": ["scalar", "mixture_lr"]},
     "audit": {"methods": ["gdp", "gaussian", "clopper_pearson"]},
     "progress": False,

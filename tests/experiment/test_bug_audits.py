@@ -45,7 +45,7 @@ def test_halved_noise_is_flagged_by_dirac_canaries_on_dead_weights():
     cfg = {
         "model": {"name": "mlp", "width": 100},
         "dp": {"noise_multiplier": 10.0, "steps": 100, "bug": "halved_noise"},
-        "canary": {"kind": "gradient", "count": 300, "view": "auto"},
+        "canary": {"kind": "gradient", "count": 300, "view": "auto", "lower_side": 0},
         "attack": {"scores": ["scalar", "mixture_lr"]},
         "audit": {"methods": ["gdp", "gaussian", "clopper_pearson"]},
         "progress": False,

@@ -18,7 +18,7 @@ from dpaudit.experiment.canary_designs import DESIGNS, GradientDesign, InputDesi
 from dpaudit.experiment.plan import independent_canaries, plan_audit, planned_threat_model
 
 TINY = dict(canary={"kind": NAME, "count": 200, "options": {"support": 8}},
-            dp={"steps": 20}, progress=False)
+            dp={"noise_multiplier": 6.0, "steps": 20}, progress=False)
 
 
 @pytest.fixture
@@ -91,7 +91,9 @@ def test_a_design_written_for_the_old_interface_still_audits_with_a_warning(spar
     new = run_audit(**TINY)
     for key in ("attacks", "claim", "bounds", "theory", "canary_info", "independent_canaries",
                 "verdict"):  # as JSON: a bound that does not apply is NaN on both sides
-        assert json.dumps(old[key], sort_keys=True) == json.dumps(new[key], sort_keys=True), key
+        # (the reason the report gives for no canaries inserted like an example names the kind)
+        was = json.dumps(old[key], sort_keys=True).replace(legacy_design.NAME, NAME)
+        assert was == json.dumps(new[key], sort_keys=True), key
 
 
 def test_without_registration_the_kind_is_refused_naming_the_designs():

@@ -139,8 +139,12 @@ def test_another_rung_refuting_is_a_warning_of_the_verdict():
 
 
 def test_cli_hidden_state_audit_reports_the_ladder():
+    # with canaries inserted like an example beside the audited ones (a few): the ladder's
+    # rungs score the audited set alone (its 150 canaries' membership splits them)
     res = run_audit(audit={"threat_model": "hidden_state"}, dp={"steps": 20},
-                    canary={"count": 150}, model={"width": 50}, progress=False)
+                    canary={"count": 150, "lower_side": 200}, model={"width": 50},
+                    progress=False)
+    assert res["verdict"]["training_data"]["lower"]["canaries"] == [200, 200]
     rows = _rows(res)
     assert rows["hidden_state"]["certified_epsilon"] == rows["white_box"]["certified_epsilon"]
     assert "threat-model ladder" in console_table(res)

@@ -640,7 +640,7 @@ def test_sweep_summary_lists_other_tasks_and_keeps_booleans(tmp_path):
     for job in ("0", "1", "2"):
         (tmp_path / job / ".hydra").mkdir(parents=True)
     run_audit(output_dir=tmp_path / "0", model={"name": "logreg"}, progress=False,
-              dp={"noise_multiplier": 3.0, "steps": 6}, canary={"count": 20})
+              dp={"noise_multiplier": 3.0, "steps": 6}, canary={"count": 20, "lower_side": 0})
     stats_demo(mus=(1.0,), n=200, output_dir=str(tmp_path / "1"))
     lr_histograms(tmp_path / "2", n=50, d=100, rounds=50, targets=("easy",))
     demo = json.loads((tmp_path / "1" / "results.json").read_text())

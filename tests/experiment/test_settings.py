@@ -63,10 +63,11 @@ def test_clipping_settings_are_refused_by_name(dp, key):
 
 
 def test_clipping_defaults_fill_in():
-    dp = AuditSettings.from_mappings(dp={"clipping": "adaptive"}).dp
+    dp = AuditSettings.from_mappings(dp={"clipping": "adaptive", "noise_multiplier": 6.0}).dp
     assert dp.clipbounds() == (0.01, 100.0)
     # the larger of B / 20 and 2 sigma: the gradient's multiplier at most 1.033 sigma
     assert dp.count_std() == 12.0
+    assert AuditSettings.from_mappings(dp={"clipping": "adaptive"}).dp.count_std() == 3.2
     sigma_g = (dp.noise_multiplier**-2 - (2 * dp.count_std()) ** -2) ** -0.5
     assert sigma_g == pytest.approx(dp.noise_multiplier / np.sqrt(1 - 1 / 16))
 
@@ -75,6 +76,8 @@ def test_default_settings_validate():
     s = AuditSettings()
     s.check()
     assert (s.model.name, s.model.width, s.dp.steps, s.canary.count) == ("mlp", 400, 100, 1000)
+    # sigma 1: the training data's epsilon is 3.35 at delta 1e-5, bracketed from both sides
+    assert (s.dp.noise_multiplier, s.canary.lower_side) == (1.0, None)
 
 
 def test_multi_run_needs_two_runs():
@@ -143,7 +146,7 @@ def test_ideal_scores_are_the_likelihood_ratio_of_the_claimed_mechanism(q):
 
 
 def test_poisson_canary_defaults_say_before_training_that_they_certify_nothing():
-    """canary=gradient_poisson at the default dp (sigma 6, q = 0.048, 200 canaries): even the
+    """canary=gradient_poisson at sigma 6 (q = 0.048, 200 canaries): even the
     most powerful attack certifies 0, said with what to change; at sigma 1 and 1000 canaries
     a positive bound is expected and nothing is said."""
     def expect(noise, count):

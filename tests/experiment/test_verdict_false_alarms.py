@@ -15,7 +15,9 @@ digits, a few steps, each audit about a second):
 * one-run, 30 Dirac gradient canaries inserted like real examples (Poisson, q_c = q; scored
   by the mixture likelihood ratio, the design's default).
 
-Every audit also runs the white-box checks (the noise's scale, law, alignment and freshness,
+None adds canaries inserted like an example on a canary block (``canary.lower_side=0``):
+their claim test's validity is ``tests/stats/data_rate``'s. Every audit also runs the
+white-box checks (the noise's scale, law, alignment and freshness,
 the released noise floor, Poisson sampling of the batches, the clipping check, the bookkeeping,
 the normalisation), which share the same 1e-6.
 
@@ -34,14 +36,16 @@ from dpaudit.experiment import run_audit
 DIRAC = {
     "model": {"name": "logreg"},
     "dp": {"noise_multiplier": 2.0, "steps": 10},
-    "canary": {"kind": "gradient", "direction": "dirac", "count": 30, "view": "auto"},
+    "canary": {"kind": "gradient", "direction": "dirac", "count": 30, "view": "auto",
+               "lower_side": 0},
     "attack": {"scores": ["scalar"]},
     "audit": {"methods": ["clopper_pearson", "one_run", "gdp", "gaussian"]},
 }
 FEW = {
     "model": {"name": "logreg"},
     "dp": {"noise_multiplier": 1.0, "steps": 10},
-    "canary": {"kind": "gradient", "direction": "dirac", "count": 8, "view": "auto"},
+    "canary": {"kind": "gradient", "direction": "dirac", "count": 8, "view": "auto",
+               "lower_side": 0},
     "attack": {"scores": ["scalar"]},
     "audit": {"methods": ["clopper_pearson", "one_run", "gdp", "gaussian"]},
 }
@@ -63,7 +67,7 @@ POISSON = {
     "model": {"name": "logreg"},
     "dp": {"noise_multiplier": 1.0, "steps": 20},
     "canary": {"kind": "gradient", "direction": "dirac", "count": 30, "view": "auto",
-               "policy": "bernoulli"},
+               "policy": "bernoulli", "lower_side": 0},
     "audit": {"methods": ["clopper_pearson", "one_run", "gdp", "gaussian"]},
 }
 

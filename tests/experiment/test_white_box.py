@@ -23,9 +23,10 @@ from dpaudit.experiment.judging.white_box import (
 )
 
 # the default audit's shape (MLP, Dirac canaries on its dead first-layer weights, every step),
-# small: width 100 (300 dead coordinates), T = 30
+# small: width 100 (300 dead coordinates), T = 30; without the canaries inserted like an
+# example (their lower side is tests/experiment/test_lower_side_cli.py's)
 TINY = {"model": {"name": "mlp", "width": 100}, "dp": {"steps": 30},
-        "canary": {"count": 300}, "progress": False}
+        "canary": {"count": 300, "lower_side": 0}, "progress": False}
 
 
 def _audit(bug="none", factor=None, seed=1):

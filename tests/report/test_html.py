@@ -16,11 +16,12 @@ import pytest
 from dpaudit.experiment import run_audit
 from dpaudit.experiment.judging.outputs import report_blocks
 from dpaudit.report.files import cell_text
-from dpaudit.report.numbers import point, upper
+from dpaudit.report.numbers import lower, point, upper
 
-TINY = {"dp": {"steps": 20}, "canary": {"count": 200}, "progress": False}
+# the default audit, small (its canaries inserted like an example too, a few hundred)
+TINY = {"dp": {"steps": 20}, "canary": {"count": 200, "lower_side": 300}, "progress": False}
 BUG = {"dp": {"steps": 20, "noise_multiplier": 10.0, "bug": "halved_noise"},
-       "canary": {"count": 200}, "progress": False, "fail_on_bug": False}
+       "canary": {"count": 200, "lower_side": 300}, "progress": False, "fail_on_bug": False}
 
 
 def _bound_cells(result: dict) -> list[list[str]]:
@@ -50,13 +51,14 @@ def test_the_audit_page_is_self_contained_and_holds_results_numbers(default_audi
     expected = _bound_cells(result)
     assert cells == [c for row in expected for c in row]  # the console's cells, in order
     order = [page.index(f'id="{i}"') for i in ("bracket", "verdict", "message", "premises",
-                                               "threat", "claim", "bounds", "stress_test",
+                                               "lower_side", "threat", "claim", "bounds",
+                                               "stress_test",
                                                "white_box", "plots", "canaries", "timing",
                                                "provenance")]
     assert order == sorted(order)  # the bracket, then the console's order after the banner
     assert page.count(html.escape(v["message"])) == 1  # the message, once
     # the page opens with the user's epsilon on a line: the claim between the certified
-    # lower side (none: every-step canaries) and the measured upper side
+    # lower side (the canaries inserted like an example) and the measured upper side
     td = v["training_data"]
     bracket = page[page.index('<figure id="bracket">'):page.index("</figure>")]
     assert "<svg" in bracket and f"claimed {point(td['epsilon_claimed'])}" in bracket
@@ -64,7 +66,8 @@ def test_the_audit_page_is_self_contained_and_holds_results_numbers(default_audi
     # one formatter: the banner rounds the upper side as the picture does (up)
     banner = page[page.index('id="verdict"'):]
     assert f"verified &lt;= {upper(td['epsilon_upper'])}" in banner[:banner.index("</div>")]
-    assert "no certified lower side" in bracket
+    assert f"certified &gt;= {lower(td['epsilon_lower'])}" in bracket
+    assert td["epsilon_lower"] == td["lower"]["epsilon"] and td["lower"]["canaries"] == [300, 300]
 
 
 def _browser():
@@ -131,7 +134,8 @@ def test_pages_in_a_real_browser(tmp_path, default_audit):
             assert seen["cells"] == _bound_cells(result)
         sweep = tmp_path / "sweep"
         cmd = [sys.executable, "-m", "dpaudit", "-m", f"hydra.sweep.dir={sweep}", "dp.steps=20",
-               "canary.count=200", "progress=false", "dp.noise_multiplier=1,2,3,4,6,8"]
+               "canary.count=200", "canary.lower_side=300", "progress=false",
+               "dp.noise_multiplier=1,2,3,4,6,8"]
         subprocess.run(cmd, check=True, capture_output=True, timeout=900)
         subprocess.run([sys.executable, "-m", "dpaudit.tasks.aggregate", "--html", str(sweep)],
                        check=True, capture_output=True, timeout=300)

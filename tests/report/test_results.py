@@ -66,8 +66,9 @@ def test_a_schema_4_file_is_read_without_the_training_datas_block():
 def test_todays_default_audit_reads_back_from_python_and_the_file(tmp_path):
     from dpaudit.experiment import run_audit
 
-    result = run_audit(output_dir=tmp_path, dp={"steps": 20}, canary={"count": 200},
-                       progress=False)
+    # the default audit, small (a few hundred canaries inserted like an example)
+    result = run_audit(output_dir=tmp_path, dp={"steps": 20},
+                       canary={"count": 200, "lower_side": 300}, progress=False)
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["schema_version"] == SCHEMA_VERSION
     typed = AuditResult.read(tmp_path / "results.json")
@@ -83,6 +84,9 @@ def test_todays_default_audit_reads_back_from_python_and_the_file(tmp_path):
     assert all({"name", "status"} <= set(p) for p in td["premises"])
     assert saved["verdict"]["message"].startswith(td["sentence"])
     assert typed.verdict.training_data["epsilon_claimed"] == td["epsilon_claimed"]
+    # the lower side of the canaries inserted like an example, in the file as in Python
+    assert td["lower"]["canaries"] == [300, 300] and "within_family" in td["lower"]
+    assert typed.verdict.training_data["lower"]["epsilon"] == td["epsilon_lower"]
 
 
 def test_bad_files_are_refused_naming_what_is_wrong():

@@ -41,14 +41,24 @@ class ScoreAccumulator:
     Args:
         scores: the ``StepScore`` objects (checked by ``check_scores``).
         num_canaries: K, the length of every step's score vector.
-        keep_per_step: also keep the (K, T) per-step values.
+        keep_per_step: also keep the (K, T) per-step values; an integer k: those of the first
+            k canaries only (k, T) (e.g. an audited set's, beside a large set whose per-step
+            values nobody reads: K x T numbers per score otherwise).
     """
 
-    def __init__(self, scores: Sequence[StepScore], num_canaries: int, keep_per_step: bool):
+    def __init__(self, scores: Sequence[StepScore], num_canaries: int,
+                 keep_per_step: bool | int):
         self.score_fns = check_scores(scores)
         self.names = [s.name for s in self.score_fns]
         self.num_canaries = int(num_canaries)
         self.keep_per_step = bool(keep_per_step)
+        self._rows = None  # keep the per-step values of the first _rows canaries (None: all)
+        if not isinstance(keep_per_step, bool):
+            if (not isinstance(keep_per_step, (int, np.integer))
+                    or not 1 <= keep_per_step <= self.num_canaries):
+                raise ValueError(f"keep_per_step must be True, False or a number of canaries "
+                                 f"in [1, {self.num_canaries}], got {keep_per_step!r}")
+            self._rows = int(keep_per_step)
         self._acc: dict[str, torch.Tensor] = {}
         self._buffer: dict[str, list[torch.Tensor]] = {n: [] for n in self.names}
         self._per_step: dict[str, list[np.ndarray]] = {n: [] for n in self.names}
@@ -83,7 +93,7 @@ class ScoreAccumulator:
                 torch.maximum(acc, v, out=acc)
             if self.keep_per_step:
                 buf = self._buffer[s.name]
-                buf.append(v)
+                buf.append(v if self._rows is None else v[: self._rows])
                 if len(buf) >= _CHUNK:
                     self._flush(s.name)
 
@@ -98,7 +108,8 @@ class ScoreAccumulator:
         return {n: a.cpu().numpy().copy() for n, a in self._acc.items()}
 
     def per_step(self) -> dict[str, np.ndarray]:
-        """Score name -> (K, T) array of per-step values (``keep_per_step`` only)."""
+        """Score name -> (K, T) array of per-step values (``keep_per_step`` only; (k, T) for
+        ``keep_per_step=k``)."""
         if not self.keep_per_step:
             raise RuntimeError("per-step values were not kept: pass keep_per_step=True")
         for n in self._buffer:

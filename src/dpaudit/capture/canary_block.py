@@ -41,13 +41,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpaudit.names import DATA_RATE_PER_SIDE
+
 NAME = "dpaudit_canaries"
 # the hook's default canaries (``canary_choice.default_canaries``): the every-step stress test
-# of the mechanism, and the canaries inserted like an example (the training data's threat
-# model), sized for power: at least this many per side where the coordinates allow; the
-# block's default size holds both
+# of the mechanism, and the canaries inserted like an example, DATA_RATE_PER_SIDE per side;
+# add_canary_block's default size holds both
 STRESS_COUNT = 1000
-DATA_RATE_PER_SIDE = 10_000
 BLOCK_SIZE = STRESS_COUNT + 2 * DATA_RATE_PER_SIDE
 
 
@@ -64,6 +64,7 @@ class CanaryBlock(nn.Module):
         nn.init.zeros_(self.linear.weight)
         self._handle = None
         self.called = False
+        self._zeros = None  # the all-zero input, reused across calls (``_zero_input``)
         # a plain reference (a Module attribute would make the model a child of the block)
         object.__setattr__(self, "_owner", None)
 
@@ -75,10 +76,20 @@ class CanaryBlock(nn.Module):
             return x
         self.called = True
         rows = x.shape[0] if x.ndim else 1
-        zeros = torch.zeros(rows, self.size, device=x.device, dtype=self.linear.weight.dtype)
         # the sum is an exact 0 connected to every example's loss: each example's gradient
         # on the block is (its loss gradient) x (a zero input), exactly zero
-        return x + self.linear(zeros).sum().to(x.dtype)
+        return x + self.linear(self._zero_input(rows, x.device)).sum().to(x.dtype)
+
+    def _zero_input(self, rows: int, device) -> torch.Tensor:
+        """(rows, size) zeros: the first rows of one all-zero buffer kept across calls (nothing
+        writes to it: autograd and Opacus only read a module's input), grown when a batch is
+        larger. Allocating and clearing rows x size floats at every step cost as much as the
+        block's own per-example gradient."""
+        dtype, buf = self.linear.weight.dtype, self._zeros
+        if buf is None or buf.shape[0] < rows or buf.device != device or buf.dtype != dtype:
+            buf = torch.zeros(rows, self.size, device=device, dtype=dtype)
+            self._zeros = buf
+        return buf[:rows]
 
     def coordinates(self, model: nn.Module) -> list[int]:
         """The block's flat coordinates in ``model``'s trainable parameters (the hook's and
@@ -163,9 +174,9 @@ def add_canary_block(model: nn.Module, size: int | None = None) -> CanaryBlock:
     """Give ``model`` a block of ``size`` parameters no data gradient reaches (module doc);
     call it before ``make_private`` and before building the optimizer. Returns the block
     (``block.canaries(model)`` after ``make_private``; ``block.remove()`` after training).
-    ``size``: default ``BLOCK_SIZE`` (21,000: the hook's default canaries, the every-step
-    stress test's 1,000 and 10,000 per side inserted like an example); it costs each step a
-    per-example gradient of ``size`` zeros and ``size`` noise draws."""
+    ``size``: default ``BLOCK_SIZE`` (21,000: the hook's default canaries, the
+    every-step stress test's 1,000 and 10,000 per side inserted like an example); it costs
+    each step a per-example gradient of ``size`` zeros and ``size`` noise draws."""
     if size is None:
         size = BLOCK_SIZE
     if not isinstance(model, nn.Module):

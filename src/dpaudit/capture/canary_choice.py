@@ -21,16 +21,15 @@ from __future__ import annotations
 import numpy as np
 from torch import nn
 
-from dpaudit.capture.canary_block import (
-    BLOCK_SIZE,
-    DATA_RATE_PER_SIDE,
-    NAME,
-    STRESS_COUNT,
-    CanaryBlock,
-)
+from dpaudit.capture.canary_block import BLOCK_SIZE, NAME, STRESS_COUNT, CanaryBlock
 from dpaudit.capture.gradient_canaries import GradientCanaries
+from dpaudit.names import DATA_RATE_PER_SIDE
 
 DEFAULT_COUNT = 1000  # the CLI's default number of gradient canaries
+# the hook's default canaries (``default_canaries``): STRESS_COUNT every-step canaries, the
+# stress test of the mechanism, and the canaries inserted like an example (the training
+# data's threat model), sized for power: at least DATA_RATE_PER_SIDE per side where the
+# coordinates allow; add_canary_block's default size (BLOCK_SIZE) holds both
 
 
 def canary_block_of(model: nn.Module) -> CanaryBlock | None:

@@ -160,6 +160,9 @@ class AuditHook:
     or module names (default: every trainable parameter the DP optimizer updates; trainable
     ones it does not update, ``outside_optimizer``, are watched by the integrity check) for
     everything the canaries insert and scores read.
+    ``keep_per_step`` keeps every step's score values, (K, T) per score (``per_step()``); an
+    integer k keeps the first k canaries' only (an audited set's, beside a large set whose
+    per-step values are not needed).
     ``reference=(inputs, targets[, loss_fn])`` or an ``InputCanaries`` (which may carry
     ``args`` / ``kwargs``) provides reference points whose clipped gradients at theta_t are
     passed to scores with ``requires_reference_grads``.
@@ -221,7 +224,7 @@ class AuditHook:
         canaries: Canaries | Sequence[Canaries] | None = None,
         scores: Sequence[StepScore] | None = None,
         params: str | Sequence[str] | None = None,
-        keep_per_step: bool = False,
+        keep_per_step: bool | int = False,
         trace: Trace | None = None,
         reference: tuple | None = None,
         sample_rate: float | None = None,
@@ -713,7 +716,8 @@ class AuditHook:
         return self._accumulator.scores()
 
     def per_step(self) -> dict[str, np.ndarray]:
-        """Score name -> (K, T) array of per-step values (needs ``keep_per_step=True``)."""
+        """Score name -> (K, T) array of per-step values (needs ``keep_per_step=True``; with
+        ``keep_per_step=k``, (k, T): the first k canaries')."""
         if not self.keep_per_step:
             raise RuntimeError("per-step values were not kept: pass keep_per_step=True")
         self._require_steps()

@@ -107,3 +107,32 @@ class IndependenceWatch:
                 "live_rows": np.flatnonzero(live_rows).tolist(),
             })
         return IndependenceRecord(steps=self._steps, sets=sets)
+
+
+def seen_independent(hook, index: int) -> tuple[bool, str]:
+    """Whether canary set ``index`` of ``hook`` was seen to be independent experiments, and
+    why (not): Dirac gradient canaries on distinct coordinates, every score reading each
+    canary's own coordinate only (``ScalarProduct``, ``MixtureLR``: the hook's
+    ``dirac_rows``), and the data's clipped sum exactly zero there at every step (the hook's
+    ``IndependenceRecord``). Then the release on each canary's coordinate is that canary plus
+    the noise of its coordinate, and the scores are independent draws. The own loop's
+    ``audit_report`` and the CLI's trainings read it alike."""
+    from dpaudit.capture.gradient_canaries import GradientCanaries
+
+    c = hook.canaries[index]
+    if not isinstance(c, GradientCanaries) or not c.is_sparse or c.indices.shape[1] != 1:
+        return False, "not Dirac gradient canaries"
+    if np.unique(c.indices.cpu().numpy()).size != len(c):
+        return False, "two canaries share a coordinate"
+    if not hook.dirac_rows:
+        return False, "a score reads more than each canary's own coordinate"
+    if hook.steps == 0:
+        return False, "no step was recorded"
+    entry = hook.canary_independence().of_set(index)
+    if entry is None or not entry.get("watched"):
+        return False, "not watched"
+    if entry["live_canaries"]:
+        return False, (f"the data reached {entry['live_canaries']} canaries (first at step "
+                       f"{entry['first_step']})")
+    return True, ("the data's clipped sum was exactly zero on every canary's coordinate at "
+                  f"every one of {hook.steps} steps")

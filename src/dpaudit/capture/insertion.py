@@ -251,6 +251,7 @@ class GradientInsertion:
         self.num_canaries = sum(len(c) for c in self.canaries)
         self.active = any(isinstance(c, GradientCanaries) for c in self.canaries)
         self._fixed_row: np.ndarray | None = None
+        self._policy_masks: list | None = None  # per set: (every_step, bernoulli) masks
         self._rngs: list[np.random.Generator | None] = [None] * len(self.canaries)
         self._is_grad = [isinstance(c, GradientCanaries) for c in self.canaries]
         self._sparse = [
@@ -393,16 +394,22 @@ class GradientInsertion:
         """One (K,) bool row of inclusions for this step (input canaries: False)."""
         if self._fixed_row is not None:  # nothing random: the same row every step
             return self._fixed_row.copy()
+        if self._policy_masks is None:  # once: a set's policies never change (K strings
+            # read into an array at every step cost 4 ms at K = 2 x 10^4)
+            self._policy_masks = [
+                None if not isinstance(c, GradientCanaries) else
+                (np.array(c.policies) == "every_step", np.array(c.policies) == "bernoulli")
+                for c in self.canaries]
         row = []
-        for c, rng in zip(self.canaries, self._rngs, strict=True):
-            if not isinstance(c, GradientCanaries):
+        for c, rng, masks in zip(self.canaries, self._rngs, self._policy_masks, strict=True):
+            if masks is None:
                 row.append(np.zeros(len(c), dtype=bool))
                 continue
-            pol = np.array(c.policies)
-            inc = pol == "every_step"
-            bern = pol == "bernoulli"
-            if bern.any():
-                inc[bern] = rng.random(int(bern.sum())) < float(c.inclusion_prob)
+            every, bern = masks
+            inc = every.copy()
+            n = int(bern.sum())
+            if n:
+                inc[bern] = rng.random(n) < float(c.inclusion_prob)
             row.append(inc)
         return np.concatenate(row)
 

@@ -17,7 +17,12 @@ from pathlib import Path
 import numpy as np
 
 from dpaudit.capture.records import WhiteBoxRecords
-from dpaudit.experiment.judging.evaluation import Evidence, evaluate_scores, split_scores
+from dpaudit.experiment.judging.evaluation import (
+    Evidence,
+    LowerInput,
+    evaluate_scores,
+    split_scores,
+)
 from dpaudit.experiment.judging.ladder import (
     RungInput,
     ladder_block,
@@ -98,23 +103,29 @@ def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None,
     rung = verdict_rung(plan, run, independent) if j.threat_model != "white_box" else None
     if run.white_box_source is not None:  # pooled runs: whose records are judged, and why
         extra = {**(extra or {}), "white_box_records": dict(run.white_box_source)}
+    claim = run_claim(settings, run)
+    lower, lower_why = lower_input(run, claim.history)
     evidence = evaluate_audit(
         j,
         run_split(run, rung) if split is None else split,
         run.membership,
         threat,
         independent=independent if rung is None else rung.independent,
-        claim=run_claim(settings, run),
+        claim=claim,
         white_box=run.white_box,
         white_box_reason=(MULTI_RUN_NO_RECORDS if j.mode == "multi_run"
                           and run.white_box is None else None),
         per_step=run.per_step if rung is None else None,  # per-step scores: white-box ones
+        lower=lower,
+        canary_notes=[lower_why] if lower_why else None,
     )
+    if lower is None and not lower_why:  # none added: the report says why
+        evidence = with_lower_note(evidence, plan.canary.lower_side_note)
     if rung is not None:  # below white box: every rung side by side on the same training
         block = ladder_block(ladder_inputs(plan, run, independent), run.membership, threat,
                              methods=j.methods, confidence=j.confidence,
                              inclusion=j.inclusion, refutation_level=j.refutation_level,
-                             selected=j.threat_model, records=run.white_box)
+                             selected=j.threat_model, records=run.white_box, canary_set=0)
         evidence = dataclasses.replace(evidence,
                                        verdict=with_ladder_warnings(evidence.verdict, block))
         extra = {**(extra or {}), "threat_model_ladder": block}
@@ -128,6 +139,33 @@ def evaluate(settings: AuditSettings, run: RunRecord, extra: dict | None = None,
         engine_accountants=run.engine_accountants,
         **(extra or {}),
     )
+
+
+def lower_input(run: RunRecord, history=None) -> tuple[LowerInput | None, str]:
+    """The lower side's input from a run's canaries inserted like an example
+    (``RunRecord.data_rate``): their members' and non-members' mixture log-LR scores and
+    threat model, the claim tested being the engine's accountant ``history`` (as in the own
+    loop) where there is one; None and "" when the run has none, None and why when the hook
+    did not see them stay independent experiments (their certified statements need it)."""
+    rate = run.data_rate
+    if rate is None:
+        return None, ""
+    if not rate.independent:
+        return None, ("the canaries inserted like an example are not independent: "
+                      f"{rate.independence}; their lower side is withdrawn")
+    s_in, s_out = rate.split()
+    return LowerInput(s_in, s_out, rate.threat_model, history), ""
+
+
+def with_lower_note(evidence: Evidence, note: str) -> Evidence:
+    """``evidence`` whose training-data lower side says why this audit added no canaries
+    inserted like an example (``AuditSettings.lower_side_absent``, or turned off)."""
+    td = evidence.verdict.training_data
+    if not note or not td:
+        return evidence
+    lower = {**(td.get("lower") or {}), "data_rate_canaries": f"none added: {note}"}
+    verdict = dataclasses.replace(evidence.verdict, training_data={**td, "lower": lower})
+    return dataclasses.replace(evidence, verdict=verdict)
 
 
 def run_audit(
@@ -240,12 +278,17 @@ def evaluate_audit(
     white_box: WhiteBoxRecords | None = None,
     white_box_reason: str | None = None,
     per_step: dict | None = None,
+    lower: LowerInput | None = None,
+    canary_notes: list[str] | None = None,
 ) -> Evidence:
     """``evaluate_scores`` for an audit's ``Judging`` record (methods, confidence, the PRIVACY
     BUG level, the membership design) on ``split`` (``run_split``; ``membership`` splits the
     per-step scores alike); ``independent``: each canary an independent experiment,
     ``plan.independent_canaries``; ``claim``: the training's claim (``run_claim``);
-    ``white_box``: the run's records, or ``white_box_reason`` why there are none)."""
+    ``white_box``: the run's records, or ``white_box_reason`` why there are none; ``lower``:
+    the canaries inserted like an example beside the audited ones (``lower_input``), the
+    lower side of the user's epsilon; ``canary_notes``: warnings about the canaries). The
+    audited canaries are the hook's set 0: its independence record is theirs."""
     steps_split = None if per_step is None else split_scores(per_step, membership)
     return evaluate_scores(
         split,
@@ -259,6 +302,9 @@ def evaluate_audit(
         white_box_reason=white_box_reason,
         per_step=steps_split,
         refutation_level=judging.refutation_level,
+        canary_set=0,
+        canary_notes=canary_notes,
+        lower=lower,
     )
 
 

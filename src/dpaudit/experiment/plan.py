@@ -54,7 +54,10 @@ __all__ = [
 @dataclass(frozen=True)
 class CanaryPlan:
     """The canaries: the design (typed interface), its options and context, the parameters
-    they live in (None: all) and the number of reference examples drawn for them."""
+    they live in (None: all), the number of reference examples drawn for them, and the
+    canaries inserted like an example beside them (``lower_side`` per side, on a canary block
+    of the audit's own; 0: none, ``lower_side_note`` says why: ``AuditSettings.
+    lower_side_per_side``)."""
 
     kind: str
     design: CanaryDesign
@@ -62,6 +65,8 @@ class CanaryPlan:
     context: DesignContext
     params: tuple[str, ...] | None
     n_references: int
+    lower_side: int = 0
+    lower_side_note: str = ""
 
     @property
     def count(self) -> int:
@@ -128,6 +133,7 @@ def plan_audit(settings: AuditSettings) -> AuditPlan:
     A device this machine cannot use is refused here, before any data is loaded
     (``resolve_device``)."""
     c, a, design = settings.canary, settings.audit, settings.design()
+    lower, lower_note = settings.lower_side_per_side()
     return AuditPlan(
         seed=settings.seed,
         device=resolve_device(settings.device),
@@ -139,6 +145,7 @@ def plan_audit(settings: AuditSettings) -> AuditPlan:
             kind=c.kind, design=design, options=design.options(c),
             context=settings.design_context(),
             params=None if c.params is None else tuple(c.params), n_references=c.n_references,
+            lower_side=lower, lower_side_note=lower_note,
         ),
         attack=settings.attack,
         scores=tuple(settings.attack_scores()),

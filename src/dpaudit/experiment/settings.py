@@ -48,6 +48,12 @@ MODEL_INITS = names.MODEL_INITS
 COORDINATIONS = names.COORDINATIONS
 REQUIREMENTS = names.REQUIREMENTS
 OPTIMIZERS = ("sgd", "adam")
+# canary.lower_side's largest value: its block (2 x this many coordinates) costs every step a
+# per-example gradient of that many zeros and as many noise draws
+LOWER_SIDE_MAX = 1_000_000
+# the attack scores that read each Dirac canary's own coordinate only (the hook's DiracRows):
+# beside them the canary block's canaries are independent experiments
+LOWER_SIDE_SCORES = ("scalar", "mixture_lr")
 
 
 def _registry_names(name: str) -> tuple[str, ...]:
@@ -148,7 +154,7 @@ CLIPPINGS = ("flat", "per_layer", "adaptive")
 class DPSettings:
     """DP-SGD with Poisson sampling (``dp`` group): sample rate = batch_size / n_train."""
 
-    noise_multiplier: float = _opt(6.0, "sigma: noise std / clip norm, > 0")
+    noise_multiplier: float = _opt(1.0, "sigma: noise std / clip norm, > 0")
     max_grad_norm: float = _opt(1.0, "clip norm C, > 0")
     batch_size: int = _opt(64, "expected Poisson batch size (sample rate = batch_size / n_train)")
     epochs: float = _opt(1.0, "training length in epochs (ignored when steps is set)")
@@ -260,6 +266,13 @@ class CanarySettings:
     )
     view: str = _opt("auto", "gradient Dirac: auto records and scores only their own "
                      "coordinates (O(K) per step), full the whole gradient", VIEWS)
+    lower_side: int | None = _opt(
+        None, "canaries inserted like an example, per side, on a canary block of the audit's "
+        "own beside the audited ones (each member enters a step with probability q, the "
+        "data's rate: the certified lower side of your epsilon); null: "
+        f"{names.DATA_RATE_PER_SIDE:,} where they apply (one-run audits of Dirac gradient "
+        "canaries with view auto and flat clipping), else none, and the report says why; "
+        "0: none; N: N members and N non-members (refused where they do not apply)")
     source: str = _opt("mislabeled", "input: candidate pool", "INPUT_SOURCES")
     selection: str = _opt("top", "input: which ranked candidates (easy/medium/hard need 3 x "
                           "count candidates; stratified: count / 5 from each score quintile)",
@@ -284,6 +297,8 @@ class CanarySettings:
             require_positive("canary.norm", self.norm)
         require_choice("canary.policy", self.policy, GRADIENT_POLICIES)
         require_choice("canary.view", self.view, VIEWS)
+        if self.lower_side is not None:
+            require_integer("canary.lower_side", self.lower_side, 0, LOWER_SIDE_MAX + 1)
         if self.inclusion_prob is not None:
             require_unit("canary.inclusion_prob", self.inclusion_prob, closed_right=True)
         require_choice("canary.source", self.source, _registry_names("INPUT_SOURCES"))
@@ -400,9 +415,13 @@ class AuditSettings:
     """Everything that defines one audit; ``AuditSettings()`` is the default audit.
 
     The default (what ``dpaudit`` runs): DP-SGD with Opacus on digits, an MLP of width 400,
-    sigma = 6, T = 100 steps, 1000 Dirac gradient canaries on first-layer weights no data
+    sigma = 1, T = 100 steps, q = 1/21 (the training data's epsilon 3.35 at delta 1e-5, PRV:
+    one a user would publish); 1000 Dirac gradient canaries on first-layer weights no data
     gradient touches, each a member with probability 1/2 and inserted at every step (threat
-    model q = 1), the scalar-product attack, every certified method and the estimates.
+    model q = 1: the mechanism's stress test), the scalar-product attack, every certified
+    method and the estimates; beside them 10,000 member and 10,000 non-member Dirac canaries
+    on a canary block, each member inserted with probability q per step like an example
+    (``canary.lower_side``: the certified lower side of the training data's epsilon).
 
     Attributes:
         data, model, dp, canary, attack, audit: the groups (``DataSettings``,
@@ -478,11 +497,13 @@ class AuditSettings:
                    "training, so it cannot tell members apart (use it with audit=multi_run)",
                    scores)
         self._check_threat_model(design)
+        c, why = self.canary, self.lower_side_absent()
+        if c.lower_side and why:
+            refuse("canary.lower_side", f"0 or null here: {why}", c.lower_side)
         if self.model.init == "pretrained" and self.data.n_train is None:
             refuse("data.n_train", "a number of training records with model.init=pretrained "
                    "(the model is pre-trained on the training split's other records, disjoint "
                    "from the audited ones)", None)
-        c = self.canary
         if (self.audit.mode == "multi_run" and c.count > 1
                 and not design.realises(options, ctx).shares_a_run):
             raise ValueError(
@@ -491,6 +512,50 @@ class AuditSettings:
                 "canaries of a run share one membership bit, so other canaries form a group of "
                 "records and the one-record claim does not apply; use canary.count=1"
             )
+
+    def lower_side_absent(self) -> str:
+        """Why these settings can have no canaries inserted like an example beside the audited
+        ones (``canary.lower_side``), or "" when they can: they sit on a canary block that
+        joins the hook's coordinate view, so the audited canaries must be Dirac gradient
+        canaries in their own view, scored by scores that read each canary's own coordinate
+        only (input canaries' and dense canaries' scores read the whole selection, covariance
+        and GLiR the whole view), in one training (a multi-run audit's runs would each need
+        their own), under flat clipping (the block would change per-layer clipping's bounds,
+        and adaptive clipping's gradient noise is not the claimed sigma's)."""
+        c, a = self.canary, self.audit
+        if a.mode != "one_run":
+            return ("a multi-run audit (audit.mode=multi_run) pools one membership bit per "
+                    "training; canaries inserted like an example are a one-run design")
+        if c.kind != "gradient":
+            return (f"canary.kind={c.kind}: its canaries' scores read the whole parameter "
+                    "selection, which the canary block would join")
+        if c.direction != "dirac" or c.view != "auto":
+            return ("the audited gradient canaries are not Dirac canaries in their own view "
+                    f"(canary.direction={c.direction}, canary.view={c.view}): the canary "
+                    "block's coordinates join that view")
+        wide = [s for s in self.attack_scores() if s not in LOWER_SIDE_SCORES]
+        if wide:
+            return (f"attack.scores has {wide[0]!r}, which reads more than each canary's own "
+                    "coordinate (the canary block's coordinates would join what it reads, and "
+                    "the canaries would not be independent experiments)")
+        if self.dp.clipping != "flat":
+            return (f"dp.clipping={self.dp.clipping}: the block would be one more clipped "
+                    "tensor (per_layer: every tensor's bound C / sqrt(L) would change), and "
+                    "the lower side's claim is the flat-clipped Gaussian at dp.noise_multiplier")
+        if a.threat_model == "black_box":
+            return "audit.threat_model=black_box audits input canaries"
+        return ""
+
+    def lower_side_per_side(self) -> tuple[int, str]:
+        """(canaries inserted like an example per side, why none): ``canary.lower_side``, by
+        default ``names.DATA_RATE_PER_SIDE`` where they apply (``lower_side_absent``)."""
+        why = self.lower_side_absent()
+        n = self.canary.lower_side
+        if why:
+            return 0, why
+        if n == 0:
+            return 0, "canary.lower_side=0 turned them off"
+        return (names.DATA_RATE_PER_SIDE if n is None else int(n)), ""
 
     def _check_threat_model(self, design: CanaryDesign) -> None:
         """The rung ``audit.threat_model`` names must exist for these canaries: the hidden

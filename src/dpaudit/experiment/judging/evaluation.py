@@ -135,8 +135,9 @@ def training_note(threat: ThreatModel, training_epsilon: float | None,
         f"Opacus' {accountant.upper()} accountant reports epsilon {training_epsilon:.3f} for "
         f"the training data (sample rate {threat.training_sample_rate:.4g}); the canaries "
         "realise a different threat model "
-        f"({threat.describe()}), whose claimed epsilon is {threat.claimed_epsilon():.3f}: the "
-        "verdict tests that claim, not the training data's."
+        f"({threat.describe()}), whose claimed epsilon is {threat.claimed_epsilon():.3f}: "
+        "they are the mechanism's stress test, judged against that claim and reported apart; "
+        "the verdict is about the training data's epsilon."
     )
 
 

@@ -25,6 +25,7 @@ from dpaudit.report import (
 from dpaudit.report.files import p_cell
 from dpaudit.report.numbers import level as level_words
 from dpaudit.report.numbers import lower, point, upper
+from dpaudit.report.numbers import lower as lower_num
 from dpaudit.report.provenance import stamped
 from dpaudit.report.results import AuditResult
 from dpaudit.stats import gdp_tradeoff
@@ -153,8 +154,9 @@ def report_blocks(result: dict) -> list[dict]:
             "Clopper-Pearson row is an estimate"
         )
     ceiling = ceiling_sentence((result.get("canary_info") or {}).get("certifiable_ceiling"))
-    if ceiling:
-        notes.append(ceiling[0].upper() + ceiling[1:] + ".")
+    if ceiling:  # about the audited canaries: the stress test's, when they are one
+        notes.append(("stress test: " + ceiling if stress else
+                      ceiling[0].upper() + ceiling[1:]) + ".")
     note = (th.get("training_data") or {}).get("note")
     if note:
         notes.append(note)
@@ -213,8 +215,11 @@ def training_blocks(training: dict | None) -> list[dict]:
             for p in training.get("premises", [])]
     lines = []
     lower = training.get("lower") or {}
-    if lower.get("note"):
+    measured = "within_family" in lower  # by canaries inserted like an example: a block
+    if lower.get("note") and not measured:
         lines.append(f"lower side: {lower['note']}")
+    if lower.get("data_rate_canaries"):
+        lines.append(f"canaries inserted like an example: {lower['data_rate_canaries']}")
     fc = lower.get("forecast")
     if fc:
         lines.append(f"canaries inserted like an example would certify about: "
@@ -223,9 +228,71 @@ def training_blocks(training: dict | None) -> list[dict]:
     if training.get("conditional_on"):
         lines.append("the upper side assumes the structure the checks test but cannot prove: "
                      + "; ".join(training["conditional_on"]))
-    return [{"id": "premises", "gap": True, "title": "your accountant's premises, measured "
-             f"({training['accountant'].upper()}, delta {training['delta']:.2g}):",
-             "table": rows, "lines": lines}]
+    blocks = [{"id": "premises", "gap": True, "title": "your accountant's premises, measured "
+               f"({training['accountant'].upper()}, delta {training['delta']:.2g}):",
+               "table": rows, "lines": lines}]
+    if measured:
+        blocks.append({"id": "lower_side", "gap": True,
+                       "title": "your epsilon's lower side, from canaries inserted like an "
+                                "example (certified, and conditional on the family):",
+                       "lines": data_rate_lines(lower)})
+    return blocks
+
+
+def data_rate_lines(lower: dict) -> list[str]:
+    """The lower side of the canaries inserted like an example (``judging.lower_side``) in
+    words, each statement labelled with its kind: the certified epsilon (any mechanism), the
+    within-family side (a certified noise bound, its epsilon conditional on the family), the
+    claim test of the user's curve, and the count ceiling (what they certify on a correct run)."""
+    conf = f"{lower.get('confidence', 0.95):.0%}"
+    counts = lower.get("canaries")
+    if not isinstance(counts, list):  # the verdict may keep its canaries' message there
+        design = (lower.get("ceiling") or {}).get("design") or {}
+        counts = [design.get("n_in"), design.get("n_out")]
+    eps = lower.get("epsilon")
+    lines = [f"certified (valid for any mechanism, {conf}): epsilon >= "
+             f"{'-' if eps is None else lower_num(eps)}, from {_count(counts[0])} member and "
+             f"{_count(counts[1])} non-member canaries inserted like an example (Poisson at the "
+             "data's rate, norm C, the same noise; mixture LR, a pre-registered count test)"]
+    fam = lower.get("within_family") or {}
+    sig, fam_eps = fam.get("sigma_upper"), fam.get("epsilon")
+    if sig is None:
+        lines.append("within the family: no noise bound (the canaries reject no noise "
+                     "multiplier's curve)")
+    else:
+        lines.append(
+            f"within the family, conditional on {fam.get('conditional_on')}: "
+            f"noise multiplier at most {upper(sig)} (certified, {conf}), hence epsilon >= "
+            f"{'-' if fam_eps is None else lower_num(fam_eps)} (conditional on the family, "
+            "not a certified bound)")
+    test = lower.get("claim_test") or {}
+    if test:
+        word = ("REFUTED at the PRIVACY BUG level" if test.get("refuted") else
+                f"rejected at {conf} only" if test.get("rejected") else "not rejected")
+        lines.append(f"claim test of your curve by these canaries: {word} (p = "
+                     f"{test.get('p_value', 1.0):.2g}; at the PRIVACY BUG level p = "
+                     f"{test.get('refute_p_value', 1.0):.2g})")
+    ceiling = lower.get("ceiling") or {}
+    expected = (lower.get("expected") or {}).get("epsilon_lower")
+    claimed = (test.get("claimed") or {})
+    if ceiling.get("count_ceiling") is not None:
+        lines.append(
+            f"what these canaries certify on a correct run (exact, on the claimed score law): "
+            f"{ceiling['count_ceiling']:.3g} at the median (the count test's ceiling); no valid "
+            f"method's median exceeds {ceiling['universal_ceiling']:.3g}, of the claimed "
+            f"{ceiling['claimed']:.3g}")
+    elif expected is not None:
+        sigma = claimed.get("noise_multiplier")
+        lines.append(
+            f"what these canaries certify on a correct run (exact, on the claimed score law): "
+            f"{lower_num(expected)} at the median (the pre-registered design's; the count "
+            f"test's ceiling or within a count step of it)"
+            + (f", for the claimed noise multiplier {sigma:.4g}" if sigma else ""))
+    return lines
+
+
+def _count(n) -> str:
+    return "?" if n is None else f"{int(n):,}"
 
 
 def _rejected_word(claim: dict) -> str:

@@ -29,8 +29,11 @@ from dpaudit.attacks import StepScore
 from dpaudit.bugs import check_bug, plant_bug, plant_sampler_bug
 from dpaudit.capture import AuditHook
 from dpaudit.capture.final_state import rung_scores
+from dpaudit.capture.independence import seen_independent
 from dpaudit.capture.records import WhiteBoxRecords
 from dpaudit.experiment.settings import DPSettings
+from dpaudit.experiment.trainings import data_rate as rate_block
+from dpaudit.gradients import resolve_parameter_names
 from dpaudit.models import LOSS
 
 SAMPLINGS = ("poisson", "shuffle")
@@ -50,6 +53,9 @@ class TrainingOutcome:
     white_box: WhiteBoxRecords | None = None  # for ``experiment.judging.white_box``
     per_step: dict[str, np.ndarray] | None = None  # score name -> (K, T) per-step values
     rungs: dict | None = None  # the weaker rungs' scores (``capture.final_state.rung_scores``)
+    # the canaries inserted like an example (``data_rate``): {"scores": (2N,) summed mixture
+    # log-LR in the block's order, "independent": bool, "independence": why (not)}
+    data_rate: dict | None = None
 
 
 def make_optimizer(model: nn.Module, dp: DPSettings) -> torch.optim.Optimizer:
@@ -190,6 +196,7 @@ def train_audited(
     check_clipping: bool = True,
     white_box: bool = True,
     keep_per_step: bool | None = None,
+    data_rate=None,
 ) -> TrainingOutcome:
     """Train ``model`` with DP-SGD on ``train_set`` for ``steps`` optimizer steps (the plan's
     T: ``experiment.plan.total_steps``), Poisson sampling at ``sample_rate``.
@@ -214,7 +221,11 @@ def train_audited(
         sample_rate = shuffle_sample_rate(len(train_set), dp.batch_size)
     shuffled = sampling == "shuffle"
     start = time.perf_counter()
+    if data_rate is not None:  # the audited selection, named before the block joins the model
+        params = resolve_parameter_names(model, params)
     with _seeded(device, seed):
+        if data_rate is not None:
+            rate_block.add_block(model, data_rate)
         engine, model, opt, loader = _make_private(model, train_set, dp, sample_rate, seed,
                                                    shuffled)
         spec = check_bug(dp.bug, dp.bug_factor)
@@ -224,11 +235,16 @@ def train_audited(
             remove_bug = plant_bug(opt, dp.bug, dp.bug_factor)
         else:  # a sampling bug: the loader's sampler
             remove_bug = plant_sampler_bug(loader, dp.bug, dp.bug_factor)
+        hook_canaries, hook_scores = canaries, scores
+        if data_rate is not None:
+            params, coordinates, hook_canaries = rate_block.hook_inputs(
+                model, data_rate, canaries, params, coordinates)
+            hook_scores = [*scores, rate_block.mixture_score(data_rate)]
         hook = AuditHook(
             opt,
             model,
-            canaries,
-            scores=scores,
+            hook_canaries,
+            scores=hook_scores,
             params=params,
             reference=reference,
             coordinates=coordinates,
@@ -236,7 +252,9 @@ def train_audited(
             noise_probes=noise_probes if white_box else None,
             check_clipping=check_clipping and white_box,
             seed=seed,
-            keep_per_step=keep_per_step,  # the per-step histogram PLD estimate
+            # the per-step histogram PLD estimate: of the audited canaries only
+            keep_per_step=(len(canaries) if keep_per_step and data_rate is not None
+                           else keep_per_step),
             data_loader=loader if white_box else None,  # which examples each step used
             check_integrity=white_box,
             check_noise_data=white_box,
@@ -260,10 +278,23 @@ def train_audited(
         remove_bug()
     model.eval()
     acc = accuracy(model, test_set, device) if test_set is not None else float("nan")
-    rungs = rung_scores(hook, 0, 0, hook.num_canaries) if len(hook.canaries) == 1 else None
+    audited = len(hook.canaries[0])
+    rungs = (rung_scores(hook, 0, 0, audited)
+             if len(hook.canaries) == 1 or data_rate is not None else None)
+    scores_, inclusions = hook.scores(), hook.inclusions()
+    per_step = hook.per_step() if keep_per_step else None
+    rate = None
+    if data_rate is not None:  # the audited canaries' values, and the data-rate set's apart
+        ok, why = seen_independent(hook, 1)
+        rate = {"scores": scores_.pop(rate_block.SCORE)[audited:], "independent": ok,
+                "independence": why}
+        scores_ = {k: v[:audited] for k, v in scores_.items()}
+        inclusions = inclusions[:audited]
+        if per_step is not None:  # kept for the audited canaries only
+            per_step = {k: v for k, v in per_step.items() if k != rate_block.SCORE}
     return TrainingOutcome(
-        scores=hook.scores(),
-        inclusions=hook.inclusions(),
+        scores=scores_,
+        inclusions=inclusions,
         steps=hook.steps,
         sample_rate=sample_rate,
         accountants=engine_epsilons(engine, dp.delta),
@@ -275,6 +306,7 @@ def train_audited(
             accountant_history=engine.accountant.history,
             accountant=engine.accountant.mechanism(),
         ) if white_box else None,
-        per_step=hook.per_step() if keep_per_step else None,
+        per_step=per_step,
         rungs=rungs,
+        data_rate=rate,
     )
