@@ -187,29 +187,44 @@ class Counts:
 
 def count(scores_in, scores_out, design: RankDesign) -> Counts:
     """The design's counts on these scores (module doc); the sizes must be the design's."""
-    s_in = np.sort(check_scores(scores_in, "scores_in"))
-    s_out = np.sort(check_scores(scores_out, "scores_out"))
-    if (s_in.size, s_out.size) != (design.n_in, design.n_out):
-        raise ValueError(
-            f"the design was made for n_in={design.n_in}, n_out={design.n_out} scores, got "
-            f"{s_in.size} and {s_out.size}: make the design for these sizes (before looking "
-            "at the scores)")
-    tb = break_ties(s_in, s_out, design.tie_seed)
-    a_in, a_out = (s_in, s_out) if tb is None else (tb.ranks_in, tb.ranks_out)
-    value = (lambda t: t) if tb is None else (lambda t: float(tb.value(t)))
-    n_hi = m_lo = 0
-    t_hi, t_lo = np.inf, -np.inf
-    if design.k_hi is not None:
-        t = a_out[a_out.size - 1 - design.k_hi]
-        n_hi = int(a_in.size - np.searchsorted(a_in, t, side="right"))
-        t_hi = value(t)
-    if design.k_lo is not None:
-        t = a_in[design.k_lo]
-        m_lo = int(np.searchsorted(a_out, t, side="left"))
-        t_lo = value(t)
-    overlap = (design.k_hi is not None and design.k_lo is not None
-               and not a_in[design.k_lo] < a_out[a_out.size - 1 - design.k_hi])
-    return Counts(n_hi, m_lo, n_hi + m_lo, float(t_hi), float(t_lo), bool(overlap))
+    return Ranked(scores_in, scores_out, design.tie_seed).count(design)
+
+
+class Ranked:
+    """The scores sorted once, ties broken by ``tie_seed`` (``stats.ties``): the counts of
+    any designs with that seed (``count``), each a search."""
+
+    def __init__(self, scores_in, scores_out, tie_seed: int = 0):
+        s_in = np.sort(check_scores(scores_in, "scores_in"))
+        s_out = np.sort(check_scores(scores_out, "scores_out"))
+        tb = break_ties(s_in, s_out, tie_seed)
+        self.tie_seed = tie_seed
+        self.a_in, self.a_out = (s_in, s_out) if tb is None else (tb.ranks_in, tb.ranks_out)
+        self.value = (lambda t: t) if tb is None else (lambda t: float(tb.value(t)))
+
+    def count(self, design: RankDesign) -> Counts:
+        """``count`` of ``design`` (its tie seed must be this one's)."""
+        a_in, a_out, value = self.a_in, self.a_out, self.value
+        if (a_in.size, a_out.size) != (design.n_in, design.n_out):
+            raise ValueError(
+                f"the design was made for n_in={design.n_in}, n_out={design.n_out} scores, "
+                f"got {a_in.size} and {a_out.size}: make the design for these sizes (before "
+                "looking at the scores)")
+        if design.tie_seed != self.tie_seed:
+            raise ValueError(f"the design's tie seed {design.tie_seed} is not {self.tie_seed}")
+        n_hi = m_lo = 0
+        t_hi, t_lo = np.inf, -np.inf
+        if design.k_hi is not None:
+            t = a_out[a_out.size - 1 - design.k_hi]
+            n_hi = int(a_in.size - np.searchsorted(a_in, t, side="right"))
+            t_hi = value(t)
+        if design.k_lo is not None:
+            t = a_in[design.k_lo]
+            m_lo = int(np.searchsorted(a_out, t, side="left"))
+            t_lo = value(t)
+        overlap = (design.k_hi is not None and design.k_lo is not None
+                   and not a_in[design.k_lo] < a_out[a_out.size - 1 - design.k_hi])
+        return Counts(n_hi, m_lo, n_hi + m_lo, float(t_hi), float(t_lo), bool(overlap))
 
 
 def log_factorials(n: int) -> np.ndarray:
@@ -224,11 +239,20 @@ def _log_factorials(n: int) -> np.ndarray:
     return out
 
 
+_NODE_FLOOR = 1e-12  # cells whose weight and every later one's sum to less: x = 1 there
+_COMPUTED = int(np.count_nonzero(1.0 - _U_GRID[:-1] >= _NODE_FLOOR))  # cells with quantiles
+
+
 @functools.lru_cache(maxsize=256)
 def _beta_nodes(k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(x at each cell's upper end, cell weight) of Beta(k + 1, n - k) on ``_U_GRID``."""
+    """(x at each cell's upper end, cell weight) of Beta(k + 1, n - k) on ``_U_GRID``
+    (memoised per (k, n), read-only). The cells beyond the first ``_COMPUTED`` (their total
+    weight below ``_NODE_FLOOR``, 1e-12) get x = 1, the largest upper end there is: an
+    upper Riemann sum still (the p-values leave them out anyway at levels >= 1e-8, and the
+    laws' computations below 1e-12)."""
     u = _U_GRID
-    x = betaincinv(k + 1.0, float(n - k), u[1:])
+    x = np.ones(u.size - 1)
+    x[:_COMPUTED] = betaincinv(k + 1.0, float(n - k), u[1 : _COMPUTED + 1])
     x[-1] = 1.0
     w = np.diff(u)
     x.setflags(write=False)

@@ -36,6 +36,7 @@ from scipy.special import betaincinv, ndtr
 
 from dpaudit._validate import check_count, check_delta, check_open_unit
 from dpaudit.stats.data_rate.count_test import (
+    _COMPUTED,
     _TOL,
     _U_GRID,
     FALLBACK,
@@ -79,7 +80,8 @@ def _mid_nodes(k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     """(x at the cells' midpoints in u, weights) of Beta(k + 1, n - k) on ``_U_GRID``
     (memoised per (k, n), read-only)."""
     u = 0.5 * (_U_GRID[1:] + _U_GRID[:-1])
-    x, w = betaincinv(k + 1.0, float(n - k), u), np.diff(_U_GRID)
+    x, w = np.ones(u.size), np.diff(_U_GRID)
+    x[:_COMPUTED] = betaincinv(k + 1.0, float(n - k), u[:_COMPUTED])  # the rest: as _beta_nodes
     x.setflags(write=False)
     w.setflags(write=False)
     return x, w
@@ -197,11 +199,12 @@ def _candidates(n_in: int, n_out: int, sides: str):
 class _Surrogate:
     """Normal approximations of S's law, vectorised over candidate designs."""
 
-    def __init__(self, cands, n_in: int, n_out: int):
+    def __init__(self, cands, n_in: int, n_out: int, ranks: tuple | None = None):
         self.cands = cands
         self.n_in, self.n_out = n_in, n_out
-        self.hi = _Moments(rank_grid(n_out), n_out)
-        self.lo = _Moments(rank_grid(n_in), n_in)
+        hi, lo = (rank_grid(n_out), rank_grid(n_in)) if ranks is None else ranks
+        self.hi = _Moments(np.asarray(hi, dtype=np.int64), n_out)
+        self.lo = _Moments(np.asarray(lo, dtype=np.int64), n_in)
         ih = {int(k): i for i, k in enumerate(self.hi.ranks)}
         il = {int(k): i for i, k in enumerate(self.lo.ranks)}
         self.i_hi = np.array([ih.get(a, -1) if a is not None else -1 for a, _ in cands])
@@ -244,6 +247,22 @@ def _parts(r: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _p_normal(s, mean, var):
     return ndtr((mean - (s - 0.5)) / np.sqrt(var + 0.25))
+
+
+def surrogate_epsilon(design: RankDesign, s: float, delta: float) -> float:
+    """The normal surrogate's certified epsilon of ``design`` at statistic ``s`` (the largest
+    e on [0, 32], to 2e-6, whose surrogate p-value is <= the design's level): a starting
+    point for ``certify_epsilon_at``, not a bound."""
+    hi = [design.k_hi if design.k_hi is not None else 0]
+    lo = [design.k_lo if design.k_lo is not None else 0]
+    sur = _Surrogate([(design.k_hi, design.k_lo)], design.n_in, design.n_out, (hi, lo))
+    a, b = np.zeros(1), np.full(1, 32.0)
+    for _ in range(_BISECT):
+        mid = 0.5 * (a + b)
+        m, v = sur.dp_law(mid, delta)
+        rej = _p_normal(float(s), m, v) <= design.level
+        a, b = np.where(rej, mid, a), np.where(rej, b, mid)
+    return float(a[0])
 
 
 @dataclass(frozen=True)
@@ -378,14 +397,19 @@ def design_curve(truth: MixtureScoreLaw, null_roc: Roc, n_in: int, n_out: int, *
 
 
 def _best_exact(cands, pw, truth: MixtureScoreLaw, null_roc: Roc, rev: Roc, n_in: int,
-                n_out: int, level: float, top: int) -> tuple[RankDesign, float]:
-    """``design_curve``'s exact step: the surrogate's best ``top`` by exact power."""
+                n_out: int, level: float, top: int, memo: dict | None = None
+                ) -> tuple[RankDesign, float]:
+    """``design_curve``'s exact step: the surrogate's best ``top`` by exact power (``memo``:
+    the truth's ``StatisticLaw`` per ranks, kept across calls with the same truth)."""
+    memo = {} if memo is None else memo
     best, best_power = None, -1.0
     for i in np.argsort(-pw)[: max(1, int(top))]:
         k_hi, k_lo = cands[i]
         d = RankDesign(k_hi, k_lo, n_in, n_out, level,
                        f"design_curve: ranks k_hi={k_hi}, k_lo={k_lo}")
-        p = power(d, null_roc, truth, rev)
+        if (k_hi, k_lo) not in memo:
+            memo[(k_hi, k_lo)] = statistic_law(d, truth)
+        p = memo[(k_hi, k_lo)].sf(critical_value(d, null_roc, rev))
         if p > best_power:
             best, best_power = d, p
     return best, float(best_power)
