@@ -206,6 +206,66 @@ def roc_inverse_from_profile(tpr, epsilons, deltas) -> np.ndarray:
     return alpha.reshape(np.shape(tpr))
 
 
+class ProfileRoc:
+    """``tradeoff_from_profile`` of one fixed profile, for many calls: the minimum of the
+    profile's 2n lines (delta_i + e^eps_i alpha and 1 - e^-eps_i (1 - delta_i - alpha), all
+    increasing in alpha) is a concave piecewise-linear function, so its lower envelope is
+    built once (the hull of lines, by decreasing slope) and each alpha finds its line by
+    binary search and takes the minimum over that line and ``_WINDOW`` neighbours on each
+    side, each evaluated in the profile's own form: O(log n) per alpha instead of O(n), and
+    the same numbers wherever the window holds the minimising line (a line the rounding of
+    a breakpoint moves out of the window can only give a larger value: every line is itself
+    an upper bound on the TPR). alpha = 0 takes every line, as ``tradeoff_from_profile``
+    does."""
+
+    def __init__(self, epsilons, deltas):
+        e, d = _profile_columns(epsilons, deltas)
+        e, d = e.ravel(), d.ravel()
+        with np.errstate(over="ignore"):
+            slopes = np.concatenate([np.exp(e), np.exp(-e)])
+            inter = np.concatenate([d, 1.0 - np.exp(-e) * (1.0 - d)])
+        kind = np.concatenate([np.zeros(e.size, dtype=np.int8), np.ones(e.size, dtype=np.int8)])
+        ee, dd = np.concatenate([e, e]), np.concatenate([d, d])
+        keep = np.flatnonzero(np.isfinite(slopes) & np.isfinite(inter))
+        keep = keep[np.lexsort((inter[keep], -slopes[keep]))]  # slope down, intercept up
+        first = np.concatenate([[True], slopes[keep][1:] != slopes[keep][:-1]])
+        keep = keep[first]  # per slope, the smallest intercept
+        a, b = slopes[keep].tolist(), inter[keep].tolist()  # Python floats: a faster loop
+        hull: list[int] = []
+        for i in range(len(a)):
+            while len(hull) >= 2:
+                j, k = hull[-2], hull[-1]
+                # line k is useless when line i undercuts line j no later than k does
+                if (b[k] - b[j]) * (a[k] - a[i]) >= (b[i] - b[k]) * (a[j] - a[k]):
+                    hull.pop()
+                else:
+                    break
+            hull.append(i)
+        h = keep[hull]
+        # breakpoints: where line k+1 undercuts line k (increasing in alpha)
+        self._x = (inter[h][1:] - inter[h][:-1]) / (slopes[h][:-1] - slopes[h][1:])
+        self._e, self._d, self._kind = ee[h], dd[h], kind[h]
+        self._profile = (e, d)
+
+    def __call__(self, alpha) -> np.ndarray:
+        a = np.atleast_1d(np.asarray(alpha, dtype=np.float64))
+        if np.any((a < 0) | (a > 1)) or not np.all(np.isfinite(a)):
+            raise ValueError("alpha must lie in [0, 1]")
+        flat = a.reshape(-1)
+        k = np.searchsorted(self._x, flat, side="right")
+        k = np.clip(k[None, :] + np.arange(-_WINDOW, _WINDOW + 1)[:, None], 0,
+                    self._e.size - 1)
+        e, d = self._e[k], self._d[k]
+        with np.errstate(over="ignore", invalid="ignore"):
+            lines = np.where(self._kind[k] == 0, d + np.exp(e) * flat,
+                             1.0 - np.exp(-e) * (1.0 - d - flat))
+        tpr = np.minimum(1.0, np.nan_to_num(lines, nan=np.inf).min(axis=0))
+        zero = flat == 0.0
+        if zero.any():  # e^eps * 0 is 0, also on the lines left out of the hull
+            tpr[zero] = tradeoff_from_profile(flat[zero], *self._profile)
+        return np.maximum(tpr, flat).reshape(np.shape(alpha))
+
+
 _WINDOW = 3  # hull lines on each side of the breakpoints' choice that are evaluated too
 _NEAR_ONE = 1e-6  # TPRs this close to 1 are answered by every line
 
@@ -287,7 +347,7 @@ def subsampled_gaussian_profile(
     if not 0.0 < float(sample_rate) <= 1.0:
         raise ValueError(f"sample_rate must lie in (0, 1], got {sample_rate!r}")
     check_positive(steps, "steps")
-    dprv = discrete_prv(noise_multiplier, sample_rate, steps, eps_error, delta_error)
+    dprv = discrete_prv(noise_multiplier, sample_rate, steps, eps_error, delta_error, fast=True)
     eps = np.atleast_1d(np.asarray(epsilons, dtype=np.float64))
     return _delta_upper(dprv, eps, eps_error, delta_error)
 
@@ -333,21 +393,37 @@ def _safe_domain(noise_multiplier, sample_rate, steps, eps_error, delta_error) -
     RDP epsilons over (part of) ``_DOMAIN_ORDERS``. An epsilon from fewer orders is an upper
     bound on the one from all of them, so the domain is at least Opacus' own: still safe, same
     mesh."""
+    size, mesh = _safe_size_mesh(noise_multiplier, sample_rate, steps, eps_error, delta_error)
+    return Domain.create_aligned(-size, size, mesh)
+
+
+def _safe_domain_of(size: float, mesh: float) -> Domain:
+    """Opacus' aligned domain [-size, size] at ``mesh``."""
+    return Domain.create_aligned(-size, size, mesh)
+
+
+def _safe_size_mesh(noise_multiplier, sample_rate, steps, eps_error,
+                    delta_error) -> tuple[float, float]:
+    """``_safe_domain``'s half-width and mesh."""
     size = max(
         _rdp_epsilon(noise_multiplier, sample_rate, steps, delta_error / 4),
         _rdp_epsilon(noise_multiplier, sample_rate, 1, delta_error / (8 * steps)),
         eps_error,
     ) + 3
     mesh = eps_error / np.sqrt(steps * np.log(12 / delta_error) / 2)
-    return Domain.create_aligned(-size, size, mesh)
+    return size, mesh
 
 
-def discrete_prv(noise_multiplier, sample_rate, steps, eps_error, delta_error):
+def discrete_prv(noise_multiplier, sample_rate, steps, eps_error, delta_error, *,
+                 fast: bool = False):
     """Opacus' discretised PRV of T Poisson-subsampled Gaussian steps (``PRVAccountant.
-    _get_dprv``), on ``_safe_domain``."""
+    _get_dprv``), on ``_safe_domain``; ``fast``: on that domain widened by a few cells to a
+    length the FFT computes fast (``_fast_domain``: same mesh, still safe; the composition's
+    FFTs 3-15x faster where Opacus' length has a large prime factor)."""
     sigma, q, steps = float(noise_multiplier), float(sample_rate), int(steps)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        domain = _safe_domain(sigma, q, steps, eps_error, delta_error)
+        size, mesh = _safe_size_mesh(sigma, q, steps, eps_error, delta_error)
+        domain = (_fast_domain if fast else _safe_domain_of)(size, mesh)
         prv = PoissonSubsampledGaussianPRV(q, sigma)
         truncated = TruncatedPrivacyRandomVariable(prv, domain.t_min, domain.t_max)
         return compose_heterogeneous(
@@ -411,18 +487,20 @@ def prv_epsilon(
     noise_multiplier: float, sample_rate: float, steps: int, delta: float, eps_error: float = 0.01
 ) -> float:
     """Opacus' PRV accountant's epsilon (``PRVAccountant.get_epsilon``: its upper estimate,
-    delta_error = delta / 1000) of T Poisson-subsampled Gaussian steps, on ``_safe_domain``.
+    delta_error = delta / 1000) of T Poisson-subsampled Gaussian steps, on ``_safe_domain``
+    widened to a fast FFT length (``discrete_prv(fast=True)``).
 
     The same discretisation and formula as Opacus on a domain at least as wide with the same
     mesh, so it equals Opacus' number to rounding (``tests/test_accounting.py``), at a fraction
-    of the cost at large q (no slow fractional-order RDP series). Used where many sigmas are
+    of the cost at large q (no slow fractional-order RDP series) and wherever Opacus' domain
+    length has a large prime factor. Used where many sigmas are
     converted (the effective-noise estimate); the claim itself is Opacus' own accountants.
     """
     check_positive(noise_multiplier, "noise_multiplier")
     check_positive(steps, "steps")
     check_open_unit(delta, "delta")
     delta_error = delta / 1000
-    dprv = discrete_prv(noise_multiplier, sample_rate, steps, eps_error, delta_error)
+    dprv = discrete_prv(noise_multiplier, sample_rate, steps, eps_error, delta_error, fast=True)
     with np.errstate(over="ignore", invalid="ignore"):
         return float(dprv.compute_epsilon(delta, delta_error, eps_error)[2])
 
@@ -549,16 +627,30 @@ def _delta_upper(dprv, eps: np.ndarray, eps_error: float, delta_error: float) ->
     sums' float64 rounding (at most ~1e-16 per term) is added, so the result stays an upper
     bound: it differs from Opacus' term-by-term sum by < 1e-9 on 5e5-point domains.
     """
-    t = np.asarray(dprv.domain.ts, dtype=np.float64)
-    p = np.asarray(dprv.pmf, dtype=np.float64)
-    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-        tail_p = np.concatenate([np.cumsum(p[::-1])[::-1], [0.0]])
-        tail_pe = np.concatenate([np.cumsum((p * np.exp(-t))[::-1])[::-1], [0.0]])
-        e = np.maximum(np.asarray(eps, dtype=np.float64) - eps_error, 0.0)
-        i = np.searchsorted(t, e, side="left")
-        vals = tail_p[i] - np.exp(e) * tail_pe[i]
-    vals = np.nan_to_num(np.maximum(vals, 0.0), nan=1.0) + 2e-16 * t.size
-    return np.minimum(1.0, vals + delta_error)
+    return _DeltaUpper(dprv, eps_error, delta_error)(eps)
+
+
+class _DeltaUpper:
+    """``_delta_upper`` of one discretised PRV for many calls: its suffix sums computed once
+    (the same numbers)."""
+
+    def __init__(self, dprv, eps_error: float, delta_error: float):
+        t = np.asarray(dprv.domain.ts, dtype=np.float64)
+        p = np.asarray(dprv.pmf, dtype=np.float64)
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            self.tail_p = np.concatenate([np.cumsum(p[::-1])[::-1], [0.0]])
+            self.tail_pe = np.concatenate([np.cumsum((p * np.exp(-t))[::-1])[::-1], [0.0]])
+        self.t = t
+        self.eps_error, self.delta_error = eps_error, delta_error
+
+    def __call__(self, eps) -> np.ndarray:
+        t = self.t
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            e = np.maximum(np.asarray(eps, dtype=np.float64) - self.eps_error, 0.0)
+            i = np.searchsorted(t, e, side="left")
+            vals = self.tail_p[i] - np.exp(e) * self.tail_pe[i]
+        vals = np.nan_to_num(np.maximum(vals, 0.0), nan=1.0) + 2e-16 * t.size
+        return np.minimum(1.0, vals + self.delta_error)
 
 
 def subsampled_gaussian_profile_grid(
@@ -571,18 +663,21 @@ def subsampled_gaussian_profile_grid(
     """(eps grid, upper bounds on delta(eps)) of T Poisson-subsampled Gaussian steps.
 
     The grid runs from 0 to the epsilon where delta falls to about ``delta_floor``. Every
-    delta is an upper bound (the PRV's error bounds and the summation's rounding added).
+    delta is an upper bound (the PRV's error bounds and the summation's rounding added); the
+    PRV is discretised on the safe domain widened to a fast FFT length (``discrete_prv(fast=
+    True)``: wider is still safe; 1.3-7x faster).
     """
     check_positive(noise_multiplier, "noise_multiplier")
     check_positive(steps, "steps")
     eps_error, delta_error = 0.01, delta_floor / 10
-    dprv = discrete_prv(noise_multiplier, sample_rate, steps, eps_error, delta_error)
+    dprv = discrete_prv(noise_multiplier, sample_rate, steps, eps_error, delta_error, fast=True)
     floor = delta_floor + 2e-16 * np.asarray(dprv.pmf).size
+    upper = _DeltaUpper(dprv, eps_error, delta_error)
     hi = 1.0
-    while _delta_upper(dprv, np.array([hi]), eps_error, delta_error)[0] > floor and hi < 1e4:
+    while upper(np.array([hi]))[0] > floor and hi < 1e4:
         hi *= 1.5
     eps_grid = np.linspace(0.0, hi, num_eps)
-    return eps_grid, _delta_upper(dprv, eps_grid, eps_error, delta_error)
+    return eps_grid, upper(eps_grid)
 
 
 def subsampled_gaussian_tradeoff(

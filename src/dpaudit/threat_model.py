@@ -30,11 +30,11 @@ from dpaudit import names
 from dpaudit._validate import check_delta, require_choice
 from dpaudit.accounting import (
     AccountantEpsilon,
+    ProfileRoc,
     ProfileRocInverse,
     all_accountants,
     prv_epsilon,
     subsampled_gaussian_profile_grid,
-    tradeoff_from_profile,
 )
 from dpaudit.stats.gdp import gdp_epsilon
 
@@ -230,6 +230,14 @@ def _subsampled_profile(sigma: float, q: float, steps: int) -> tuple[np.ndarray,
 
 
 @functools.lru_cache(maxsize=64)
+def _profile_roc(sigma: float, q: float, steps: int) -> ProfileRoc:
+    """``tradeoff_from_profile`` of the claim's profile, prepared once per (sigma, q, T)
+    (``accounting.ProfileRoc``: the same numbers, or larger TPRs by a rounding, O(log n) per
+    FPR)."""
+    return ProfileRoc(*_subsampled_profile(sigma, q, steps))
+
+
+@functools.lru_cache(maxsize=64)
 def _profile_roc_inverse(sigma: float, q: float, steps: int) -> ProfileRocInverse:
     """``roc_inverse_from_profile`` of the claim's profile, prepared once per (sigma, q, T)
     (``accounting.ProfileRocInverse``: the same numbers, O(log n) per TPR)."""
@@ -243,5 +251,4 @@ def _tradeoff(sigma: float, q: float, steps: int, alpha: np.ndarray) -> np.ndarr
         mu = np.sqrt(steps) / sigma
         with np.errstate(divide="ignore"):
             return ndtr(ndtri(1.0 - alpha) - mu)
-    eps, deltas = _subsampled_profile(sigma, q, steps)
-    return np.maximum(0.0, 1.0 - tradeoff_from_profile(alpha, eps, deltas))
+    return np.maximum(0.0, 1.0 - _profile_roc(sigma, q, steps)(alpha))

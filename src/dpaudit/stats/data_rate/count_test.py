@@ -67,7 +67,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import betaincinv, gammaln, xlog1py, xlogy
+from scipy.special import betaincinv, gammaln, ndtri
 
 from dpaudit._validate import check_count, check_delta, check_open_unit, check_scores
 from dpaudit.stats.ties import break_ties
@@ -187,41 +187,72 @@ class Counts:
 
 def count(scores_in, scores_out, design: RankDesign) -> Counts:
     """The design's counts on these scores (module doc); the sizes must be the design's."""
-    s_in = np.sort(check_scores(scores_in, "scores_in"))
-    s_out = np.sort(check_scores(scores_out, "scores_out"))
-    if (s_in.size, s_out.size) != (design.n_in, design.n_out):
-        raise ValueError(
-            f"the design was made for n_in={design.n_in}, n_out={design.n_out} scores, got "
-            f"{s_in.size} and {s_out.size}: make the design for these sizes (before looking "
-            "at the scores)")
-    tb = break_ties(s_in, s_out, design.tie_seed)
-    a_in, a_out = (s_in, s_out) if tb is None else (tb.ranks_in, tb.ranks_out)
-    value = (lambda t: t) if tb is None else (lambda t: float(tb.value(t)))
-    n_hi = m_lo = 0
-    t_hi, t_lo = np.inf, -np.inf
-    if design.k_hi is not None:
-        t = a_out[a_out.size - 1 - design.k_hi]
-        n_hi = int(a_in.size - np.searchsorted(a_in, t, side="right"))
-        t_hi = value(t)
-    if design.k_lo is not None:
-        t = a_in[design.k_lo]
-        m_lo = int(np.searchsorted(a_out, t, side="left"))
-        t_lo = value(t)
-    overlap = (design.k_hi is not None and design.k_lo is not None
-               and not a_in[design.k_lo] < a_out[a_out.size - 1 - design.k_hi])
-    return Counts(n_hi, m_lo, n_hi + m_lo, float(t_hi), float(t_lo), bool(overlap))
+    return Ranked(scores_in, scores_out, design.tie_seed).count(design)
+
+
+class Ranked:
+    """The scores sorted once, ties broken by ``tie_seed`` (``stats.ties``): the counts of
+    any designs with that seed (``count``), each a search."""
+
+    def __init__(self, scores_in, scores_out, tie_seed: int = 0):
+        s_in = np.sort(check_scores(scores_in, "scores_in"))
+        s_out = np.sort(check_scores(scores_out, "scores_out"))
+        tb = break_ties(s_in, s_out, tie_seed)
+        self.tie_seed = tie_seed
+        self.a_in, self.a_out = (s_in, s_out) if tb is None else (tb.ranks_in, tb.ranks_out)
+        self.value = (lambda t: t) if tb is None else (lambda t: float(tb.value(t)))
+
+    def count(self, design: RankDesign) -> Counts:
+        """``count`` of ``design`` (its tie seed must be this one's)."""
+        a_in, a_out, value = self.a_in, self.a_out, self.value
+        if (a_in.size, a_out.size) != (design.n_in, design.n_out):
+            raise ValueError(
+                f"the design was made for n_in={design.n_in}, n_out={design.n_out} scores, "
+                f"got {a_in.size} and {a_out.size}: make the design for these sizes (before "
+                "looking at the scores)")
+        if design.tie_seed != self.tie_seed:
+            raise ValueError(f"the design's tie seed {design.tie_seed} is not {self.tie_seed}")
+        n_hi = m_lo = 0
+        t_hi, t_lo = np.inf, -np.inf
+        if design.k_hi is not None:
+            t = a_out[a_out.size - 1 - design.k_hi]
+            n_hi = int(a_in.size - np.searchsorted(a_in, t, side="right"))
+            t_hi = value(t)
+        if design.k_lo is not None:
+            t = a_in[design.k_lo]
+            m_lo = int(np.searchsorted(a_out, t, side="left"))
+            t_lo = value(t)
+        overlap = (design.k_hi is not None and design.k_lo is not None
+                   and not a_in[design.k_lo] < a_out[a_out.size - 1 - design.k_hi])
+        return Counts(n_hi, m_lo, n_hi + m_lo, float(t_hi), float(t_lo), bool(overlap))
 
 
 def log_factorials(n: int) -> np.ndarray:
     """log k! for k = 0..n."""
-    return gammaln(np.arange(n + 1, dtype=np.float64) + 1.0)
+    return _log_factorials(int(n)).copy()
+
+
+@functools.lru_cache(maxsize=16)
+def _log_factorials(n: int) -> np.ndarray:
+    out = gammaln(np.arange(n + 1, dtype=np.float64) + 1.0)
+    out.setflags(write=False)
+    return out
+
+
+_NODE_FLOOR = 1e-12  # cells whose weight and every later one's sum to less: x = 1 there
+_COMPUTED = int(np.count_nonzero(1.0 - _U_GRID[:-1] >= _NODE_FLOOR))  # cells with quantiles
 
 
 @functools.lru_cache(maxsize=256)
 def _beta_nodes(k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(x at each cell's upper end, cell weight) of Beta(k + 1, n - k) on ``_U_GRID``."""
+    """(x at each cell's upper end, cell weight) of Beta(k + 1, n - k) on ``_U_GRID``
+    (memoised per (k, n), read-only). The cells beyond the first ``_COMPUTED`` (their total
+    weight below ``_NODE_FLOOR``, 1e-12) get x = 1, the largest upper end there is: an
+    upper Riemann sum still (the p-values leave them out anyway at levels >= 1e-8, and the
+    laws' computations below 1e-12)."""
     u = _U_GRID
-    x = betaincinv(k + 1.0, float(n - k), u[1:])
+    x = np.ones(u.size - 1)
+    x[:_COMPUTED] = betaincinv(k + 1.0, float(n - k), u[1 : _COMPUTED + 1])
     x[-1] = 1.0
     w = np.diff(u)
     x.setflags(write=False)
@@ -241,43 +272,84 @@ class _Mixture:
     by the caller)."""
 
     def __init__(self, size: int, rates: np.ndarray, weights: np.ndarray, drop: float,
-                 table: np.ndarray):
-        top = np.cumsum(weights[::-1])[::-1]  # weight of this cell and every later one
-        keep = top > drop
-        self.dropped = float(top[keep.sum()]) if keep.sum() < top.size else 0.0
+                 table: np.ndarray, width: float = _SD):
+        keep = _kept(weights, drop)
+        self.dropped = _dropped(weights, drop)
         self.size = size
-        self.rates = np.clip(rates[keep], 0.0, 1.0)
-        self.weights = weights[keep]
+        self.rates = np.clip(rates[:keep], 0.0, 1.0)
+        self.weights = weights[:keep]
         self.table = table
+        self.width = width
 
     def _support(self) -> tuple[np.ndarray, np.ndarray]:
-        n, p = self.size, self.rates
+        n, p, c = self.size, self.rates, self.width
         sd = np.sqrt(n * p * (1.0 - p))
-        lo = np.clip(np.floor(n * p - _SD * sd - _SD), 0, n).astype(np.int64)
-        hi = np.clip(np.ceil(n * p + _SD * sd + _SD), 0, n).astype(np.int64)
+        lo = np.clip(np.floor(n * p - c * sd - c), 0, n).astype(np.int64)
+        hi = np.clip(np.ceil(n * p + c * sd + c), 0, n).astype(np.int64)
         return lo, hi
 
     def pmf(self) -> np.ndarray:
-        """The mixture's pmf on 0..max support (rows' tails beyond 12 sd left out)."""
+        """The mixture's pmf on 0..max support (rows' tails beyond 12 sd left out).
+
+        Each row's log-pmf is log C(n, k) + k logit(p) + n log(1 - p): one table of
+        log C(n, k) shared by the rows (the terms of xlogy(k, p) + xlog1py(n - k, -p)
+        regrouped); rates 0 and 1 are point masses at 0 and n."""
         lo, hi = self._support()
+        n = self.size
         top = int(hi.max()) if hi.size else 0
         out = np.zeros(top + 1)
-        k = np.arange(top + 1)
+        p, w = self.rates, self.weights
+        inner = (p > 0.0) & (p < 1.0)
+        if not np.all(inner):
+            out[0] += float(w[p <= 0.0].sum())
+            if np.any(p >= 1.0):
+                out[n] += float(w[p >= 1.0].sum())
+            p, w, lo, hi = p[inner], w[inner], lo[inner], hi[inner]
+        if p.size == 0:
+            return out
+        a0 = int(lo.min())
+        kk = np.arange(a0, top + 1)
+        log_choose = self.table[n] - self.table[kk] - self.table[n - kk]
+        logit = np.log(p) - np.log1p(-p)
+        base = n * np.log1p(-p)
         # rows in bands of similar support, each a dense block
-        order = np.argsort(lo)
+        order = np.argsort(lo, kind="stable")
         for band in np.array_split(order, max(1, order.size // 64)):
             a, b = int(lo[band].min()), int(hi[band].max())
-            kk = k[a : b + 1][None, :]
-            p = self.rates[band][:, None]
-            logp = (self.table[self.size] - self.table[kk] - self.table[self.size - kk]
-                    + xlogy(kk, p) + xlog1py(self.size - kk, -p))
-            out[a : b + 1] += self.weights[band] @ np.exp(logp)
+            k = kk[a - a0 : b - a0 + 1]
+            logp = (log_choose[a - a0 : b - a0 + 1][None, :] + logit[band][:, None] * k
+                    + base[band][:, None])
+            out[a : b + 1] += w[band] @ np.exp(logp)
         return out
 
     def sf(self) -> np.ndarray:
         """P[X >= i] of the mixture for i = 0..max support + 1 (from ``pmf``)."""
-        pmf = self.pmf()
-        return np.minimum(np.concatenate([np.cumsum(pmf[::-1])[::-1], [0.0]]), 1.0)
+        return _suffix(self.pmf())
+
+
+def _kept(weights: np.ndarray, drop: float) -> int:
+    """How many leading cells a mixture keeps: the top cells of total weight <= ``drop``
+    are left out."""
+    top = np.cumsum(weights[::-1])[::-1]  # weight of this cell and every later one
+    return int(np.count_nonzero(top > drop))
+
+
+def _dropped(weights: np.ndarray, drop: float) -> float:
+    """The weight of the cells ``_kept`` leaves out."""
+    top = np.cumsum(weights[::-1])[::-1]
+    keep = int(np.count_nonzero(top > drop))
+    return float(top[keep]) if keep < top.size else 0.0
+
+
+def _first_nonzero(pmf: np.ndarray) -> int:
+    """The first index of a non-zero entry (0 for an all-zero array)."""
+    nz = np.flatnonzero(pmf)
+    return int(nz[0]) if nz.size else 0
+
+
+def _suffix(pmf: np.ndarray) -> np.ndarray:
+    """P[X >= i] for i = 0..len(pmf) (the last 0), capped at 1."""
+    return np.minimum(np.concatenate([np.cumsum(pmf[::-1])[::-1], [0.0]]), 1.0)
 
 
 def _sf_at(sf: np.ndarray, i: np.ndarray) -> np.ndarray:
@@ -285,6 +357,71 @@ def _sf_at(sf: np.ndarray, i: np.ndarray) -> np.ndarray:
     i = np.asarray(i, dtype=np.int64)
     out = sf[np.clip(i, 0, sf.size - 1)]
     return np.where(i <= 0, 1.0, np.where(i >= sf.size, 0.0, out))
+
+
+class NullTail:
+    """The p-value bound of the module doc for EVERY statistic at once: P[S' >= s] of the
+    dominating law (``sf``, s = 0..len - 1, 0 beyond) plus the constant ``extra`` (the caps'
+    2 eta, the mixtures' dropped top cells, the binomials' tails), for one design and one
+    null; ``p(s)`` is ``_p_value``'s bound at s (without the fallback's share). One
+    computation of the two mixtures serves every s (critical values, powers, p-values)."""
+
+    def __init__(self, design: RankDesign, roc: Roc, roc_reverse: Roc | None = None):
+        rev = roc if roc_reverse is None else roc_reverse
+        level = design.level
+        eta = _ETA * level
+        table = _log_factorials(max(design.n_in, design.n_out))
+        extra = 0.0
+        if design.k_hi is not None:
+            xs, wx = _beta_nodes(design.k_hi, design.n_out)
+        if design.k_lo is not None:
+            ys, wy = _beta_nodes(design.k_lo, design.n_in)
+        if design.sides == "both":
+            x_cap = beta_quantile(design.k_hi, design.n_out, 1.0 - eta)
+            y_cap = beta_quantile(design.k_lo, design.n_in, 1.0 - eta)
+            extra += 2.0 * eta
+            keep_x, keep_y = _kept(wx, eta), _kept(wy, eta)
+            r_hi = np.minimum(1.0, _flat(roc, xs[:keep_x]) / (1.0 - y_cap))
+            r_lo = np.minimum(1.0, _flat(rev, ys[:keep_y]) / (1.0 - x_cap))
+            n = _Mixture(design.n_hi, _pad(r_hi, wx), wx, eta, table)
+            m = _Mixture(design.m_lo, _pad(r_lo, wy), wy, eta, table)
+            pm, pn = m.pmf(), n.pmf()
+            # P[N + M >= s] = sum_m P[M = m] P[N >= s - m], with P[N >= j] = 1 for j <= 0:
+            # the suffix sums of N + M's pmf (one convolution over the two supports), plus
+            # N's missing mass (1 - its total) wherever m >= s
+            am, an = _first_nonzero(pm), _first_nonzero(pn)
+            ps = np.zeros(pm.size + pn.size - 1)
+            part = np.convolve(pm[am:], pn[an:])
+            ps[am + an : am + an + part.size] = part
+            sf = _suffix(ps)
+            sf[: pm.size + 1] += max(0.0, 1.0 - float(pn.sum())) * _suffix(pm)
+            extra += n.dropped + m.dropped
+        elif design.sides == "in":
+            keep_x = _kept(wx, eta)
+            n = _Mixture(design.n_hi, _pad(np.minimum(1.0, _flat(roc, xs[:keep_x])), wx), wx,
+                         eta, table)
+            sf = n.sf()
+            extra += n.dropped
+        else:
+            keep_y = _kept(wy, eta)
+            m = _Mixture(design.m_lo, _pad(np.minimum(1.0, _flat(rev, ys[:keep_y])), wy), wy,
+                         eta, table)
+            sf = m.sf()
+            extra += m.dropped
+        self.sf = np.minimum(sf, 1.0)
+        self.extra = float(extra + _SLACK)
+
+    def p(self, s) -> np.ndarray:
+        """The bound at statistic(s) ``s`` (1 at s <= 0), at most 1."""
+        return np.minimum(1.0, _sf_at(self.sf, s) + self.extra)
+
+
+def _pad(rates: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Rates of the kept cells, padded with 1 to the weights' length (the padded cells are the
+    dropped ones: ``_Mixture`` leaves them out again)."""
+    out = np.ones(weights.size)
+    out[: rates.size] = rates
+    return out
 
 
 def null_p_value(design: RankDesign, s, roc: Roc, roc_reverse: Roc | None = None) -> float:
@@ -305,37 +442,7 @@ def null_p_value(design: RankDesign, s, roc: Roc, roc_reverse: Roc | None = None
 
 def _p_value(design: RankDesign, s: int, roc: Roc, roc_reverse: Roc | None) -> float:
     """The bound of the module doc for statistic ``s``, without the fallback's share."""
-    rev = roc if roc_reverse is None else roc_reverse
-    level = design.level
-    eta = _ETA * level
-    table = log_factorials(max(design.n_in, design.n_out))
-    extra = 0.0
-    if design.k_hi is not None:
-        xs, wx = _beta_nodes(design.k_hi, design.n_out)
-    if design.k_lo is not None:
-        ys, wy = _beta_nodes(design.k_lo, design.n_in)
-    if design.sides == "both":
-        x_cap = beta_quantile(design.k_hi, design.n_out, 1.0 - eta)
-        y_cap = beta_quantile(design.k_lo, design.n_in, 1.0 - eta)
-        extra += 2.0 * eta
-        r_hi = np.minimum(1.0, _flat(roc, xs) / (1.0 - y_cap))
-        r_lo = np.minimum(1.0, _flat(rev, ys) / (1.0 - x_cap))
-    elif design.sides == "in":
-        r_hi = np.minimum(1.0, _flat(roc, xs))
-    else:
-        r_lo = np.minimum(1.0, _flat(rev, ys))
-    if design.sides == "out":
-        m = _Mixture(design.m_lo, r_lo, wy, eta, table)
-        total = _sf_at(m.sf(), np.array([s]))[0] + m.dropped
-    elif design.sides == "in":
-        n = _Mixture(design.n_hi, r_hi, wx, eta, table)
-        total = _sf_at(n.sf(), np.array([s]))[0] + n.dropped
-    else:
-        n = _Mixture(design.n_hi, r_hi, wx, eta, table)
-        m = _Mixture(design.m_lo, r_lo, wy, eta, table)
-        pm = m.pmf()
-        total = float(pm @ _sf_at(n.sf(), s - np.arange(pm.size))) + n.dropped + m.dropped
-    return float(min(1.0, total + extra + _SLACK))
+    return float(NullTail(design, roc, roc_reverse).p(np.array([s]))[0])
 
 
 def _flat(roc: Roc, v: np.ndarray) -> np.ndarray:
@@ -380,37 +487,109 @@ class CertifiedEpsilon:
 
 def certify_epsilon_at(design: RankDesign, s, *, delta: float,
                        confidence: float | None = None, tol: float = _TOL,
-                       e_max: float = 64.0) -> tuple[float, float]:
+                       e_max: float = 64.0, guess: float | None = None) -> tuple[float, float]:
     """(largest epsilon found whose p-value is <= 1 - confidence, that p-value) for observed
     ``Counts`` or a statistic ``s`` (module doc); (0.0, p at 0) when epsilon 0 is not
-    rejected. ``confidence`` defaults to 1 - the design's level."""
+    rejected. ``confidence`` defaults to 1 - the design's level.
+
+    The answer is the bisection's: the p-value increases with epsilon, the doubling 1, 2, 4,
+    ... (up to ``e_max``) brackets the boundary in [lo, 2 lo] (or [0, 1]), and bisecting
+    that bracket to width ``tol`` ends at the largest point of the bracket's dyadic grid
+    (spacing width / 2^i <= ``tol``) whose p-value is <= 1 - confidence. The same grid
+    point is found here with fewer p-values (``_boundary``: a secant on the p-values'
+    normal scores, from ``guess`` when given, else from 1), whatever the guess; p-values far
+    above the boundary, the costliest (their binomials spread over every count), are
+    computed only where the answer needs them."""
     beta = design.level if confidence is None else 1.0 - check_open_unit(confidence,
                                                                          "confidence")
     delta = check_delta(delta, zero_ok=True)
+    memo: dict[float, float] = {}
 
-    def p(e):
-        return null_p_value(design, s, dp_roc(e, delta))
+    def p(e: float) -> float:
+        if e not in memo:
+            memo[e] = null_p_value(design, s, dp_roc(e, delta))
+        return memo[e]
 
-    p0 = p(0.0)
-    if p0 > beta:
-        return 0.0, p0
-    lo, p_lo, hi = 0.0, p0, 1.0
+    ends = [0.0, 1.0]
+    while ends[-1] < e_max:
+        ends.append(min(2.0 * ends[-1], e_max))
+    g = 1.0 if guess is None or not np.isfinite(guess) else float(np.clip(guess, 0.0, e_max))
+    b = int(np.clip(np.searchsorted(ends, g, side="right") - 1, 0, len(ends) - 2))
+    while True:  # bracket b: [ends[b], ends[b + 1]]
+        lo, hi = ends[b], ends[b + 1]
+        cells = 1
+        while (hi - lo) / cells > tol:
+            cells *= 2
+        step = (hi - lo) / cells
+
+        def grid(m: int, lo=lo, hi=hi, step=step, cells=cells) -> float:
+            return lo + m * step if m < cells else hi
+
+        m = _boundary(lambda i, grid=grid: p(grid(i)), beta, cells,
+                      start=int(np.clip(np.floor((g - lo) / step), 0, cells - 1)),
+                      first_step=max(1, cells // (8 if guess is None else 64)))
+        if m == 0 and p(lo) > beta:  # below this bracket
+            if b == 0:
+                return 0.0, p(0.0)
+            b, g = b - 1, lo
+            continue
+        if m == cells - 1 and p(hi) <= beta:  # above it
+            if b + 2 == len(ends):
+                return hi, p(hi)
+            b, g = b + 1, hi
+            continue
+        return grid(m), p(grid(m))
+
+
+def _boundary(value: Callable[[int], float], beta: float, cells: int, *, start: int,
+              first_step: int) -> int:
+    """The largest i in [0, cells) with ``value(i)`` <= ``beta`` for a ``value``
+    non-decreasing in i, assuming that 0 qualifies and ``cells`` does not (the caller checks
+    those ends; they are not evaluated here): the integer a bisection finds, in fewer calls.
+    On the normal scores z(i) = ndtri(value(i)) - ndtri(beta) (about linear in i): from
+    ``start``, a second point ``first_step`` away towards the boundary, secant
+    extrapolations (overshooting a little) until both sides are seen, then regula falsi
+    (Illinois) rounded into the bracket."""
+    z: dict[int, float] = {}
+
+    def score(i: int) -> float:
+        if i not in z:
+            v = min(max(float(value(i)), 0.0), 1.0)
+            with np.errstate(divide="ignore"):
+                z[i] = float(ndtri(v) - ndtri(beta)) if v > 0 else -np.inf
+        return z[i]
+
+    lo, hi = 0, cells  # lo qualifies, hi does not (assumed until evaluated)
+    i, prev, side = int(np.clip(start, 0, cells - 1)), None, 0
+    z_lo = z_hi = None  # the bracket ends' scores as regula falsi uses them (Illinois)
+    step = max(1, int(first_step))
     while True:
-        ph = p(hi)
-        if ph > beta:
-            break
-        lo, p_lo = hi, ph
-        if hi >= e_max:
-            return lo, p_lo
-        hi = min(2.0 * hi, e_max)
-    while hi - lo > tol:
-        mid = 0.5 * (lo + hi)
-        pm = p(mid)
-        if pm <= beta:
-            lo, p_lo = mid, pm
+        if score(i) <= 0.0:
+            lo, z_lo = i, z[i]
+            if side == -1 and z_hi is not None:
+                z_hi /= 2.0
+            side = -1
         else:
-            hi = mid
-    return lo, p_lo
+            hi, z_hi = i, z[i]
+            if side == 1 and z_lo is not None:
+                z_lo /= 2.0
+            side = 1
+        if hi - lo <= 1:
+            return lo
+        seen_lo, seen_hi = lo in z, hi in z
+        nxt = None
+        if seen_lo and seen_hi and np.isfinite(z_lo) and np.isfinite(z_hi) and z_hi > z_lo:
+            x = lo + (hi - lo) * (-z_lo) / (z_hi - z_lo)
+            nxt = int(np.floor(x))
+        elif prev is not None and np.isfinite(z[i]) and np.isfinite(z[prev]) and \
+                z[i] != z[prev] and (z[i] - z[prev]) * (i - prev) > 0:
+            x = i - z[i] * (i - prev) / (z[i] - z[prev])  # secant through the last two
+            over = max(2.0, 0.25 * abs(x - i))
+            nxt = int(np.floor(x + over)) if seen_lo and not seen_hi else int(np.ceil(x - over))
+        if nxt is None:
+            nxt = i + step if i == lo else i - step
+            step *= 2
+        prev, i = i, int(np.clip(nxt, lo + 1, hi - 1))
 
 
 def certify_epsilon(scores_in, scores_out, design: RankDesign, *, delta: float,

@@ -28,6 +28,7 @@ ignored. It is a computation of the law, not a bound: the tests' p-values never 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,13 +36,19 @@ from scipy.special import betaincinv, ndtr
 
 from dpaudit._validate import check_count, check_delta, check_open_unit
 from dpaudit.stats.data_rate.count_test import (
+    _COMPUTED,
+    _TOL,
     _U_GRID,
+    FALLBACK,
+    NullTail,
     RankDesign,
     Roc,
     _beta_nodes,
+    _first_nonzero,
+    _log_factorials,
     _Mixture,
     certify_epsilon_at,
-    log_factorials,
+    dp_roc,
     null_p_value,
 )
 from dpaudit.stats.data_rate.law import MixtureScoreLaw
@@ -49,19 +56,35 @@ from dpaudit.stats.data_rate.law import MixtureScoreLaw
 _RANKS = 30  # ranks per side on the log grid
 _TOP_EXACT = 6  # surrogate's best candidates evaluated exactly
 _BISECT = 24  # surrogate bisection steps on [0, 32]
+_GRID = 2.0 ** np.floor(np.log2(_TOL))  # the certified epsilons' grid (certify_epsilon_at)
+_LAW_DROP = 1e-12  # StatisticLaw: the Beta cells of total weight below this at the top left out
+_LAW_SD = 9.0  # StatisticLaw: each binomial's support, mean +- 9 sd (+ 9): mass beyond < 1e-18
 
 
 def rank_grid(n: int) -> np.ndarray:
     """Candidate ranks for a side of ``n`` scores: 0 and a log grid up to n / 4 (about 30)."""
+    return _rank_grid(int(n)).copy()
+
+
+@functools.lru_cache(maxsize=64)
+def _rank_grid(n: int) -> np.ndarray:
     top = max(n / 4.0, 1.0)
     r = np.unique(np.round(np.geomspace(1.0, top, _RANKS)).astype(np.int64)) - 1
-    return r[r < n]
+    r = r[r < n]
+    r.setflags(write=False)
+    return r
 
 
+@functools.lru_cache(maxsize=512)
 def _mid_nodes(k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(x at the cells' midpoints in u, weights) of Beta(k + 1, n - k) on ``_U_GRID``."""
+    """(x at the cells' midpoints in u, weights) of Beta(k + 1, n - k) on ``_U_GRID``
+    (memoised per (k, n), read-only)."""
     u = 0.5 * (_U_GRID[1:] + _U_GRID[:-1])
-    return betaincinv(k + 1.0, float(n - k), u), np.diff(_U_GRID)
+    x, w = np.ones(u.size), np.diff(_U_GRID)
+    x[:_COMPUTED] = betaincinv(k + 1.0, float(n - k), u[:_COMPUTED])  # the rest: as _beta_nodes
+    x.setflags(write=False)
+    w.setflags(write=False)
+    return x, w
 
 
 class StatisticLaw:
@@ -70,18 +93,25 @@ class StatisticLaw:
 
     def __init__(self, design: RankDesign, roc: Roc, roc_reverse: Roc):
         self.design = design
-        table = log_factorials(max(design.n_in, design.n_out))
-        pmf = np.ones(1)
+        table = _log_factorials(max(design.n_in, design.n_out))
+        parts = []
         x_mean = 0.0 if design.k_hi is None else (design.k_hi + 1.0) / (design.n_out + 1.0)
         y_mean = 0.0 if design.k_lo is None else (design.k_lo + 1.0) / (design.n_in + 1.0)
         if design.k_hi is not None:
             x, w = _mid_nodes(design.k_hi, design.n_out)
             r = np.minimum(1.0, np.asarray(roc(x), dtype=np.float64) / (1.0 - y_mean))
-            pmf = np.convolve(pmf, _Mixture(design.n_hi, r, w, 0.0, table).pmf())
+            parts.append(_Mixture(design.n_hi, r, w, _LAW_DROP, table, _LAW_SD).pmf())
         if design.k_lo is not None:
             y, w = _mid_nodes(design.k_lo, design.n_in)
             r = np.minimum(1.0, np.asarray(roc_reverse(y), dtype=np.float64) / (1.0 - x_mean))
-            pmf = np.convolve(pmf, _Mixture(design.m_lo, r, w, 0.0, table).pmf())
+            parts.append(_Mixture(design.m_lo, r, w, _LAW_DROP, table, _LAW_SD).pmf())
+        pmf = parts[0]
+        if len(parts) == 2:  # one convolution over the two supports
+            a, b = parts
+            ia, ib = _first_nonzero(a), _first_nonzero(b)
+            pmf = np.zeros(a.size + b.size - 1)
+            part = np.convolve(a[ia:], b[ib:])
+            pmf[ia + ib : ia + ib + part.size] = part
         self.pmf = pmf / pmf.sum()
         self._sf = np.concatenate([np.cumsum(self.pmf[::-1])[::-1], [0.0]])
 
@@ -102,16 +132,53 @@ def statistic_law(design: RankDesign, law: MixtureScoreLaw) -> StatisticLaw:
 
 
 class _Moments:
-    """Per rank of one side: the Beta nodes, to average a rate function over x."""
+    """Per rank of one side: the Beta nodes, to average a rate function over x; and their
+    prefix sums, to average the (e, delta)-DP bound (piecewise linear in x) in O(log cells)."""
 
     def __init__(self, ranks: np.ndarray, n: int):
         self.ranks = ranks
+        self.n = n
         nodes = [_beta_nodes(int(k), n) for k in ranks]
         self.x = np.stack([a for a, _ in nodes])  # (ranks, cells), upper ends
         self.w = np.stack([b for _, b in nodes])
-        mids = [_mid_nodes(int(k), n) for k in ranks]
-        self.xm = np.stack([a for a, _ in mids])
+        cells = self.x.shape[1]
+        zero = np.zeros((len(ranks), 1))
+        self.p0 = np.concatenate([zero, np.cumsum(self.w, axis=1)], axis=1)
+        self.p1 = np.concatenate([zero, np.cumsum(self.w * self.x, axis=1)], axis=1)
+        self.p2 = np.concatenate([zero, np.cumsum(self.w * self.x**2, axis=1)], axis=1)
+        # rows side by side (x in [0, 1] + 2 x row): one sorted array for every row's search
+        self.flat = (self.x + 2.0 * np.arange(len(ranks))[:, None]).reshape(-1)
+        self.cells = cells
 
+    @functools.cached_property
+    def xm(self) -> np.ndarray:
+        """(ranks, cells): the cells' midpoints in u."""
+        return np.stack([_mid_nodes(int(k), self.n)[0] for k in self.ranks])
+
+    def dp_parts(self, rows: np.ndarray, e: np.ndarray, delta: float
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """Per entry (row, epsilon): (E r, Var r) over the row's cells (upper ends) of the
+        (e, delta)-DP bound r(x) = max(x, min(1, e^e x + delta, 1 - e^-e (1 - delta - x))),
+        which is e^e x + delta up to x1 = (1 - delta) / (e^e + 1), 1 - e^-e (1 - delta - x)
+        up to 1 - delta and 1 beyond (e >= 0): sums of w, w x, w x^2 over each piece. The
+        same numbers as summing over the cells (to rounding)."""
+        rows = np.where(rows >= 0, rows, 0)  # placeholders for a side switched off
+        c = np.exp(e)
+        cells = self.cells
+        x1 = (1.0 - delta) / (c + 1.0)
+        i1 = np.searchsorted(self.flat, x1 + 2.0 * rows, side="right") - rows * cells
+        i2 = np.searchsorted(self.flat, (1.0 - delta) + 2.0 * rows, side="right") - rows * cells
+        i1, i2 = np.clip(i1, 0, cells), np.clip(i2, 0, cells)
+        i2 = np.maximum(i2, i1)
+        a0, a1, a2 = self.p0[rows, i1], self.p1[rows, i1], self.p2[rows, i1]
+        b0, b1, b2 = (self.p0[rows, i2] - a0, self.p1[rows, i2] - a1,
+                      self.p2[rows, i2] - a2)
+        c0 = self.p0[rows, cells] - self.p0[rows, i2]
+        ab, bb = 1.0 - (1.0 - delta) / c, 1.0 / c
+        e1 = c * a1 + delta * a0 + ab * b0 + bb * b1 + c0
+        e2 = (c * c * a2 + 2.0 * c * delta * a1 + delta * delta * a0
+              + ab * ab * b0 + 2.0 * ab * bb * b1 + bb * bb * b2 + c0)
+        return e1, np.maximum(e2 - e1 * e1, 0.0)
 
 
 def _candidates(n_in: int, n_out: int, sides: str):
@@ -132,11 +199,12 @@ def _candidates(n_in: int, n_out: int, sides: str):
 class _Surrogate:
     """Normal approximations of S's law, vectorised over candidate designs."""
 
-    def __init__(self, cands, n_in: int, n_out: int):
+    def __init__(self, cands, n_in: int, n_out: int, ranks: tuple | None = None):
         self.cands = cands
         self.n_in, self.n_out = n_in, n_out
-        self.hi = _Moments(rank_grid(n_out), n_out)
-        self.lo = _Moments(rank_grid(n_in), n_in)
+        hi, lo = (rank_grid(n_out), rank_grid(n_in)) if ranks is None else ranks
+        self.hi = _Moments(np.asarray(hi, dtype=np.int64), n_out)
+        self.lo = _Moments(np.asarray(lo, dtype=np.int64), n_in)
         ih = {int(k): i for i, k in enumerate(self.hi.ranks)}
         il = {int(k): i for i, k in enumerate(self.lo.ranks)}
         self.i_hi = np.array([ih.get(a, -1) if a is not None else -1 for a, _ in cands])
@@ -157,15 +225,9 @@ class _Surrogate:
 
     def dp_law(self, e: np.ndarray, delta: float) -> tuple[np.ndarray, np.ndarray]:
         """(mean, variance) of the p-value's S per candidate under (e_c, delta)-DP, one
-        epsilon per candidate."""
-        c, ci = np.exp(e)[:, None], np.exp(-e)[:, None]
-
-        def roc(x):
-            return np.maximum(np.minimum(np.minimum(c * x + delta, 1 - ci * (1 - delta - x)),
-                                         1.0), x)
-
-        eh, vh = _parts(roc(self.hi.x[self.i_hi]), self.hi.w[self.i_hi])
-        el, vl = _parts(roc(self.lo.x[self.i_lo]), self.lo.w[self.i_lo])
+        epsilon per candidate (``_Moments.dp_parts``)."""
+        eh, vh = self.hi.dp_parts(self.i_hi, e, delta)
+        el, vl = self.lo.dp_parts(self.i_lo, e, delta)
         return self._combine(eh, vh, el, vl)
 
     def _combine(self, eh, vh, el, vl):
@@ -185,6 +247,22 @@ def _parts(r: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _p_normal(s, mean, var):
     return ndtr((mean - (s - 0.5)) / np.sqrt(var + 0.25))
+
+
+def surrogate_epsilon(design: RankDesign, s: float, delta: float) -> float:
+    """The normal surrogate's certified epsilon of ``design`` at statistic ``s`` (the largest
+    e on [0, 32], to 2e-6, whose surrogate p-value is <= the design's level): a starting
+    point for ``certify_epsilon_at``, not a bound."""
+    hi = [design.k_hi if design.k_hi is not None else 0]
+    lo = [design.k_lo if design.k_lo is not None else 0]
+    sur = _Surrogate([(design.k_hi, design.k_lo)], design.n_in, design.n_out, (hi, lo))
+    a, b = np.zeros(1), np.full(1, 32.0)
+    for _ in range(_BISECT):
+        mid = 0.5 * (a + b)
+        m, v = sur.dp_law(mid, delta)
+        rej = _p_normal(float(s), m, v) <= design.level
+        a, b = np.where(rej, mid, a), np.where(rej, b, mid)
+    return float(a[0])
 
 
 @dataclass(frozen=True)
@@ -245,26 +323,35 @@ def design_epsilon(law: MixtureScoreLaw, n_in: int, n_out: int, *, delta: float,
                        f"design_epsilon: ranks k_hi={k_hi}, k_lo={k_lo} (surrogate "
                        f"{lo[i]:.3f})")
         med = statistic_law(d, law).median()
-        eps, _ = certify_epsilon_at(d, med, delta=delta)
+        if best is not None and not _certifies_above(d, med, best.expected, delta):
+            continue  # it certifies at most the best's epsilon at its median
+        guess = lo[i] if best is None else max(lo[i], best.expected + _GRID)
+        eps, _ = certify_epsilon_at(d, med, delta=delta, guess=guess)
         if best is None or eps > best.expected:
             best = EpsilonDesign(d, float(eps), int(med))
     return best
 
 
+def _certifies_above(design: RankDesign, s: int, e: float, delta: float) -> bool:
+    """Whether ``certify_epsilon_at(design, s)`` exceeds ``e`` (a value it returned, on its
+    grid of ``_GRID``): whether the next grid point's p-value is <= the level (the p-value
+    increases with epsilon). One p-value instead of a certification."""
+    nxt = e + _GRID
+    if nxt > 64.0:
+        return False
+    return null_p_value(design, s, dp_roc(nxt, delta)) <= design.level
+
+
 def critical_value(design: RankDesign, roc: Roc, roc_reverse: Roc | None = None) -> int:
     """The smallest statistic whose p-value under "ROC <= roc" is <= the design's level
-    (the test rejects exactly when S >= it; p-values decrease with S)."""
+    (the test rejects exactly when S >= it; p-values decrease with S): from one
+    ``NullTail`` (the bound at every S), n_in + n_out + 1 when no S is rejected."""
     rev = roc if roc_reverse is None else roc_reverse
-    lo, hi = 0, design.n_in + design.n_out + 1  # p(hi) = 0 <= level; find the first
-    if null_p_value(design, 0, roc, rev) <= design.level:
-        return 0
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if null_p_value(design, mid, roc, rev) <= design.level:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    tail = NullTail(design, roc, rev)
+    share = (1.0 - FALLBACK) if design.sides == "both" else 1.0
+    s = np.arange(1, tail.sf.size + 1)  # p(0) = 1; beyond sf's support the bound is flat
+    ok = np.flatnonzero(tail.p(s) / share <= design.level)
+    return int(s[ok[0]]) if ok.size else design.n_in + design.n_out + 1
 
 
 def power(design: RankDesign, roc: Roc, truth: MixtureScoreLaw,
@@ -306,12 +393,23 @@ def design_curve(truth: MixtureScoreLaw, null_roc: Roc, n_in: int, n_out: int, *
     level = check_open_unit(level, "level")
     rev = null_roc if null_roc_reverse is None else null_roc_reverse
     cands, pw = _curve_surrogate(truth, null_roc, rev, n_in, n_out, level, sides)
+    return _best_exact(cands, pw, truth, null_roc, rev, n_in, n_out, level, top)
+
+
+def _best_exact(cands, pw, truth: MixtureScoreLaw, null_roc: Roc, rev: Roc, n_in: int,
+                n_out: int, level: float, top: int, memo: dict | None = None
+                ) -> tuple[RankDesign, float]:
+    """``design_curve``'s exact step: the surrogate's best ``top`` by exact power (``memo``:
+    the truth's ``StatisticLaw`` per ranks, kept across calls with the same truth)."""
+    memo = {} if memo is None else memo
     best, best_power = None, -1.0
     for i in np.argsort(-pw)[: max(1, int(top))]:
         k_hi, k_lo = cands[i]
         d = RankDesign(k_hi, k_lo, n_in, n_out, level,
                        f"design_curve: ranks k_hi={k_hi}, k_lo={k_lo}")
-        p = power(d, null_roc, truth, rev)
+        if (k_hi, k_lo) not in memo:
+            memo[(k_hi, k_lo)] = statistic_law(d, truth)
+        p = memo[(k_hi, k_lo)].sf(critical_value(d, null_roc, rev))
         if p > best_power:
             best, best_power = d, p
     return best, float(best_power)
