@@ -78,6 +78,9 @@ _ETA = 1e-4  # the caps' and the mixtures' dropped tails, relative to the level
 _SD = 12.0  # binomial supports: mean +- 12 sd (+ 12); beyond, mass < 1e-30
 _TOL = 1e-3  # the certified epsilon's bisection width
 _SLACK = 1e-20  # the binomial tails beyond 12 sd (each < 1e-30) and float rounding
+# the summation's rounding, relative: a p-value is a sum of up to ~10^5 rounded terms (relative
+# error below 10^5 x 2^-53 ~ 1e-11); the bound is raised by far more than that
+_RELATIVE_SLACK = 1e-9
 FALLBACK = 0.01  # share of a two-sided design's level kept for crossed thresholds
 
 
@@ -412,8 +415,9 @@ class NullTail:
         self.extra = float(extra + _SLACK)
 
     def p(self, s) -> np.ndarray:
-        """The bound at statistic(s) ``s`` (1 at s <= 0), at most 1."""
-        return np.minimum(1.0, _sf_at(self.sf, s) + self.extra)
+        """The bound at statistic(s) ``s`` (1 at s <= 0), at most 1, raised by
+        ``_RELATIVE_SLACK`` over the summation's rounding (never below the exact sum)."""
+        return np.minimum(1.0, (_sf_at(self.sf, s) + self.extra) * (1.0 + _RELATIVE_SLACK))
 
 
 def _pad(rates: np.ndarray, weights: np.ndarray) -> np.ndarray:
