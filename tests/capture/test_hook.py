@@ -404,3 +404,28 @@ def test_backward_hook_warning_is_silenced_only_while_attached():
         warnings.simplefilter("always")
         warnings.warn(msg, UserWarning, stacklevel=1)
     assert [w for w in after if "Full backward hook" in str(w.message)]
+
+
+def test_the_rate_is_read_from_the_dp_loader_when_a_wrapped_step_hook_hides_it():
+    """A step hook wrapped by the user's code (here the zoo's accountant_steps bug) hides the
+    closure Opacus' hook keeps q in: the hook then reads the DP loader's own sample_rate, and
+    without a loader refuses with an error naming ``sample_rate``."""
+    from opacus import PrivacyEngine
+
+    from dpaudit.bugs import plant_bug
+
+    data, _ = digits_flat()
+    torch.manual_seed(0)
+    model = nn.Linear(64, 10)
+    engine = PrivacyEngine()
+    model, opt, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=torch.utils.data.DataLoader(data, batch_size=64), noise_multiplier=1.0,
+        max_grad_norm=1.0)
+    plant_bug(opt, "accountant_steps", 0.5)
+    canaries = GradientCanaries(torch.eye(650)[:4])
+    hook = AuditHook(opt, model, canaries=canaries, data_loader=loader)
+    assert hook.sample_rate == pytest.approx(loader.sample_rate) == pytest.approx(1 / len(loader))
+    hook.detach()
+    with pytest.raises(ValueError, match="sample_rate must be in"):
+        AuditHook(opt, model, canaries=canaries)

@@ -128,6 +128,27 @@ def infer_sample_rate(step_hook: object) -> float | None:
     return float(value) if isinstance(value, numbers.Real) else None
 
 
+def sample_rate_of(optimizer, data_loader=None, given=None) -> float:
+    """The data's Poisson rate q: ``given`` (the hook's ``sample_rate=``), else the one
+    Opacus' accountant hook closes over, else the DP data loader's (``DPDataLoader.
+    sample_rate``, or its batch sampler's: a step hook wrapped by the user's code hides its
+    closure); a clear error naming ``sample_rate`` when none is in (0, 1]."""
+    q = given
+    if q is None:
+        q = infer_sample_rate(optimizer.step_hook)
+    if q is None and data_loader is not None:
+        for owner in (data_loader, getattr(data_loader, "batch_sampler", None)):
+            value = getattr(owner, "sample_rate", None)
+            if isinstance(value, numbers.Real):
+                q = float(value)
+                break
+    if q is None or not 0.0 < float(q) <= 1.0:
+        raise ValueError(
+            "sample_rate must be in (0, 1]; it could not be read from the optimizer's "
+            f"accountant hook or the data loader, got {q!r}: pass sample_rate=")
+    return float(q)
+
+
 def _check_arguments(optimizer, model, seed) -> None:
     """The hook's arguments that need nothing else: an Opacus DP optimizer of a supported
     kind, a torch module, an integer seed."""
@@ -251,12 +272,7 @@ class AuditHook:
             from dpaudit.capture.canary_choice import default_canaries
 
             data = None if data_loader is None else getattr(data_loader, "dataset", None)
-            q = sample_rate if sample_rate is not None else infer_sample_rate(
-                optimizer.step_hook)
-            if q is None or not 0.0 < float(q) <= 1.0:
-                raise ValueError(
-                    "sample_rate must be in (0, 1]; it could not be read from the optimizer's "
-                    f"accountant hook, got {q!r}: pass sample_rate=")
+            q = sample_rate_of(optimizer, data_loader, sample_rate)
             canaries, self.canary_note = default_canaries(
                 model, data, sample_rate=float(q), seed=seed, norm=self.max_grad_norm,
                 params=params)
@@ -266,7 +282,7 @@ class AuditHook:
                             as_canary_list(canaries))
             scores = (ScalarProduct(), MixtureLR()) if bernoulli else (ScalarProduct(),)
         self._set_canaries(canaries)
-        self._set_scores(scores, keep_per_step, reference, sample_rate)
+        self._set_scores(scores, keep_per_step, reference, sample_rate, data_loader)
         self._set_trace(trace)
         self.keep_per_step = bool(keep_per_step)
         self.check_finite = bool(check_finite)
@@ -378,7 +394,8 @@ class AuditHook:
         kept = c.vectors[rows.to(c.vectors.device)]
         return GradientCanaries(kept[:, torch.from_numpy(lookup >= 0).to(kept.device)], **kw)
 
-    def _set_scores(self, scores, keep_per_step, reference, sample_rate) -> None:
+    def _set_scores(self, scores, keep_per_step, reference, sample_rate,
+                    data_loader=None) -> None:
         """The scores' accumulator, their reference points, the process group and q."""
         self._accumulator = ScoreAccumulator(scores, self.num_canaries, keep_per_step)
         self.score_fns = self._accumulator.score_fns
@@ -391,14 +408,7 @@ class AuditHook:
         self.world_size = int(self.optimizer.world_size) if self.distributed else 1
         if self._accumulator.needs_reference and self.reference is None:
             raise ValueError("reference=(inputs, targets) is required by a score that needs it")
-        if sample_rate is None:
-            sample_rate = infer_sample_rate(self.optimizer.step_hook)
-        if sample_rate is None or not 0.0 < float(sample_rate) <= 1.0:
-            raise ValueError(
-                "sample_rate must be in (0, 1]; it could not be read from the optimizer's "
-                f"accountant hook, got {sample_rate!r}: pass sample_rate="
-            )
-        self.sample_rate = float(sample_rate)
+        self.sample_rate = sample_rate_of(self.optimizer, data_loader, sample_rate)
 
     def _set_trace(self, trace) -> None:
         """An optional on-disk trace of what the hook sees (its basis fits the view)."""
