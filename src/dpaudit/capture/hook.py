@@ -128,20 +128,29 @@ def infer_sample_rate(step_hook: object) -> float | None:
     return float(value) if isinstance(value, numbers.Real) else None
 
 
-def sample_rate_of(optimizer, data_loader=None, given=None) -> float:
+def sample_rate_of(optimizer, data_loader=None, given=None, *,
+                   loader_first: bool = False) -> float:
     """The data's Poisson rate q: ``given`` (the hook's ``sample_rate=``), else the one
     Opacus' accountant hook closes over, else the DP data loader's (``DPDataLoader.
     sample_rate``, or its batch sampler's: a step hook wrapped by the user's code hides its
-    closure); a clear error naming ``sample_rate`` when none is in (0, 1]."""
-    q = given
-    if q is None:
-        q = infer_sample_rate(optimizer.step_hook)
-    if q is None and data_loader is not None:
+    closure); ``loader_first``: the loader's before the accountant's (the rate real examples
+    are drawn at, for canaries inserted like one: an accountant told another rate is then the
+    claim they test, not the rate they are drawn at). A clear error naming ``sample_rate``
+    when none is in (0, 1]."""
+    def from_loader():
         for owner in (data_loader, getattr(data_loader, "batch_sampler", None)):
             value = getattr(owner, "sample_rate", None)
             if isinstance(value, numbers.Real):
-                q = float(value)
-                break
+                return float(value)
+        return None
+
+    q = given
+    if q is None and loader_first and data_loader is not None:
+        q = from_loader()
+    if q is None:
+        q = infer_sample_rate(optimizer.step_hook)
+    if q is None and data_loader is not None:
+        q = from_loader()
     if q is None or not 0.0 < float(q) <= 1.0:
         raise ValueError(
             "sample_rate must be in (0, 1]; it could not be read from the optimizer's "
@@ -272,7 +281,8 @@ class AuditHook:
             from dpaudit.capture.canary_choice import default_canaries
 
             data = None if data_loader is None else getattr(data_loader, "dataset", None)
-            q = sample_rate_of(optimizer, data_loader, sample_rate)
+            # the rate real examples are drawn at: the DP loader's where it was given
+            q = sample_rate_of(optimizer, data_loader, sample_rate, loader_first=True)
             canaries, self.canary_note = default_canaries(
                 model, data, sample_rate=float(q), seed=seed, norm=self.max_grad_norm,
                 params=params)
@@ -409,6 +419,11 @@ class AuditHook:
         if self._accumulator.needs_reference and self.reference is None:
             raise ValueError("reference=(inputs, targets) is required by a score that needs it")
         self.sample_rate = sample_rate_of(self.optimizer, data_loader, sample_rate)
+        # the rate real examples are drawn at (the DP loader's where given): the default
+        # canaries inserted like an example use it; it differs from ``sample_rate`` only when
+        # the accountant was told another rate than the loader draws at
+        self.data_sample_rate = sample_rate_of(self.optimizer, data_loader, sample_rate,
+                                               loader_first=True)
 
     def _set_trace(self, trace) -> None:
         """An optional on-disk trace of what the hook sees (its basis fits the view)."""

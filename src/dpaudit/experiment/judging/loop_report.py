@@ -46,9 +46,9 @@ from dpaudit.threat_model import ThreatModel
 def inserted_like_an_example(hook, index: int) -> bool:
     """Whether canary set ``index`` realises the training data's threat model: Dirac
     gradient canaries of norm C on distinct coordinates, every member inserted with
-    probability q (the hook's rate) per step, the others never (the hook's default second
-    set, ``canary_choice.default_canaries``): their evidence is the lower side of the user's
-    epsilon."""
+    probability q (``hook.data_sample_rate``: the rate real examples are drawn at) per step,
+    the others never (the hook's default second set, ``canary_choice.default_canaries``):
+    their evidence is the lower side of the user's epsilon."""
     from dpaudit.capture import GradientCanaries
 
     c = hook.canaries[index]
@@ -59,7 +59,8 @@ def inserted_like_an_example(hook, index: int) -> bool:
         return False
     q = float(c.inclusion_prob)
     norms = c.norms()
-    return (abs(q - hook.sample_rate) <= 1e-12 * max(1.0, q)
+    rate = float(getattr(hook, "data_sample_rate", hook.sample_rate))
+    return (abs(q - rate) <= 1e-12 * max(1.0, q)
             and bool(torch_allclose(norms, hook.max_grad_norm)))
 
 
