@@ -62,17 +62,20 @@ def test_the_readme_loop_is_bracketed_from_both_sides(seed):
     assert not lower["refuted"] and v["status"] == "consistent"
 
 
-def test_with_the_white_box_checks_off_they_refute_halved_noise_alone():
-    """Known answer: Opacus' noise halved (the zoo's ``halved_noise``) doubles sigma's
-    deficit; with no white-box check running, the canaries inserted like an example refute
-    the accountant's curve at the PRIVACY BUG level by themselves (p about 1e-10 at seed 0,
-    against its share of 1e-6), and the verdict names them."""
-    res = readme_loop(0, bug="halved_noise", white_box=False)
+@pytest.mark.parametrize("bug", ["halved_noise",
+                                 pytest.param("accountant_sample_rate", marks=pytest.mark.slow)])
+def test_with_the_white_box_checks_off_they_refute_alone(bug):
+    """Known answers: Opacus' noise halved (the zoo's ``halved_noise``), or the accountant
+    told half the rate the loader draws at (``accountant_sample_rate``: the canaries are drawn
+    at the loader's rate, the claim tested is the accountant's history); with no white-box
+    check running, the canaries inserted like an example refute the accountant's curve at the
+    PRIVACY BUG level by themselves (p about 1e-10 to 1e-9 at seeds 0-1, against its share of
+    1e-6), and the verdict names them."""
+    res = readme_loop(0, bug=bug, white_box=False)
     v = res["verdict"]
     lower = v["training_data"]["lower"]
     test = lower["claim_test"]
     assert "white_box" not in res or not (res.get("white_box") or {}).get("checks")
     assert lower["refuted"] and test["refute_p_value"] < test["refutation_level"] < 1e-6
-    assert lower["within_family"]["sigma_upper"] < 1.0
     assert v["status"] == "privacy_bug"
     assert "the canaries inserted like an example refute your claimed curve" in v["message"]
