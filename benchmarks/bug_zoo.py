@@ -3,7 +3,9 @@
 For every bug of ``dpaudit.experiment.BUG_ZOO`` at its ``catastrophic`` and ``mild`` severity
 (``dp.bug_factor``), and for the correct optimizer, runs the default audit (``run_audit()``:
 DP-SGD on digits, MLP of width 400, 1000 Dirac canaries on dead first-layer weights, every
-step, T = 100, sigma = 6) over ``--seeds`` seeds and prints per (bug, severity):
+step, T = 100, sigma = 1, and 10,000 per side inserted like an example on a canary block:
+the lower side of the training data's epsilon 3.35) over ``--seeds`` seeds and prints per
+(bug, severity):
 
 * flagged / seeds (the verdict PRIVACY BUG, a refutation at failure probability 1e-6; for the
   correct optimizer these are false alarms);

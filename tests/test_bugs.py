@@ -244,3 +244,33 @@ def test_sampling_bugs_are_not_optimizer_patches():
     _, opt, _ = private()
     with pytest.raises(ValueError, match="plant_sampler_bug"):
         plant_bug(opt, "shuffled_batches")
+
+
+def test_layer_clip_ignored_leaves_out_the_models_own_layers_not_a_canary_block():
+    """With ``add_canary_block`` (the hook's default canaries' parameters, no data gradient,
+    the last tensor), the bug at severity 0.5 still leaves the model's own last layer (the
+    second Linear's weight and bias) out of the norm, not the block and one bias: the block's
+    zero gradient never makes the bug harmless."""
+    from dpaudit import add_canary_block
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(400, 8), nn.Linear(8, 2))
+    add_canary_block(model, size=50)
+    data = TensorDataset(torch.randn(64, 400) * 3, torch.randint(0, 2, (64,)))
+    model, opt, _ = PrivacyEngine(accountant="prv").make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(data, batch_size=16), noise_multiplier=0.0, max_grad_norm=1.0)
+    assert [tuple(p.shape) for p in opt.params][-1] == (1, 50)
+    plant_bug(opt, "layer_clip_ignored", factor=0.5)
+    x, y = data.tensors[0][:2], data.tensors[1][:2]
+    opt.zero_grad()
+    backward(model, x, y)
+    opt.clip_and_accumulate()
+    # the per-example norms counted: the first layer's (weight and bias) alone
+    g = [p.grad_sample.reshape(2, -1) for p in opt.params]
+    counted = torch.cat(g[:2], dim=1).norm(dim=1)
+    factor = torch.clamp(1.0 / (counted + 1e-6), max=1.0)
+    assert float(torch.cat(g[2:4], dim=1).norm()) > 0  # the left-out layer has gradient
+    for p, gs in zip(opt.params, g, strict=True):
+        torch.testing.assert_close(p.summed_grad.reshape(-1), (factor[:, None] * gs).sum(0),
+                                   rtol=1e-4, atol=1e-5)

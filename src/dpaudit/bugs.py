@@ -365,13 +365,20 @@ def _unclipped_example(opt: DPOptimizer, fraction: float) -> Callable[[], None]:
 
 
 def _layer_clip_ignored(opt: DPOptimizer, fraction: float) -> Callable[[], None]:
-    """The per-example norm leaves out the last tensors' gradients (their per-sample gradient
-    is not counted), so those layers are scaled by a factor computed without them."""
-    hit = _last(opt, fraction)
+    """The per-example norm leaves out the last layers' gradients (their per-sample gradient
+    is not counted), so those layers are scaled by a factor computed without them. The layers
+    are the model's own: an audit's canary block (``add_canary_block``, no data gradient) is
+    never among the left-out ones, so adding one does not make the bug harmless."""
+    own = [i for i, p in enumerate(opt.params)
+           if not getattr(p, "dpaudit_canary_block", False)]
+    if len(own) < 2:
+        raise ValueError("this bug needs a model with at least two parameter tensors")
+    hit = min(len(own) - 1, max(1, round(fraction * (len(own) - 1))))
+    counted = [i for i in range(len(opt.params)) if i not in set(own[len(own) - hit:])]
 
     def factors(samples):
         per = _norms(samples)
-        return clip_factor(per[:, : per.shape[1] - hit].norm(2, dim=1), opt.max_grad_norm)
+        return clip_factor(per[:, counted].norm(2, dim=1), opt.max_grad_norm)
 
     return _patch(opt, "clip_and_accumulate", lambda: _clip_with(opt, factors))
 

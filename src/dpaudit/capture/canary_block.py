@@ -62,6 +62,9 @@ class CanaryBlock(nn.Module):
         with torch.random.fork_rng(devices=[]):  # Linear's init draws: not the user's stream
             self.linear = nn.Linear(size, 1, bias=False)
         nn.init.zeros_(self.linear.weight)
+        # a mark on the parameter itself (it survives Opacus' wrapping): code that sees only
+        # the optimizer's tensors can tell the audit's block from the model's own layers
+        self.linear.weight.dpaudit_canary_block = True
         self._handle = None
         self.called = False
         self._zeros = None  # the all-zero input, reused across calls (``_zero_input``)
