@@ -23,9 +23,11 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 
 def one(args: tuple) -> dict:
@@ -35,34 +37,11 @@ def one(args: tuple) -> dict:
 
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
-    from opacus import PrivacyEngine
-
-    from dpaudit import AuditHook, add_canary_block, audit_report, load_dataset
-    from dpaudit.bugs import BUG_ZOO, plant_bug, plant_sampler_bug
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
+    from claim_loops import readme_loop_audit
 
     start = time.process_time()
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
-    add_canary_block(model)
-    engine, data = PrivacyEngine(), load_dataset("digits")[0]
-    model, optimizer, loader = engine.make_private_with_epsilon(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5), target_epsilon=4.0,
-        target_delta=1e-5, epochs=10, max_grad_norm=1.0,
-        data_loader=torch.utils.data.DataLoader(data, batch_size=64))
-    remove = None
-    if bug != "none":
-        spec = BUG_ZOO[bug]
-        remove = (plant_bug(optimizer, bug, spec.catastrophic) if spec.optimizer
-                  else plant_sampler_bug(loader, bug, spec.catastrophic))
-    with AuditHook(optimizer, model, data_loader=loader, seed=seed) as hook:
-        for _ in range(10):
-            for x, y in loader:
-                optimizer.zero_grad()
-                torch.nn.functional.cross_entropy(model(x), y).backward()
-                optimizer.step()
-    if remove is not None:
-        remove()
-    res = audit_report(hook, privacy_engine=engine, delta=1e-5, white_box=False)
+    res = readme_loop_audit(seed, bug=None if bug == "none" else bug, white_box=False)
     v = res["verdict"]
     low = (v.get("training_data") or {}).get("lower") or {}
     test = low.get("claim_test") or {}

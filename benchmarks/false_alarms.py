@@ -103,6 +103,7 @@ def run_config(name: str, seed: int, scratch: str) -> dict:
     spec = CONFIGS[name]
     if isinstance(spec, (str, tuple)):  # the user's own loop
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
+        from claim_loops import readme_loop_audit
         from own_loop_models import own_loop_audit, own_loop_ddp_audit
 
         family, variant = (spec, None) if isinstance(spec, str) else spec
@@ -130,30 +131,6 @@ def run_config(name: str, seed: int, scratch: str) -> dict:
 
         shutil.rmtree(out, ignore_errors=True)
     return res
-
-
-def readme_loop_audit(seed: int, epochs: int = 10) -> dict:
-    """The README's own loop as written (``own_default``), hook defaults, the user's delta."""
-    import torch
-    from opacus import PrivacyEngine
-
-    from dpaudit import AuditHook, add_canary_block, audit_report, load_dataset
-
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
-    add_canary_block(model)
-    engine, data = PrivacyEngine(), load_dataset("digits")[0]
-    model, optimizer, loader = engine.make_private_with_epsilon(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5), target_epsilon=4.0,
-        target_delta=1e-5, epochs=epochs, max_grad_norm=1.0,
-        data_loader=torch.utils.data.DataLoader(data, batch_size=64))
-    with AuditHook(optimizer, model, data_loader=loader, seed=seed) as hook:
-        for _ in range(epochs):
-            for x, y in loader:
-                optimizer.zero_grad()
-                torch.nn.functional.cross_entropy(model(x), y).backward()
-                optimizer.step()
-    return audit_report(hook, privacy_engine=engine, delta=1e-5)
 
 
 def config_seed(name: str, s: int) -> int:

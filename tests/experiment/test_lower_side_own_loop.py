@@ -5,41 +5,8 @@ training whose noise was halved."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
-import torch
-from opacus import PrivacyEngine
-
-from dpaudit import AuditHook, add_canary_block, audit_report, load_dataset
-from dpaudit.bugs import BUG_ZOO, plant_bug
-
-
-def readme_loop(seed: int, bug: str | None = None, white_box: bool = True) -> dict:
-    """The README's own loop as written (digits, a linear model with ``add_canary_block``,
-    ``make_private_with_epsilon(4, 1e-5, epochs=10)``: T = 220 steps at q = 64/1437, sigma
-    about 1.06), hook defaults; ``bug``: a zoo optimizer bug planted at its catastrophic
-    severity."""
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
-    add_canary_block(model)
-    engine, data = PrivacyEngine(), load_dataset("digits")[0]
-    model, optimizer, loader = engine.make_private_with_epsilon(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5), target_epsilon=4.0,
-        target_delta=1e-5, epochs=10, max_grad_norm=1.0,
-        data_loader=torch.utils.data.DataLoader(data, batch_size=64))
-    remove = plant_bug(optimizer, bug, BUG_ZOO[bug].catastrophic) if bug else None
-    with AuditHook(optimizer, model, data_loader=loader, seed=seed) as hook:
-        for _ in range(10):
-            for x, y in loader:
-                optimizer.zero_grad()
-                torch.nn.functional.cross_entropy(model(x), y).backward()
-                optimizer.step()
-    if remove is not None:
-        remove()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return audit_report(hook, privacy_engine=engine, delta=1e-5, white_box=white_box)
+from claim_loops import readme_loop_audit as readme_loop
 
 
 @pytest.mark.slow

@@ -106,3 +106,41 @@ def _epoch(model, optimizer, head_opt, loader) -> None:
         optimizer.step()
         if head_opt is not None:
             head_opt.step()
+
+
+def readme_loop_audit(seed: int = 0, *, bug: str | None = None, white_box: bool = True,
+                      epochs: int = 10) -> dict:
+    """The README's own loop exactly as written (digits, a linear model with
+    ``add_canary_block``, ``make_private_with_epsilon(target_epsilon=4, target_delta=1e-5,
+    epochs=10)``: n 1,348, q 1/22, T 220, sigma 1.064), the hook's defaults, seeded by
+    ``torch.manual_seed(seed)`` and ``AuditHook(seed=seed)``, then ``audit_report`` with the
+    user's delta. ``bug``: a zoo bug (``dpaudit.bugs.BUG_ZOO``) planted at its catastrophic
+    severity, on the optimizer or the DP loader's sampler; ``white_box=False``: no white-box
+    check runs (only the canaries can refute)."""
+    from dpaudit import audit_report
+    from dpaudit.bugs import BUG_ZOO, plant_bug, plant_sampler_bug
+
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    add_canary_block(model)
+    engine, data = PrivacyEngine(), load_dataset("digits")[0]
+    model, optimizer, loader = engine.make_private_with_epsilon(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5), target_epsilon=4.0,
+        target_delta=1e-5, epochs=epochs, max_grad_norm=1.0,
+        data_loader=DataLoader(data, batch_size=64))
+    remove = None
+    if bug is not None:
+        spec = BUG_ZOO[bug]
+        remove = (plant_bug(optimizer, bug, spec.catastrophic) if spec.optimizer
+                  else plant_sampler_bug(loader, bug, spec.catastrophic))
+    with AuditHook(optimizer, model, data_loader=loader, seed=seed) as hook:
+        for _ in range(epochs):
+            for x, y in loader:
+                optimizer.zero_grad()
+                nn.functional.cross_entropy(model(x), y).backward()
+                optimizer.step()
+    if remove is not None:
+        remove()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return audit_report(hook, privacy_engine=engine, delta=1e-5, white_box=white_box)
