@@ -6,7 +6,11 @@ training whose noise was halved."""
 from __future__ import annotations
 
 import pytest
+import torch
 from claim_loops import readme_loop_audit as readme_loop
+from opacus import PrivacyEngine
+
+from dpaudit import AuditHook, add_canary_block, load_dataset
 
 
 @pytest.mark.slow
@@ -46,3 +50,63 @@ def test_with_the_white_box_checks_off_they_refute_alone(bug):
     assert lower["refuted"] and test["refute_p_value"] < test["refutation_level"] < 1e-6
     assert v["status"] == "privacy_bug"
     assert "the canaries inserted like an example refute your claimed curve" in v["message"]
+
+
+def _scores_of_a_loop(setup: str):
+    """The default canaries inserted like an example of a short own loop (a linear model on
+    digits with the canary block, sigma 1, one epoch: T 22 at q 1/22): their members' and
+    non-members' summed mixture log-LR, the gradient's noise multiplier, T and q. ``setup``:
+    ``bmm`` (BatchMemoryManager, physical batches of 16), ``per_layer`` (Opacus' per-layer
+    clipping, C_p = 1/sqrt(3)) or ``adaptive`` (adaptive clipping from C_0 = 1)."""
+    from opacus.utils.batch_memory_manager import BatchMemoryManager
+    from own_loop_models import clipping_kwargs
+
+    from dpaudit.capture.support import gradient_noise_multiplier
+    from dpaudit.experiment.judging.loop_report import check_canaries_index, lower_input
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    add_canary_block(model)
+    data = load_dataset("digits")[0]
+    clip = clipping_kwargs("flat" if setup == "bmm" else setup, model, 1.0)
+    model, opt, loader = PrivacyEngine().make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+        data_loader=torch.utils.data.DataLoader(data, batch_size=64), noise_multiplier=1.0,
+        **clip)
+    with AuditHook(opt, model, data_loader=loader, seed=0) as hook:
+        if setup == "bmm":
+            with BatchMemoryManager(data_loader=loader, max_physical_batch_size=16,
+                                    optimizer=opt) as batches:
+                for x, y in batches:
+                    opt.zero_grad()
+                    torch.nn.functional.cross_entropy(model(x), y).backward()
+                    opt.step()
+        else:
+            for x, y in loader:
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+    low, why = lower_input(hook, check_canaries_index(hook, None), 1e-5)
+    assert low is not None, why
+    return low.scores_in, low.scores_out, gradient_noise_multiplier(opt), hook.steps, \
+        hook.data_sample_rate
+
+
+@pytest.mark.parametrize("setup", ["bmm", "per_layer", "adaptive"])
+def test_their_scores_follow_the_claimed_law_under_bmm_per_layer_and_adaptive(setup):
+    """Known answer: inserted like an example into the optimizer's real step (after the
+    clipping, before the same noise; adaptive clipping's canaries at C_t, the release read in
+    units of C_0), a member's summed mixture log-LR has the exact law of the
+    Poisson-subsampled Gaussian's privacy loss at the gradient's noise multiplier
+    (``stats.data_rate.mixture_score_law``), a non-member's too: 10^4 scores per side, a
+    Kolmogorov-Smirnov test at 1e-3 each."""
+    from scipy import stats as sps
+
+    from dpaudit.stats.data_rate import mixture_score_law
+
+    s_in, s_out, sigma, steps, q = _scores_of_a_loop(setup)
+    assert steps == 22 and q == pytest.approx(1 / 22)
+    law = mixture_score_law(steps, q, sigma)
+    for scores, cdf in ((s_in, law.cdf_in), (s_out, law.cdf_out)):
+        assert scores.size > 9000
+        assert sps.kstest(scores, cdf).pvalue > 1e-3
