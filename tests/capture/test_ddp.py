@@ -165,7 +165,11 @@ def _run(rank, data, hook_fn, ghost=False, cancel=False, with_loader=False, alik
         out["described"] = {k: describe(c) for k, c in checks.items() if c.rejected}
         if "normalisation" in checks:
             out["normalisation"] = checks["normalisation"].details
-        block = training_data_block(rec, checks, None, unchecked=not_checked(rec, True))
+        from dpaudit.experiment.judging.user_claim import claim_of_run
+
+        claim = claim_of_run(None, delta=1e-5, accountant=rec.accountant,
+                             history=engine.accountant.history)
+        block = training_data_block(rec, checks, claim, unchecked=not_checked(rec, True))
         # what a multi-run audit's run file would keep of them, through JSON
         import json
 
@@ -470,4 +474,8 @@ def test_the_own_loops_audit_report_verifies_the_upper_side_under_dpddp():
     assert td["upper_status"] == "verified" and td["upper_reasons"] == [], td["upper_reasons"]
     norm = res["white_box"]["checks"]["normalisation"]
     assert not norm["rejected"] and "sum of the 2 ranks' noised sums" in norm["checked"][0]
-    assert td["epsilon_claimed"] < td["epsilon_upper"] < 1.25 * td["epsilon_claimed"]
+    # the per-tensor noise bound (issue 65) pays for this small loop's 4-coordinate biases
+    # (120 draws each: U / claimed 1.10-1.81 over the own loops, docs/evidence.md); the
+    # figure that assumes one noise scale stays within 1.25x
+    assert td["epsilon_claimed"] < td["epsilon_upper"] < 2.0 * td["epsilon_claimed"]
+    assert td["epsilon_claimed"] < td["epsilon_upper_one_scale"] < 1.25 * td["epsilon_claimed"]

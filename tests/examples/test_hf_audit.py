@@ -74,7 +74,9 @@ def test_dirac_scores_shift_by_t_c2_over_b_and_report_is_finite():
     assert abs(shift - STEPS * CLIP**2 / BATCH) < 4 * sd
     assert STEPS * CLIP**2 / BATCH > 8 * sd  # 0 or 2x insertion would be caught
     report = hf_audit.audit_report(hooked.hook, canaries=0, independent_canaries=True)
-    assert report["verdict"]["status"] in ("consistent", "violation", "inconclusive")
+    # no engine given: the steps its accountant counted were not seen, so the user's epsilon
+    # is not verified (the status names the user's claim, issue 64), and nothing refutes it
+    assert report["verdict"]["status"] == "not_verified", report["verdict"]["message"]
     assert math.isfinite(report["theory"]["claimed_epsilon"])
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dpaudit.experiment import run_audit
-from dpaudit.experiment.judging.outputs import report_blocks
+from dpaudit.experiment.judging.outputs import STATUS_WORDS, report_blocks
 from dpaudit.report.files import cell_text
 from dpaudit.report.numbers import lower, point, upper
 
@@ -126,10 +126,11 @@ def test_pages_in_a_real_browser(tmp_path, default_audit):
                             (own, None)):
             result = json.loads((out / "results.json").read_text())
             seen = _check_in_browser(browser, out / "report.html")
-            assert seen["banner"].startswith("your epsilon (PRV): claimed")
-            assert ("canaries: " + {"consistent": "CONSISTENT", "privacy_bug": "PRIVACY BUG",
-                                    "estimate_above_claim": "ESTIMATE ABOVE CLAIM"}[
-                result["verdict"]["status"]]) in seen["banner"]
+            # the banner leads with the user's claim's status (issue 64), then their epsilon
+            v = result["verdict"]
+            assert seen["banner"].startswith(STATUS_WORDS[v["status"]]), seen["banner"]
+            assert f"your epsilon {point(v['training_data']['epsilon_claimed'])} (PRV" in \
+                seen["banner"]
             assert status is None or result["verdict"]["status"] == status
             assert seen["cells"] == _bound_cells(result)
         sweep = tmp_path / "sweep"
