@@ -5,6 +5,7 @@ training whose noise was halved."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from claim_loops import readme_loop_audit as readme_loop
@@ -109,4 +110,73 @@ def test_their_scores_follow_the_claimed_law_under_bmm_per_layer_and_adaptive(se
     law = mixture_score_law(steps, q, sigma)
     for scores, cdf in ((s_in, law.cdf_in), (s_out, law.cdf_out)):
         assert scores.size > 9000
+        assert sps.kstest(scores, cdf).pvalue > 1e-3
+
+
+def _ddp_worker(rank: int, port: int, out: str) -> None:
+    """One rank of a DPDDP own loop (two gloo processes) with the hook's default canaries:
+    rank 0 writes its data-rate canaries' scores, the gradient's sigma, T and q."""
+    import json
+
+    import torch.distributed as dist
+    from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
+
+    from dpaudit.capture.support import gradient_noise_multiplier
+    from dpaudit.experiment.judging.loop_report import check_canaries_index, lower_input
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+        add_canary_block(model)
+        model = DPDDP(model)
+        data = load_dataset("digits")[0]
+        loader = torch.utils.data.DataLoader(
+            data, batch_size=32, generator=torch.Generator().manual_seed(7919 * rank))
+        model, opt, loader = PrivacyEngine().make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+            data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0)
+        with AuditHook(opt, model, data_loader=loader, seed=0) as hook:
+            for x, y in loader:
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+        low, why = lower_input(hook, check_canaries_index(hook, None), 1e-5)
+        with open(f"{out}.rank{rank}.json", "w") as f:
+            json.dump({"why": why, "in": None if low is None else low.scores_in.tolist(),
+                       "out": None if low is None else low.scores_out.tolist(),
+                       "sigma": gradient_noise_multiplier(opt), "steps": hook.steps,
+                       "q": hook.data_sample_rate}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_their_scores_follow_the_claimed_law_under_dpddp(tmp_path):
+    """Known answer under Opacus' DPDDP (two gloo processes): the canaries enter once (rank 0,
+    before the all-reduce, the inclusions drawn alike on every rank), every rank scores the
+    applied gradient; the members' and non-members' summed mixture log-LR follow the claimed
+    mechanism's exact law on both ranks, and the ranks' scores agree."""
+    import json
+    import socket
+
+    from scipy import stats as sps
+
+    from dpaudit.stats.data_rate import mixture_score_law
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = str(tmp_path / "scores")
+    torch.multiprocessing.start_processes(_ddp_worker, args=(port, out), nprocs=2, join=True,
+                                          start_method="fork")
+    ranks = [json.load(open(f"{out}.rank{r}.json")) for r in range(2)]
+    for r in ranks:
+        assert r["in"] is not None, r["why"]
+    np.testing.assert_allclose(ranks[0]["in"], ranks[1]["in"], rtol=1e-6, atol=1e-6)
+    r = ranks[0]
+    law = mixture_score_law(r["steps"], r["q"], r["sigma"])
+    for scores, cdf in ((r["in"], law.cdf_in), (r["out"], law.cdf_out)):
+        assert len(scores) > 9000
         assert sps.kstest(scores, cdf).pvalue > 1e-3
