@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor
+
+from task_pool import run_tasks
 
 STATEMENTS = ("noise_scale", "noise_marginal", "noise_alignment", "noise_freshness",
               "noise_floor", "noise_independence", "poisson_sampling", "sampling_by_example",
@@ -161,14 +161,7 @@ def main() -> None:
             if label == "mild" and factor == spec.catastrophic:
                 continue  # no severity: one row
             tasks += [(bug, label, factor, s, extra) for s in seeds]
-    t0 = time.perf_counter()
-    if args.jobs > 1:
-        with ProcessPoolExecutor(args.jobs) as pool:
-            rows = list(pool.map(one, tasks))
-    else:
-        rows = [one(t) for t in tasks]
-    wall = time.perf_counter() - t0
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    rows, wall, load = run_tasks(one, tasks, args.jobs)
     print(
         f"default audit ({json.dumps(extra) if extra else 'no overrides'}), seeds "
         f"{seeds.start}-{seeds.stop - 1}, {len(tasks)} audits in {wall:.0f} s wall, "

@@ -20,14 +20,14 @@ see it, the white-box checks do).
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import statistics
 import sys
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+
+from task_pool import run_tasks
 
 
 def one(args: tuple) -> dict:
@@ -66,16 +66,10 @@ def main() -> None:
     if unknown:
         p.error(f"--bugs: unknown {unknown}; expected none or names from {list(BUG_ZOO)}")
     tasks = [(b, s) for b in bugs for s in range(args.seeds)]
-    t0 = time.perf_counter()
-    if args.jobs > 1:
-        with ProcessPoolExecutor(args.jobs) as pool:
-            rows = list(pool.map(one, tasks))
-    else:
-        rows = [one(t) for t in tasks]
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    rows, wall, load = run_tasks(one, tasks, args.jobs)
     print(f"the README loop (epsilon 4, T = 220, 10^4 canaries per side inserted like an "
           f"example), white-box checks off, seeds 0-{args.seeds - 1}: {len(rows)} audits in "
-          f"{time.perf_counter() - t0:.0f} s wall, {args.jobs} job(s), 1 thread each, "
+          f"{wall:.0f} s wall, {args.jobs} job(s), 1 thread each, "
           f"{platform.machine()}, load {load}")
     print("| bug | class | audits | PRIVACY BUG | by the data-rate canaries | their p (median) "
           "| certified epsilon (median) |")

@@ -19,18 +19,17 @@ Run (the table in docs/evidence.md and the closing note of issue 58):
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import statistics
 import sys
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 
 from premise_loops import CASES
+from task_pool import run_tasks
 
 
 def one(args: tuple) -> dict:
@@ -92,16 +91,10 @@ def main() -> None:
     if unknown:
         p.error(f"--cases: unknown {unknown}; expected names from {list(CASES)}")
     tasks = [(c, s) for c in cases for s in range(args.seeds)]
-    t0 = time.perf_counter()
-    if args.jobs > 1:
-        with ProcessPoolExecutor(args.jobs) as pool:
-            rows = list(pool.map(one, tasks))
-    else:
-        rows = [one(t) for t in tasks]
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    rows, wall, load = run_tasks(one, tasks, args.jobs)
     print(f"the own loop of issue 58 (ReLU CNN on digits, AdamW, StepLR, PRV, "
           f"make_private_with_epsilon(4), BatchMemoryManager 32, 88 steps), seeds "
-          f"0-{args.seeds - 1}: {len(rows)} audits in {time.perf_counter() - t0:.0f} s wall, "
+          f"0-{args.seeds - 1}: {len(rows)} audits in {wall:.0f} s wall, "
           f"{args.jobs} job(s), 1 thread each, {platform.machine()}, load {load}")
     print("\n".join(table(rows)))
 

@@ -25,13 +25,13 @@ Run (the tables of issue 64's closing note):
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import sys
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+
+from task_pool import run_tasks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 
@@ -120,15 +120,9 @@ def main() -> None:
     if unknown:
         p.error(f"--cases: unknown {unknown}; expected names from {list(CASES)}")
     tasks = [(c, s) for c in cases for s in range(args.seeds)]
-    t0 = time.perf_counter()
-    if args.jobs > 1:
-        with ProcessPoolExecutor(args.jobs) as pool:
-            rows = list(pool.map(one, tasks))
-    else:
-        rows = [one(t) for t in tasks]
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    rows, wall, load = run_tasks(one, tasks, args.jobs)
     print(f"issue 64's own loops, seeds 0-{args.seeds - 1}: {len(rows)} audits in "
-          f"{time.perf_counter() - t0:.0f} s wall, {args.jobs} job(s), 1 thread each, "
+          f"{wall:.0f} s wall, {args.jobs} job(s), 1 thread each, "
           f"{platform.machine()}, load {load}")
     print("| case | audits | as expected | statuses | title | message chars (max) |")
     print("|---|---|---|---|---|---|")
