@@ -288,9 +288,14 @@ def _antithetic_noise(opt: DPOptimizer, fraction: float) -> Callable[[], None]:
 
 
 def _last(opt: DPOptimizer, fraction: float) -> int:
-    """How many parameter tensors, counted from the last, a tensor-level bug hits: at least
+    """How many parameter tensors, counted from the last, a tensor-level bug hits
+    (``_hit_count`` of the optimizer's tensors)."""
+    return _hit_count(len(opt.params), fraction)
+
+
+def _hit_count(n: int, fraction: float) -> int:
+    """How many of ``n`` tensors, counted from the last, a tensor-level bug hits: at least
     one and at most all but the first (fraction 1)."""
-    n = len(opt.params)
     if n < 2:
         raise ValueError("this bug needs a model with at least two parameter tensors")
     return min(n - 1, max(1, round(fraction * (n - 1))))
@@ -371,9 +376,7 @@ def _layer_clip_ignored(opt: DPOptimizer, fraction: float) -> Callable[[], None]
     never among the left-out ones, so adding one does not make the bug harmless."""
     own = [i for i, p in enumerate(opt.params)
            if not getattr(p, "dpaudit_canary_block", False)]
-    if len(own) < 2:
-        raise ValueError("this bug needs a model with at least two parameter tensors")
-    hit = min(len(own) - 1, max(1, round(fraction * (len(own) - 1))))
+    hit = _hit_count(len(own), fraction)
     counted = [i for i in range(len(opt.params)) if i not in set(own[len(own) - hit:])]
 
     def factors(samples):
